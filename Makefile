@@ -1,0 +1,43 @@
+# trainplan: `make book` builds the runbook, `make test` runs the tests.
+# Both create .venv and install requirements.txt when missing or changed.
+
+PYTHON   ?= python3
+VENV     := .venv
+BIN      := $(VENV)/bin
+STAMP    := $(VENV)/.installed
+SCENARIO ?= llama-13b-32xh100
+export PYTHONHASHSEED := 0
+export MPLBACKEND := Agg
+
+.PHONY: book test notebooks bench-search clean lint
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+## book: execute the notebooks for SCENARIO with papermill, then build the HTML strictly
+book: $(STAMP)
+	$(BIN)/python -m trainplan.book --scenario $(SCENARIO)
+	$(BIN)/jupyter-book build . --builder html -n -W --keep-going
+	@echo "runbook: $(CURDIR)/_build/html/index.html"
+
+## test: unit, property and CLI tests, then nbval over the committed notebooks
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 tests
+	$(BIN)/python -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+## notebooks: re-execute the committed notebooks in place (default scenario) after a library change
+notebooks: $(STAMP)
+	$(BIN)/python -m trainplan.book --in-place
+
+## bench-search: time the full strategy search (figure quoted in the README)
+bench-search: $(STAMP)
+	$(BIN)/python bench/search_speed.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check lib tests bench
+
+clean:
+	rm -rf _build book/_generated

@@ -1,0 +1,141 @@
+"""Communication: bytes and seconds per collective, per parallel dimension.
+
+Alpha-beta model: time = latency + ring bytes / bus bandwidth, where a ring
+moves 2 (n-1)/n S per rank for all-reduce and (n-1)/n S for reduce-scatter,
+all-gather and all-to-all (nccl-tests PERFORMANCE.md; Thakur et al. 2005).
+The latency grows with log2 n, as NCCL's tree and LL protocols do for the
+small messages where latency matters.
+
+Rank order, innermost first: tp, cp, data-parallel shard, data-parallel
+replicate, pp (Megatron-Core's order). A group whose consecutive span fits in
+a node rides NVLink; one that spans nodes is limited by each GPU's own NIC.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainplan.specs import ClusterSpec
+
+REDUCE_BYTES = 4  # gradients are reduced in fp32 (reduce_dtype=float32)
+GATHER_BYTES = 2  # weights are gathered in bf16
+
+_RING = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "all_to_all": 1.0}
+
+
+def ring_bytes(kind: str, nbytes, n):
+    """Bytes each rank sends: 2 (n-1)/n S for all-reduce, (n-1)/n S for the others."""
+    n = np.asarray(n, dtype=float)
+    return _RING[kind] * (n - 1.0) / n * np.asarray(nbytes, dtype=float)
+
+
+def link(cluster: ClusterSpec, span):
+    """(bus bandwidth in bytes/s, latency in s) of a group spanning `span` consecutive ranks."""
+    inside = np.asarray(span) <= cluster.gpus_per_node
+    bw = np.where(inside, cluster.intra_node_gbps * cluster.intra_node_efficiency,
+                  cluster.inter_node_gbps * cluster.inter_node_efficiency) * 1e9
+    lat = np.where(inside, cluster.intra_node_latency_us, cluster.inter_node_latency_us) * 1e-6
+    return bw, lat
+
+
+def collective_time(cluster: ClusterSpec, kind: str, nbytes, n, span):
+    """Seconds for one collective of S = nbytes over n ranks spanning `span` ranks; 0 if n = 1."""
+    n = np.asarray(n, dtype=float)
+    bw, lat = link(cluster, span)
+    t = lat * np.log2(np.maximum(n, 2.0)) + ring_bytes(kind, nbytes, n) / bw
+    return np.where(n > 1, t, 0.0)
+
+
+def p2p_time(cluster: ClusterSpec, nbytes, span):
+    """Seconds for one point-to-point send of nbytes between ranks `span` apart or closer."""
+    bw, lat = link(cluster, span)
+    return lat + np.asarray(nbytes, dtype=float) / bw
+
+
+# ---------------------------------------------------------------- data parallel
+
+
+def dp_microbatch_time(cluster: ClusterSpec, *, stage_params, zero, dp_shard, cp, tp):
+    """Data-parallel traffic repeated every micro-batch (FSDP2 behaviour).
+
+    ZeRO-3: all-gather the bf16 weights for forward and again for backward,
+    reduce-scatter fp32 gradients. ZeRO-2 (no reshard after forward): one
+    all-gather and one reduce-scatter. ZeRO-0/1: nothing per micro-batch
+    (gradients accumulate locally; see `dp_step_time`).
+    """
+    n = np.asarray(dp_shard) * np.asarray(cp)
+    span = n * np.asarray(tp)
+    ag = collective_time(cluster, "all_gather", GATHER_BYTES * stage_params, n, span)
+    rs = collective_time(cluster, "reduce_scatter", REDUCE_BYTES * stage_params, n, span)
+    zero = np.asarray(zero)
+    return np.where(zero == 3, 2 * ag + rs, np.where(zero == 2, ag + rs, 0.0))
+
+
+def dp_step_time(cluster: ClusterSpec, *, stage_params, zero, dp, dp_shard, cp, tp):
+    """Data-parallel traffic once per optimizer step: (overlappable, blocking) seconds.
+
+    ZeRO-0 (DDP): all-reduce fp32 gradients over dp x cp, overlapped with the
+    last backward (Li et al. 2020, PyTorch DDP). HSDP (a shard group smaller
+    than dp): all-reduce of the sharded gradients across replicas, overlapped
+    likewise. ZeRO-1: reduce-scatter gradients and all-gather the updated bf16
+    weights around the optimizer step, blocking.
+    """
+    zero = np.asarray(zero)
+    n_all = np.asarray(dp) * np.asarray(cp)
+    span_all = n_all * np.asarray(tp)
+    ar = collective_time(cluster, "all_reduce", REDUCE_BYTES * stage_params, n_all, span_all)
+    n_shard = np.asarray(dp_shard) * np.asarray(cp)
+    span_shard = n_shard * np.asarray(tp)
+    rs = collective_time(cluster, "reduce_scatter", REDUCE_BYTES * stage_params, n_shard,
+                         span_shard)
+    ag = collective_time(cluster, "all_gather", GATHER_BYTES * stage_params, n_shard, span_shard)
+    replicas = np.asarray(dp) // np.asarray(dp_shard)
+    hsdp = collective_time(cluster, "all_reduce", REDUCE_BYTES * stage_params / n_shard,
+                           replicas, span_all)
+    overlappable = np.where(zero == 0, ar, hsdp)
+    blocking = np.where(zero == 1, rs + ag, 0.0)
+    return overlappable, blocking
+
+
+# ---------------------------------------------------------------- model parallel
+
+
+def tp_microbatch_time(cluster: ClusterSpec, *, act_bytes, tp, layers, recompute_full):
+    """Tensor-parallel traffic of one micro-batch on one stage, never overlapped.
+
+    Per block forward: two all-gathers and two reduce-scatters of the b s h
+    activation with sequence parallel, or two all-reduces without it: the
+    same ring bytes (Korthikanti et al. 2022, sec. 4.2.2). Backward repeats
+    them; full recompute repeats the forward's.
+    """
+    one = collective_time(cluster, "all_reduce", act_bytes, tp, tp)
+    per_block = (2.0 + 2.0 + np.where(recompute_full, 2.0, 0.0)) * one
+    return per_block * layers
+
+
+def cp_layer_time(cluster: ClusterSpec, *, kv_chunk_bytes, cp, tp):
+    """Ring-attention traffic of one block and micro-batch: K, V chunks passed cp - 1 times.
+
+    Forward sends K and V (cp - 1) times; backward sends K, V and their
+    gradients: 3 (cp - 1) chunk transfers (Liu et al. 2023, Ring Attention).
+    """
+    cp = np.asarray(cp)
+    t = 3.0 * (cp - 1) * p2p_time(cluster, kv_chunk_bytes, cp * np.asarray(tp))
+    return np.where(cp > 1, t, 0.0)
+
+
+def ep_microbatch_time(cluster: ClusterSpec, *, token_bytes, ep, tp, layers):
+    """Expert-parallel all-to-all: dispatch and combine, forward and backward, per MoE block."""
+    one = collective_time(cluster, "all_to_all", token_bytes, ep, np.asarray(ep) * np.asarray(tp))
+    return 4.0 * one * layers
+
+
+def pp_exposed_time(cluster: ClusterSpec, *, boundary_bytes, pp, n_transfers, stage_span):
+    """Pipeline sends on the critical path: activations forward, gradients back.
+
+    Counted for every micro-batch slot of the schedule, (m v + p - 1), both
+    directions: torch.distributed.pipelining does not overlap them with compute.
+    """
+    pp = np.asarray(pp)
+    t = 2.0 * np.asarray(n_transfers) * p2p_time(cluster, boundary_bytes, 2 * stage_span)
+    return np.where(pp > 1, t, 0.0)

@@ -1,0 +1,187 @@
+"""Memory per GPU: weights, gradients, optimizer states, activations, buffers.
+
+Every function takes layout degrees as numpy arrays (or scalars) and returns
+bytes on the most loaded rank. `breakdown` sums the named terms.
+
+Accounting follows ZeRO (Rajbhandari et al. 2020): mixed-precision Adam keeps
+2 bytes of bf16 weights, 2 of bf16 gradients and 12 of fp32 master weights,
+momentum and variance per parameter; stage 1 shards the 12, stage 2 the
+gradients as well, stage 3 (= FSDP) the weights too. FSDP2 with fp32 sharded
+parameters and fp32 gradient reduction holds 4 + 4 + 8 sharded instead: the
+same 16 bytes per parameter at stage 3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainplan import params
+from trainplan.compute import BF16, FULL, SELECTIVE
+from trainplan.specs import ModelSpec
+
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+ALLOCATOR_MARGIN = 0.08  # assumption: caching-allocator reserve over live tensors, until calibrated
+NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
+DDP_BUCKET_BYTES = 2 * 25 * 2**20  # DDP's default 25 MiB buckets, two in flight, fp32
+
+
+def shard_degree(zero, dp_shard, cp, active_stage):
+    """Ranks one ZeRO shard is spread over: dp_shard x cp once `zero` reaches `active_stage`.
+
+    Context-parallel ranks hold the same weights, so FSDP shards over them too
+    (torchtitan's dp_shard x cp mesh).
+    """
+    return np.where(np.asarray(zero) >= active_stage, np.asarray(dp_shard) * np.asarray(cp), 1)
+
+
+def _sharded(m: ModelSpec, stage_params, zero, dp_shard, cp, ep, share, active_stage):
+    """Per-rank count of stage parameters after ZeRO sharding; experts shard over dp / ep."""
+    dense = stage_params * (1 - share) / shard_degree(zero, dp_shard, cp, active_stage)
+    expert_group = np.maximum(shard_degree(zero, dp_shard, cp, active_stage) / np.asarray(ep), 1)
+    return dense + stage_params * share / expert_group
+
+
+def weights_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp_shard, cp):
+    """bf16 working weights: 2 bytes x stage params, sharded only at ZeRO-3."""
+    p = params.stage_params_per_rank(m, tp, pp, ep)
+    share = params.expert_share(m, tp, pp, ep)
+    return WEIGHT_BYTES * _sharded(m, p, zero, dp_shard, cp, ep, share, 3)
+
+
+def grads_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp_shard, cp):
+    """bf16 gradients: 2 bytes x stage params, sharded from ZeRO-2."""
+    p = params.stage_params_per_rank(m, tp, pp, ep)
+    share = params.expert_share(m, tp, pp, ep)
+    return GRAD_BYTES * _sharded(m, p, zero, dp_shard, cp, ep, share, 2)
+
+
+def optimizer_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp_shard, cp):
+    """fp32 master weights, Adam m and v: 12 bytes x stage params, sharded from ZeRO-1."""
+    p = params.stage_params_per_rank(m, tp, pp, ep)
+    share = params.expert_share(m, tp, pp, ep)
+    return OPTIMIZER_BYTES * _sharded(m, p, zero, dp_shard, cp, ep, share, 1)
+
+
+def activation_elements_per_token_per_layer(m: ModelSpec, *, tp, recompute, sequence_parallel):
+    """Elements one block keeps for backward per token, derived tensor by tensor.
+
+    Flash attention (no s x s scores kept), SwiGLU and GQA; the tensors, after
+    Korthikanti et al. 2022 (sec. 4) re-derived for this block:
+    - norms: the two norm inputs and the two norm outputs that feed linears,
+      4 h (split over tp only with sequence parallel, as Megatron-SP does);
+    - attention: q, k, v and the output o that flash attention saves,
+      2 h + 2 h_kv, heads split over tp;
+    - MLP: gate, up, act(gate) and the product, 4 f per routed expert (GELU:
+      2 f), split over tp; MoE adds the permuted input and output, 2 h top_k.
+    Selective recompute keeps the two block inputs, q, k, v, o and the gate
+    and up outputs, redoing norms and the activation. Full recompute keeps
+    only the block input, h.
+    """
+    h, kv, f = m.hidden, m.kv_dim, m.ffn
+    tp = np.asarray(tp)
+    sp_div = np.where(sequence_parallel, tp, 1)
+    mlp_per_f = 4.0 if m.mlp == "swiglu" else 2.0
+    moe = 2.0 * h * m.top_k / tp if m.is_moe else 0.0
+    attn = (2.0 * h + 2.0 * kv) / tp
+    none = 4.0 * h / sp_div + attn + mlp_per_f * f * m.top_k / tp + moe
+    selective = 2.0 * h / sp_div + attn + 2.0 * f * m.top_k / tp + moe
+    full = 1.0 * h / sp_div
+    recompute = np.asarray(recompute)
+    return np.where(recompute == FULL, full, np.where(recompute == SELECTIVE, selective, none))
+
+
+def layer_activation_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, recompute,
+                           sequence_parallel):
+    """bf16 bytes one block keeps for one micro-batch on one rank (tokens = b s / cp)."""
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    elements = activation_elements_per_token_per_layer(
+        m, tp=tp, recompute=recompute, sequence_parallel=sequence_parallel)
+    return BF16 * tokens * elements
+
+
+def microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual):
+    """Micro-batches whose activations the first stage holds at the peak.
+
+    No pipeline: 1 (accumulation runs micro-batches one after another).
+    GPipe: all m. 1F1B: min(p, m) (Narayanan et al. 2021, sec. 2.2).
+    Interleaved 1F1B with v chunks: min(p, m) x (1 + (p - 1) / (p v))
+    (same paper, sec. 2.2, activation memory of the interleaved schedule).
+    Schedule codes: 0 = 1F1B, 1 = interleaved, 2 = GPipe.
+    """
+    pp, m_ = np.asarray(pp, dtype=float), np.asarray(grad_accum, dtype=float)
+    base = np.minimum(pp, m_)
+    interleaved = base * (1.0 + (pp - 1.0) / (pp * np.asarray(pp_virtual)))
+    in_flight = np.where(schedule_code == 2, m_, np.where(schedule_code == 1, interleaved, base))
+    return np.where(pp > 1, in_flight, 1.0)
+
+
+def logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
+    """Output logits and loss on the last stage: 10 bytes per logit, vocab-parallel.
+
+    bf16 logits (2) + their fp32 upcast for the loss (4) + fp32 gradient (4)
+    for b s / cp tokens x V / tp columns.
+    """
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    return 10.0 * tokens * m.vocab / np.asarray(tp)
+
+
+def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, cp, recompute,
+                     sequence_parallel, schedule_code, pp_virtual):
+    """Peak activation bytes on the worst stage: the first (most in flight) or the last (logits).
+
+    Full recompute also rebuilds one block's complete activations during its
+    backward, so one such block is added on top.
+    """
+    layers = m.n_layers / np.asarray(pp)
+    kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
+              sequence_parallel=sequence_parallel)
+    per_layer = layer_activation_bytes(m, recompute=recompute, **kw)
+    rebuilt = np.where(np.asarray(recompute) == FULL,
+                       layer_activation_bytes(m, recompute=0, **kw), 0.0)
+    in_flight = microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual)
+    logits = logits_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp)
+    first = per_layer * layers * in_flight + rebuilt
+    last = per_layer * layers + rebuilt + logits
+    return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)
+
+
+def buffer_bytes(m: ModelSpec, *, tp, ep, zero):
+    """Communication buffers, stated as such.
+
+    ZeRO-3 gathers the current and the prefetched block in bf16 (2 x 2 bytes x
+    block params) and reduce-scatters one block's fp32 gradient (4 bytes);
+    ZeRO-1/2 keep the fp32 reduce buffer of one block; DDP keeps two of its
+    25 MiB fp32 buckets in flight.
+    """
+    block = params.layer_params_per_rank(m, tp, ep)
+    zero = np.asarray(zero)
+    return np.where(zero == 3, 8.0 * block, np.where(zero >= 1, 4.0 * block, DDP_BUCKET_BYTES))
+
+
+def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_batch, grad_accum,
+              recompute, sequence_parallel, schedule_code, pp_virtual) -> dict:
+    """Bytes per GPU by term: params, grads, optimizer, activations, other, total.
+
+    `other` is the communication buffers plus ALLOCATOR_MARGIN of everything
+    live, the caching allocator's reserve; memory outside PyTorch's allocator
+    (NON_ALLOCATOR_GIB) is subtracted from the card instead, in `fits`.
+    """
+    sharding = dict(tp=tp, pp=pp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
+    terms = {
+        "params": weights_bytes(m, **sharding),
+        "grads": grads_bytes(m, **sharding),
+        "optimizer": optimizer_bytes(m, **sharding),
+        "activations": activation_bytes(
+            m, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, tp=tp, pp=pp,
+            cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
+            schedule_code=schedule_code, pp_virtual=pp_virtual),
+    }
+    live = sum(terms.values()) + buffer_bytes(m, tp=tp, ep=ep, zero=zero)
+    terms["other"] = buffer_bytes(m, tp=tp, ep=ep, zero=zero) + ALLOCATOR_MARGIN * live
+    terms["total"] = live + ALLOCATOR_MARGIN * live
+    return terms
+
+
+def fits(total_bytes, memory_gib: float):
+    """True where the total stays within the card less what lives outside the allocator."""
+    return np.asarray(total_bytes) <= (memory_gib - NON_ALLOCATOR_GIB) * 2**30

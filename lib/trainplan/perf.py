@@ -1,0 +1,115 @@
+"""Step time, throughput and MFU: the visible sum of named terms.
+
+    step = m t_mb + bubble + pipeline sends + blocking data-parallel traffic + optimizer
+    t_mb = compute + tensor-parallel + expert all-to-all + exposed ring attention
+           + exposed per-micro-batch data-parallel traffic
+
+with m = grad_accum micro-batches per step. The pipeline bubble of 1F1B is
+(p - 1) / v micro-batch slots (Narayanan et al. 2021, eq. for interleaved
+1F1B: bubble fraction (p - 1) / (v m + p - 1)).
+
+Overlap: data-parallel traffic hides under the compute of the pass it runs
+in, except the first block's gather (or last block's reduce), which has no
+compute to hide under (Zhao et al. 2023, PyTorch FSDP, sec. 3.4). Tensor- and
+expert-parallel collectives sit on the critical path. Ring-attention sends
+hide under the attention kernel of the same block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from trainplan import comms, compute, memory, params
+from trainplan.layouts import Layouts, labels, strategy_family, strategy_label
+from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
+
+GiB = 2**30
+MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "other", "total")
+TIME_TERMS = ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")
+
+
+def _exposed(comm, window, floor):
+    """Traffic not hidden under `window` seconds of compute, but never less than `floor`."""
+    return np.where(comm > 0, np.maximum(comm - window, floor), 0.0)
+
+
+def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
+             seq_len: int) -> pd.DataFrame:
+    """Memory, time breakdown, throughput and MFU of every layout in `L`, one row each."""
+    tp, pp, cp, ep, dp = L.tp, L.pp, L.cp, L.ep, L.dp
+    mb, ga, v = L.micro_batch, L.grad_accum, L.pp_virtual
+    sp = L.sequence_parallel & (tp > 1)
+    full = L.recompute == compute.FULL
+    layers = m.n_layers / pp
+    world = L.world
+
+    mem = memory.breakdown(
+        m, seq_len=seq_len, dp_shard=L.dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, zero=L.zero,
+        micro_batch=mb, grad_accum=ga, recompute=L.recompute, sequence_parallel=sp,
+        schedule_code=L.pp_schedule, pp_virtual=v)
+
+    # compute of one micro-batch on the slowest (last) stage
+    compute_mb = compute.microbatch_compute_time(
+        m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
+        sequence_parallel=sp)
+    tokens_mb = mb * seq_len / cp
+    attn_layer = tokens_mb * (3.0 + full) * compute.attention_flops_per_token_per_layer(
+        m, seq_len, tp) / (gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
+
+    # communication of one micro-batch
+    act_bytes = compute.BF16 * tokens_mb * m.hidden
+    tp_mb = comms.tp_microbatch_time(cluster, act_bytes=act_bytes, tp=tp, layers=layers,
+                                     recompute_full=full)
+    ep_mb = comms.ep_microbatch_time(cluster, token_bytes=act_bytes * m.top_k, ep=ep, tp=tp,
+                                     layers=layers) if m.is_moe else 0.0
+    kv_chunk = 2 * compute.BF16 * tokens_mb * m.kv_dim / tp
+    cp_layer = comms.cp_layer_time(cluster, kv_chunk_bytes=kv_chunk, cp=cp, tp=tp)
+    cp_mb = layers * np.maximum(cp_layer - attn_layer, 0.0)
+    stage_params = params.stage_params_per_rank(m, tp, pp, ep)
+    dp_mb = comms.dp_microbatch_time(cluster, stage_params=stage_params, zero=L.zero,
+                                     dp_shard=L.dp_shard, cp=cp, tp=tp)
+    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb / layers)
+    t_mb = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
+
+    # once per step
+    bubble = np.where(pp > 1, (pp - 1) / v * t_mb, 0.0)
+    boundary = compute.BF16 * tokens_mb * m.hidden / np.where(sp, tp, 1)
+    pp_sends = comms.pp_exposed_time(cluster, boundary_bytes=boundary, pp=pp,
+                                     n_transfers=ga * v + pp - 1, stage_span=tp * cp * dp)
+    overlappable, blocking = comms.dp_step_time(cluster, stage_params=stage_params, zero=L.zero,
+                                                dp=dp, dp_shard=L.dp_shard, cp=cp, tp=tp)
+    dp_step = _exposed(overlappable, 2.0 / 3.0 * compute_mb, overlappable / layers) + blocking
+    held = stage_params / memory.shard_degree(L.zero, L.dp_shard, cp, 1)
+    optimizer = compute.optimizer_step_time(gpu, held)
+
+    compute_s = ga * compute_mb
+    exposed = ga * (tp_mb + ep_mb + cp_mb + dp_mb_exposed) + pp_sends + dp_step
+    step = compute_s + exposed + bubble + optimizer
+
+    tokens_per_step = dp * mb * ga * seq_len
+    tokens_per_s = tokens_per_step / step
+    mfu = tokens_per_s * compute.model_flops_per_token(m, seq_len) / (
+        world * gpu.bf16_tflops * 1e12)
+
+    df = L.frame()
+    df["strategy"] = labels(L, strategy_label)
+    df["family"] = labels(L, strategy_family)
+    for name in MEMORY_TERMS:
+        df[f"{name}_gib"] = np.broadcast_to(mem[name], len(L)) / GiB
+    df["fits"] = memory.fits(mem["total"], gpu.memory_gib)
+    df["compute_s"] = compute_s
+    df["exposed_comm_s"] = exposed
+    df["tp_comm_s"] = ga * tp_mb
+    df["dp_comm_s"] = ga * dp_mb_exposed + dp_step
+    df["pp_comm_s"] = pp_sends
+    df["cp_comm_s"] = ga * cp_mb
+    df["ep_comm_s"] = np.broadcast_to(ga * ep_mb, len(L))
+    df["bubble_s"] = bubble
+    df["optimizer_s"] = optimizer
+    df["step_time_s"] = step
+    df["tokens_per_step"] = tokens_per_step
+    df["tokens_per_s"] = tokens_per_s
+    df["tokens_per_s_per_gpu"] = tokens_per_s / world
+    df["mfu"] = mfu
+    return df
