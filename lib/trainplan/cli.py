@@ -136,13 +136,16 @@ def format_plan(out: dict) -> str:
     head = (f"{out['model']} on {out['gpus']} x {out['gpu']} ({out['cluster']}), seq "
             f"{out['seq_len']}, {out['global_batch_tokens']:,} tokens a step: "
             f"{out['searched']:,} layouts in {out['elapsed_s']:.3f} s")
-    lines = [head, f"{'#':>2}  {'strategy':<26}{'zero':>5}{'mb':>4}{'accum':>6}  {'recompute':<10}"
-                   f"{'GiB':>7}{'fits':>6}{'step s':>9}{'tok/s/GPU':>11}{'MFU':>7}"]
+    lines = [head, f"{'#':>2}  {'strategy':<28}{'zero':>5}{'mb':>4}{'accum':>6}  {'recompute':<10}"
+                   f"{'schedule':<15}{'GiB':>7}{'fits':>6}{'step s':>9}{'tok/s/GPU':>11}{'MFU':>7}"]
     for i, p in enumerate(out["plans"], 1):
         par = p["parallel"]
+        sched = "-" if par["pp"] == 1 else par["pp_schedule"] + (
+            f" v{par['pp_virtual']}" if par["pp_virtual"] > 1 else "")
         lines.append(
-            f"{i:>2}  {p['strategy']:<26}{par['zero']:>5}{par['micro_batch']:>4}"
-            f"{par['grad_accum']:>6}  {par['recompute']:<10}{p['memory_gib']['total']:>7.1f}"
+            f"{i:>2}  {p['strategy']:<28}{par['zero']:>5}{par['micro_batch']:>4}"
+            f"{par['grad_accum']:>6}  {par['recompute']:<10}{sched:<15}"
+            f"{p['memory_gib']['total']:>7.1f}"
             f"{'yes' if p['fits'] else 'NO':>6}{p['step_time_s']:>9.3f}"
             f"{p['tokens_per_s_per_gpu']:>11,.0f}{p['mfu']:>7.1%}")
     return "\n".join(lines)

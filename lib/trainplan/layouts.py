@@ -89,11 +89,11 @@ def data_parallel_kind(zero: int, dp: int, dp_shard: int) -> str:
 
 
 def strategy_label(tp, pp, cp, ep, zero, dp, dp_shard) -> str:
-    """A short readable name of the combination of parallelisms, e.g. 'TP8 x PP2 x FSDP'."""
+    """A short readable name of the combination of parallelisms, e.g. 'TP8 x PP2 x FSDP dp2'."""
     parts = [f"{name}{deg}" for name, deg in (("TP", tp), ("PP", pp), ("CP", cp), ("EP", ep))
              if deg > 1]
     if dp > 1:
-        parts.append(data_parallel_kind(zero, dp, dp_shard) + (f"{dp}" if parts else ""))
+        parts.append(data_parallel_kind(zero, dp, dp_shard) + (f" dp{dp}" if parts else ""))
     return " x ".join(parts) if parts else "single GPU"
 
 
