@@ -1,0 +1,416 @@
+"""Microbenchmarks, recorded as `microbenchmark` records: GEMMs, attention, collectives.
+
+- matmul at the model's own GEMM shapes (`gemm_shapes`): y = x W^T with x
+  (M, K) and W (N, K) as `nn.Linear` stores it; FLOPs 2 M N K.
+- causal attention through `F.scaled_dot_product_attention`, forward +
+  backward; FLOPs by `attention_flops`.
+- all-reduce, reduce-scatter, all-gather over message sizes (64 KiB .. 1 GiB
+  by default); bus bandwidth as nccl-tests reports it (doc/PERFORMANCE.md):
+  algbw = S / t with S the full array in bytes, busbw = algbw x 2(n-1)/n for
+  all-reduce and x (n-1)/n for reduce-scatter and all-gather.
+
+Timing: warm-up calls first, then `repeats` timed blocks of `iters` calls
+each; on GPU CUDA events around a block, on CPU the wall clock. A record
+holds the median block time per call, its rank interval (`stats.median_ci`)
+and every block's time. A collective's block time is the slowest rank's.
+
+Run: `torchrun --standalone --nproc-per-node N -m trainplan.bench.micro --out
+PATH` (NCCL on GPUs, gloo on CPU); `--help` lists the knobs. NCCL settings
+are left alone: the launcher keeps NVLink multicast off (NCCL_NVLS_ENABLE=0).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainplan.errors import SpecError
+from trainplan.records import microbenchmark_record
+from trainplan.specs import ModelSpec, load_model
+from trainplan.stats import median_ci
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+KiB, GiB = 2**10, 2**30
+
+
+def _whole(low: int = 1, **values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise SpecError(f"{name} = {value!r} is not valid; use a whole number >= {low}")
+
+
+# ---------------------------------------------------------------- shapes and FLOPs
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """One forward GEMM: (M, K) @ (K, N), `count` times per layer (or per model)."""
+
+    name: str  # module it comes from (model.py names in brackets in `gemm_shapes`)
+    m: int
+    n: int
+    k: int
+    count: int = 1
+    per_layer: bool = True  # False: once per model (the output layer)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+def gemm_shapes(spec: ModelSpec | str, tp: int = 1, tokens: int = 16384) -> list[GemmShape]:
+    """The forward GEMMs of one rank for a Llama/GPT-style model, `tokens` rows each.
+
+    Tensor parallel (Megatron column/row split) divides the output width of
+    q, k/v, gate/up and the output layer, and the input width of out and down.
+    Per layer: q [wq] (T, h/t, h); k and v [wk, wv] (T, kv/t, h) x 2; out [wo]
+    (T, h, h/t); gate and up [w1, w3] (T, f/t, h) x 2 (SwiGLU; one `up` for a
+    GELU MLP); down [w2] (T, h, f/t). Once: output (T, V/t, h). The backward
+    pass runs two GEMMs of the same FLOPs per forward GEMM.
+    """
+    spec = load_model(spec) if isinstance(spec, str) else spec
+    _whole(tp=tp, tokens=tokens)
+    for name in ("n_heads", "n_kv_heads", "ffn", "vocab"):
+        if getattr(spec, name) % tp:
+            raise SpecError(f"tp = {tp} does not divide {spec.name}.{name} = "
+                            f"{getattr(spec, name)}; use a divisor of it")
+    h, kv, f, t = spec.hidden, spec.kv_dim, spec.ffn, tp
+    up = 2 if spec.mlp == "swiglu" else 1
+    return [
+        GemmShape("q", tokens, h // t, h),
+        GemmShape("kv", tokens, kv // t, h, count=2),
+        GemmShape("out", tokens, h, h // t),
+        GemmShape("gate_up" if up == 2 else "up", tokens, f // t, h, count=up),
+        GemmShape("down", tokens, h, f // t),
+        GemmShape("output", tokens, spec.vocab // t, h, per_layer=False),
+    ]
+
+
+def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool = True,
+                    backward: bool = True) -> float:
+    """FLOPs of attention's two matmuls (Q K^T and P V), as FACTS.md counts them.
+
+    Forward 4 b a s^2 d (2 matmuls of 2 b a s^2 d); backward twice that, so
+    forward + backward 12 b a s^2 d: per token and layer 12 s h with h = a d,
+    the attention term of the 6 N + 12 l h s convention (Narayanan et al.
+    2021). Causal kernels skip the masked half, so the work done, and the
+    TFLOP/s we report, is half; multiply by 2 for the dense-equivalent rate
+    that MFU's convention credits. Flash attention's recompute of Q K^T in the
+    backward pass is not counted (as `flash-attn`'s own benchmark counts 2.5x).
+    """
+    fwd = 4.0 * batch * heads * seq * seq * head_dim
+    total = fwd * (3 if backward else 1)
+    return total / 2 if causal else total
+
+
+def bus_factor(op: str, n: int) -> float:
+    """busbw / algbw for `op` on n ranks (nccl-tests doc/PERFORMANCE.md)."""
+    if op not in COLLECTIVES:
+        raise SpecError(f"collective {op!r} is not valid; use one of {list(COLLECTIVES)}")
+    return (2 if op == "all_reduce" else 1) * (n - 1) / n
+
+
+def parse_size(text: str) -> int:
+    """Bytes in '65536', '64K', '64KiB', '4M', '1G' (binary units)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(i?B)?\s*", str(text), flags=re.IGNORECASE)
+    if not match:
+        raise SpecError(f"size {text!r} is not valid; use e.g. 65536, 64K, 64KiB, 4M, 1G")
+    return int(match[1]) * 2 ** (10 * " KMG".index((match[2] or " ").upper()))
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'64K..1G' (every power of two between) or a comma list '64K,1M,1G'."""
+    if ".." in text:
+        low, high = (parse_size(s) for s in text.split("..", 1))
+        if not 0 < low <= high:
+            raise SpecError(f"sizes {text!r} are not valid; use LOW..HIGH with 0 < LOW <= HIGH")
+        sizes = []
+        while low <= high:
+            sizes.append(low)
+            low *= 2
+        return sizes
+    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
+    if not sizes or min(sizes) <= 0:
+        raise SpecError(f"sizes {text!r} are not valid; use e.g. 64K..1G or 64K,1M")
+    return sizes
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_blocks(fn, device: torch.device, warmup: int, iters: int, repeats: int,
+                 before_block=None) -> list[float]:
+    """Seconds per call of `fn`, one figure per timed block of `iters` calls."""
+    _whole(iters=iters, repeats=repeats)
+    _whole(low=0, warmup=warmup)
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if before_block:
+            before_block()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            times.append((time.perf_counter() - t0) / iters)
+    return times
+
+
+def _dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise SpecError(f"dtype {name!r} is not valid; use one of {list(DTYPES)}")
+    return DTYPES[name]
+
+
+def _card(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _timed_results(times: list[float], work: float, unit: str, scale: float) -> dict:
+    """time_s (median) with its interval, and the rate `work / time / scale` with its own."""
+    iv = median_ci(times)
+    return {"time_s": iv.estimate, "time_s_ci": iv.as_list(), "times_s": times,
+            unit: work / iv.estimate / scale, f"{unit}_ci": [work / iv.high / scale,
+                                                             work / iv.low / scale],
+            "ci_enough_samples": iv.enough}
+
+
+# ---------------------------------------------------------------- benchmarks
+
+
+def bench_matmul(m: int, n: int, k: int, *, dtype: str = "bfloat16", device: str | None = None,
+                 warmup: int = 10, iters: int = 20, repeats: int = 7, name: str = "",
+                 run_id: str | None = None, extra: dict | None = None) -> dict:
+    """TFLOP/s of y = x W^T, x (m, k), W (n, k): 2 m n k FLOPs a call."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    _whole(m=m, n=n, k=k)
+    x = torch.randn(m, k, device=dev, dtype=_dtype(dtype))
+    w = torch.randn(n, k, device=dev, dtype=_dtype(dtype))
+    out = torch.empty(m, n, device=dev, dtype=_dtype(dtype))
+    times = _time_blocks(lambda: torch.mm(x, w.t(), out=out), dev, warmup, iters, repeats)
+    config = {"name": name, "m": m, "n": n, "k": k, "dtype": dtype, "device": dev.type,
+              "flops": 2 * m * n * k, "warmup": warmup, "iters": iters, "repeats": repeats}
+    return microbenchmark_record(bench="matmul", config=config, gpus=1, card=_card(dev),
+                                 results=_timed_results(times, 2 * m * n * k, "tflops", 1e12),
+                                 run_id=run_id, extra=extra)
+
+
+def bench_attention(batch: int, heads: int, seq: int, head_dim: int, *, causal: bool = True,
+                    dtype: str = "bfloat16", device: str | None = None, warmup: int = 5,
+                    iters: int = 10, repeats: int = 7, run_id: str | None = None,
+                    extra: dict | None = None) -> dict:
+    """TFLOP/s of SDPA forward + backward at (batch, heads, seq, head_dim); see attention_flops."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    shape = (batch, heads, seq, head_dim)  # (B, nh, S, hd)
+    q, k, v = (torch.randn(shape, device=dev, dtype=_dtype(dtype), requires_grad=True)
+               for _ in range(3))
+    grad_out = torch.randn(shape, device=dev, dtype=_dtype(dtype))
+
+    def step():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.autograd.grad(out, (q, k, v), grad_out)  # no .grad accumulation to time
+
+    times = _time_blocks(step, dev, warmup, iters, repeats)
+    flops = attention_flops(batch, heads, seq, head_dim, causal)
+    results = _timed_results(times, flops, "tflops", 1e12)
+    results["tflops_dense_equiv"] = results["tflops"] * (2 if causal else 1)
+    config = {"batch": batch, "heads": heads, "seq": seq, "head_dim": head_dim,
+              "causal": causal, "dtype": dtype, "device": dev.type, "flops": flops,
+              "flops_convention": "12 b a s^2 d fwd+bwd, halved when causal",
+              "warmup": warmup, "iters": iters, "repeats": repeats}
+    return microbenchmark_record(bench="attention", config=config, results=results, gpus=1,
+                                 card=_card(dev), run_id=run_id, extra=extra)
+
+
+def bench_collective(op: str, size_bytes: int, *, dtype: str = "bfloat16", warmup: int = 5,
+                     iters: int = 20, repeats: int = 7, group=None, run_id: str | None = None,
+                     extra: dict | None = None) -> dict:
+    """Bus bandwidth of one collective at one size; every rank calls it, all get the record.
+
+    `size_bytes` is S, the full array (nccl-tests): all-reduce reduces S bytes
+    on every rank; reduce-scatter reduces S bytes into S/n per rank; all-gather
+    gathers S/n per rank into S. S is rounded down to a multiple of n elements.
+    """
+    n = dist.get_world_size(group)
+    factor = bus_factor(op, n)
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
+        else torch.device("cpu")
+    elem = torch.tensor([], dtype=_dtype(dtype)).element_size()
+    count = size_bytes // elem // n * n
+    if count < n:
+        raise SpecError(f"size {size_bytes} B is too small for {n} ranks of {dtype}")
+    full = torch.zeros(count, device=dev, dtype=_dtype(dtype))  # zeros: repeated sums stay finite
+    part = torch.zeros(count // n, device=dev, dtype=_dtype(dtype))
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn = {"all_reduce": lambda: dist.all_reduce(full, group=group),
+          "reduce_scatter": lambda: scatter(part, full, group=group),
+          "all_gather": lambda: gather(full, part, group=group)}[op]
+    times = _time_blocks(fn, dev, warmup, iters, repeats,
+                         before_block=lambda: dist.barrier(group=group))
+    slowest = torch.tensor(times, dtype=torch.float64, device=dev)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    times = slowest.tolist()
+    size = count * elem
+    results = _timed_results(times, size, "algbw_gbps", 1e9)
+    results["busbw_factor"] = factor
+    results["busbw_gbps"] = results["algbw_gbps"] * factor
+    results["busbw_gbps_ci"] = [b * factor for b in results["algbw_gbps_ci"]]
+    config = {"op": op, "size_bytes": size, "dtype": dtype, "world": n,
+              "backend": dist.get_backend(group), "device": dev.type,
+              "warmup": warmup, "iters": iters, "repeats": repeats}
+    return microbenchmark_record(bench=op, config=config, results=results, gpus=n,
+                                 card=_card(dev), run_id=run_id, extra=extra)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="torchrun ... -m trainplan.bench.micro",
+                                description="GEMM, attention and collective microbenchmarks; "
+                                "appends microbenchmark records to --out.")
+    p.add_argument("--out", required=True, help="records file (JSON lines), appended to")
+    p.add_argument("--model", default="llama-1.3b", help="preset or YAML whose GEMMs to time")
+    p.add_argument("--benches", default="matmul,attention,collectives",
+                   help="comma list of matmul, attention, collectives")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
+    p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
+    p.add_argument("--seq-len", type=int, default=2048, help="attention sequence length")
+    p.add_argument("--sizes", default="64K..1G", help="collective sizes: 64K..1G or 64K,1M")
+    p.add_argument("--ops", default=",".join(COLLECTIVES), help="collectives to time")
+    p.add_argument("--dtype", default=None, help="bfloat16 (GPU default) or float32 (CPU)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=7, help="timed blocks; >= 6 for a 95%% interval")
+    p.add_argument("--run-id", default=None, help="shared by the records of this launch")
+    return p
+
+
+def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict]]:
+    benches = {b.strip() for b in args.benches.split(",") if b.strip()}
+    unknown = benches - {"matmul", "attention", "collectives"}
+    if unknown:
+        raise SpecError(f"--benches {sorted(unknown)[0]!r} is not valid; "
+                        "use matmul, attention, collectives")
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for op in ops:
+        bus_factor(op, 2)  # validates the name
+    shapes = gemm_shapes(spec, args.tp, args.tokens)  # on every rank: all refuse bad input
+    sizes = parse_sizes(args.sizes)
+    tasks = []
+    if rank == 0 and "matmul" in benches:
+        tasks += [("matmul", {"m": g.m, "n": g.n, "k": g.k, "name": g.name}) for g in shapes]
+    if rank == 0 and "attention" in benches:
+        batch = max(1, args.tokens // args.seq_len)
+        tasks.append(("attention", {"batch": batch, "heads": spec.n_heads // args.tp,
+                                    "seq": args.seq_len, "head_dim": spec.head_dim}))
+    if world > 1 and "collectives" in benches:
+        tasks += [(op, {"size_bytes": s}) for op in ops for s in sizes]
+    return tasks
+
+
+def _run(kind: str, kw: dict, common: dict) -> dict:
+    if kind == "matmul":
+        return bench_matmul(**kw, **common)
+    if kind == "attention":
+        return bench_attention(**kw, **common)
+    return bench_collective(kind, **kw, **common)
+
+
+def _summary(record: dict) -> tuple[str, str, str, str]:
+    c, r = record["config"], record["results"]
+    if record["bench"] == "matmul":
+        return "matmul", f"{c['name']} {c['m']}x{c['n']}x{c['k']}", \
+            f"{r['time_s'] * 1e3:.3f} ms", f"{r['tflops']:.1f} TFLOP/s"
+    if record["bench"] == "attention":
+        return "attention", f"b{c['batch']} a{c['heads']} s{c['seq']} d{c['head_dim']}", \
+            f"{r['time_s'] * 1e3:.3f} ms", f"{r['tflops']:.1f} TFLOP/s (causal)"
+    size = next((f"{c['size_bytes'] / scale:g} {unit}" for unit, scale in
+                 (("GiB", GiB), ("MiB", 2**20), ("KiB", KiB)) if c["size_bytes"] >= scale),
+                f"{c['size_bytes']} B")
+    return record["bench"], f"{size} x {c['world']} ranks", \
+        f"{r['time_s'] * 1e6:.1f} us", f"{r['busbw_gbps']:.3g} GB/s busbw"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; rank 0 appends the records and prints a table. Exit 2 on bad input."""
+    import sys
+
+    from tqdm import tqdm
+
+    from trainplan.errors import TrainplanError
+    from trainplan.records import append
+
+    args = _parser().parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    if world > 1 and not dist.is_initialized():
+        if cuda:
+            local = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(local)
+            dist.init_process_group("nccl", device_id=local)
+        else:
+            dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    try:
+        spec = load_model(args.model)
+        tasks = _tasks(args, spec, rank, world)
+        common = {"dtype": args.dtype or ("bfloat16" if cuda else "float32"),
+                  "warmup": args.warmup, "iters": args.iters, "repeats": args.repeats,
+                  "run_id": args.run_id or time.strftime("micro-%Y%m%dT%H%M%SZ", time.gmtime()),
+                  "extra": {"model": spec.name, "tp": args.tp}}
+        records = []
+        for kind, kw in tqdm(tasks, desc="microbenchmarks", disable=rank != 0):
+            records.append(_run(kind, kw, common))
+            if rank == 0:
+                append(args.out, records[-1])
+    except TrainplanError as err:
+        print(f"trainplan.bench.micro: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0:
+        _print_table(records, args.out)
+    return 0
+
+
+def _print_table(records: list[dict], out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"microbenchmarks -> {out}")
+    for column in ("bench", "shape", "time (median)", "rate"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(*_summary(record))
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

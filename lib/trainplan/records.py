@@ -1,0 +1,382 @@
+"""Records: what was predicted, measured and microbenchmarked, as JSON lines (DESIGN.md "Records").
+
+One JSON object per line, appended (append mode, one line, flush, fsync),
+never rewritten. Kinds: `prediction`, `measurement`, `microbenchmark`.
+Every record carries `recorded_at` (UTC, ISO 8601) and `provenance` (git
+commit, hashed hostname, GPU, driver, torch / CUDA / NCCL versions and the
+NCCL_ / TORCH_ / CUDA_ / PYTORCH_ knobs that were set). A prediction that a
+measurement is compared with must carry the earlier `recorded_at`.
+
+`append` validates before writing, so nothing half-valid lands in a file;
+`load` and `to_frame` refuse a malformed file with one `RecordError` line
+naming the file, the line number and the problem.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from trainplan.errors import RecordError
+from trainplan.stats import median_ci, rate_ci
+
+KINDS = ("prediction", "measurement", "microbenchmark")
+IMPLS = ("trainplan", "hf-baseline")
+RECOMPUTE = ("none", "selective", "full")
+MICROBENCHES = ("matmul", "attention", "all_reduce", "reduce_scatter", "all_gather")
+
+_NUM, _INT, _STR, _BOOL, _DICT, _LIST = "number", "int", "str", "bool", "dict", "list"
+_COMMON = {"kind": _STR, "recorded_at": _STR, "provenance": _DICT}
+SCHEMA: dict[str, dict[str, str | tuple[str, ...]]] = {
+    "measurement": {
+        **_COMMON, "model": _STR, "impl": _STR, "layout": _DICT, "gpus": _INT, "card": _STR,
+        "run_id": _STR, "step_time_s": _NUM, "tokens_per_s_per_gpu": _NUM,
+        "tokens_per_s_per_gpu_ci": _LIST, "mfu": _NUM,
+        "peak_mem_reserved_gib": (_NUM, "null"), "peak_mem_allocated_gib": (_NUM, "null"),
+        "step_times_s": _LIST, "warmup_steps_dropped": _INT, "tokens_per_step": _INT,
+    },
+    "prediction": {
+        **_COMMON, "model": _STR, "layout": _DICT, "gpus": _INT, "card": _STR,
+        "predicted": _DICT,
+    },
+    "microbenchmark": {
+        **_COMMON, "bench": _STR, "config": _DICT, "results": _DICT, "gpus": _INT, "card": _STR,
+    },
+}
+LAYOUT = {"dp": _INT, "tp": _INT, "pp": _INT, "cp": _INT, "ep": _INT, "zero": _INT,
+          "micro_batch": _INT, "grad_accum": _INT, "recompute": _STR, "compile": _BOOL}
+RESULTS = {"matmul": ("time_s", "tflops"), "attention": ("time_s", "tflops"),
+           **{op: ("time_s", "algbw_gbps", "busbw_gbps") for op in MICROBENCHES[2:]}}
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+# ---------------------------------------------------------------- provenance
+
+ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_", "OMP_NUM_THREADS")
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*cmd: str) -> str | None:
+    """Stdout of a command, or None if it is missing, fails or hangs."""
+    try:
+        out = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _nvidia_smi() -> tuple[list[str], str | None]:
+    """GPU names and driver version from nvidia-smi; ([], None) where there is none."""
+    out = _run("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader")
+    rows = [[c.strip() for c in line.split(",")] for line in (out or "").splitlines() if line]
+    return [r[0] for r in rows], (rows[0][1] if rows and len(rows[0]) > 1 else None)
+
+
+def env_knobs(environ=None) -> dict[str, str]:
+    """The NCCL_*, TORCH_*, CUDA_*, PYTORCH_* variables (and OMP_NUM_THREADS) that are set.
+
+    Values of names containing TOKEN, KEY, SECRET or PASSWORD are never
+    recorded: such a name appears with the value "<redacted>".
+    """
+    environ = os.environ if environ is None else environ
+    return {name: "<redacted>" if any(w in name.upper() for w in _SECRET_WORDS) else value
+            for name, value in sorted(environ.items()) if name.startswith(ENV_PREFIXES)}
+
+
+def provenance() -> dict:
+    """Where and with what a record was made (DESIGN.md "Records").
+
+    git commit (else $TRAINPLAN_GIT_COMMIT, else None) and whether tracked
+    files differ from it, UTC date, sha256 of the hostname (never the name
+    itself), GPU name and count, driver, torch / CUDA / NCCL versions, Python,
+    and the environment knobs of `env_knobs`.
+    """
+    import torch
+
+    gpu_names, driver = _nvidia_smi()
+    cuda_ok = torch.cuda.is_available()
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda_ok else None
+    except (AttributeError, RuntimeError, TypeError):
+        nccl = None
+    commit = _run("git", "rev-parse", "HEAD")
+    dirty = _run("git", "status", "--porcelain", "--untracked-files=no") if commit else None
+    return {
+        # A copy without .git (a GPU machine) can be told its commit: TRAINPLAN_GIT_COMMIT.
+        "git_commit": commit or os.environ.get("TRAINPLAN_GIT_COMMIT") or None,
+        "git_dirty": bool(dirty) if commit else None,
+        "date": utc_now(),
+        "host_sha256": hashlib.sha256(socket.gethostname().encode()).hexdigest(),
+        "gpu_name": torch.cuda.get_device_name(0) if cuda_ok else (gpu_names or [None])[0],
+        "gpu_count": torch.cuda.device_count() if cuda_ok else len(gpu_names),
+        "driver": driver, "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "env": env_knobs(),
+    }
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _type_of(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return _BOOL
+    if isinstance(value, int):
+        return _INT
+    if isinstance(value, float):
+        return _NUM
+    return {str: _STR, dict: _DICT, list: _LIST}.get(type(value), type(value).__name__)
+
+
+def _short(value, limit: int = 60) -> str:
+    """repr of a value for a one-line message, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _check_type(where: str, value, expected: str | tuple[str, ...]) -> None:
+    allowed = expected if isinstance(expected, tuple) else (expected,)
+    actual = _type_of(value)
+    ok = actual in allowed or (actual == _INT and _NUM in allowed)
+    if not ok:
+        raise RecordError(
+            f"field {where!r} = {_short(value)} is {actual}; expected {' or '.join(allowed)}"
+        )
+    if actual in (_NUM, _INT) and not math.isfinite(value):
+        raise RecordError(f"field {where!r} = {value!r} is not a finite number")
+
+
+def _check_numbers(where: str, values: list, length: int | None = None) -> None:
+    if length is not None and len(values) != length:
+        raise RecordError(f"field {where!r} has {len(values)} items; expected {length}")
+    for i, v in enumerate(values):
+        _check_type(f"{where}[{i}]", v, _NUM)
+
+
+def _plain(value):
+    """numpy scalars (np.float64, np.int64, ...) as Python numbers, inside dicts and lists too."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def validate(record) -> dict:
+    """Return `record` if it follows the schema of its kind, else raise RecordError (one line)."""
+    if not isinstance(record, dict):
+        raise RecordError(f"a record must be a JSON object, got {_type_of(record)}")
+    kind = record.get("kind")
+    if kind not in KINDS:
+        raise RecordError(f"unknown kind {_short(kind)}; valid kinds: {list(KINDS)}")
+    for name, expected in SCHEMA[kind].items():
+        if name not in record:
+            raise RecordError(f"{kind} record is missing field {name!r}")
+        _check_type(name, record[name], expected)
+    if "layout" in SCHEMA[kind]:
+        for name, expected in LAYOUT.items():
+            if name == "compile" and kind == "prediction" and name not in record["layout"]:
+                continue  # the cost model has no compile knob; a prediction may leave it out
+            if name not in record["layout"]:
+                raise RecordError(f"field 'layout' is missing {name!r} (needs {list(LAYOUT)})")
+            _check_type(f"layout.{name}", record["layout"][name], expected)
+        recompute = record["layout"]["recompute"]
+        if recompute not in RECOMPUTE:
+            raise RecordError(f"field 'layout.recompute' = {_short(recompute)}; "
+                              f"use one of {list(RECOMPUTE)}")
+    if "gpus" in record and record["gpus"] < 1:
+        raise RecordError(f"field 'gpus' = {record['gpus']} must be >= 1")
+    if kind == "measurement":
+        if record["impl"] not in IMPLS:
+            raise RecordError(f"field 'impl' = {_short(record['impl'])}; use one of {list(IMPLS)}")
+        _check_numbers("tokens_per_s_per_gpu_ci", record["tokens_per_s_per_gpu_ci"], 2)
+        _check_numbers("step_times_s", record["step_times_s"])
+        low, high = record["tokens_per_s_per_gpu_ci"]
+        if not low <= record["tokens_per_s_per_gpu"] <= high:
+            raise RecordError(f"field 'tokens_per_s_per_gpu_ci' = {[low, high]} does not contain "
+                              f"tokens_per_s_per_gpu = {record['tokens_per_s_per_gpu']}")
+    if kind == "microbenchmark":
+        if record["bench"] not in MICROBENCHES:
+            raise RecordError(f"field 'bench' = {_short(record['bench'])}; use one of "
+                              f"{list(MICROBENCHES)}")
+        for name in RESULTS[record["bench"]]:
+            if name not in record["results"]:
+                raise RecordError(f"{record['bench']} results are missing {name!r}")
+            _check_type(f"results.{name}", record["results"][name], _NUM)
+    return record
+
+
+# ---------------------------------------------------------------- builders
+
+
+def measurement_record(*, model: str, impl: str, layout: dict, gpus: int, card: str,
+                       run_id: str, step_times_s: list[float], tokens_per_step: int,
+                       flops_per_token: float, peak_tflops: float, peak_mem_reserved_gib,
+                       peak_mem_allocated_gib, warmup_steps_dropped: int,
+                       extra: dict | None = None) -> dict:
+    """One launch of one config, with its figures derived from the kept step times.
+
+    `step_times_s`: whole synchronised optimizer steps after the warm-up,
+    `tokens_per_step`: tokens of one step over all GPUs (global batch),
+    `flops_per_token`: training FLOPs per token by FACTS.md's convention
+    (6 N + 12 l h s), `peak_tflops`: the dense bf16 peak MFU is quoted against.
+
+    - step_time_s: median step time, with `step_time_s_ci` (rank interval);
+    - tokens_per_s_per_gpu: tokens_per_step * steps / sum(step times) / gpus
+      (total tokens over total time, DESIGN.md), with a bootstrap interval over steps;
+    - mfu = tokens_per_s_per_gpu * flops_per_token / (peak_tflops * 1e12).
+    """
+    for name, value in (("gpus", gpus), ("tokens_per_step", tokens_per_step),
+                        ("flops_per_token", flops_per_token), ("peak_tflops", peak_tflops)):
+        if _type_of(_plain(value)) not in (_INT, _NUM) or not value > 0:
+            raise RecordError(f"{name} = {value!r} is not valid; use a number > 0")
+    times = _plain(list(step_times_s)) if isinstance(step_times_s, (list, tuple)) else None
+    if not times or any(_type_of(t) not in (_INT, _NUM) or not t > 0 for t in times):
+        raise RecordError(f"step_times_s = {_short(step_times_s)} must be a list of times > 0")
+    times = [float(t) for t in times]
+    step = median_ci(times)
+    rate = rate_ci([tokens_per_step / gpus] * len(times), times)
+    record = {
+        "kind": "measurement", "recorded_at": utc_now(), "model": model, "impl": impl,
+        "layout": dict(layout), "gpus": gpus, "card": card, "run_id": run_id,
+        "step_time_s": step.estimate, "step_time_s_ci": step.as_list(),
+        "tokens_per_s_per_gpu": rate.estimate, "tokens_per_s_per_gpu_ci": rate.as_list(),
+        "ci_enough_samples": step.enough and rate.enough,
+        "mfu": rate.estimate * flops_per_token / (peak_tflops * 1e12),
+        "peak_mem_reserved_gib": peak_mem_reserved_gib,
+        "peak_mem_allocated_gib": peak_mem_allocated_gib,
+        "step_times_s": times, "warmup_steps_dropped": warmup_steps_dropped,
+        "tokens_per_step": tokens_per_step, "flops_per_token": flops_per_token,
+        "peak_tflops": peak_tflops, **(extra or {}), "provenance": provenance(),
+    }
+    return validate(_plain(record))
+
+
+def prediction_record(*, model: str, layout: dict, gpus: int, card: str, predicted: dict,
+                      config: dict | None = None, run_id: str | None = None,
+                      extra: dict | None = None) -> dict:
+    """What the planner predicts for a config, stamped before the measurement runs."""
+    record = {"kind": "prediction", "recorded_at": utc_now(), "model": model,
+              "layout": dict(layout), "gpus": gpus, "card": card, "run_id": run_id,
+              "predicted": dict(predicted), "config": dict(config or {}), **(extra or {}),
+              "provenance": provenance()}
+    return validate(_plain(record))
+
+
+def microbenchmark_record(*, bench: str, config: dict, results: dict, gpus: int, card: str,
+                          run_id: str | None = None, extra: dict | None = None) -> dict:
+    """One microbenchmark point (one GEMM shape, attention shape, or collective size)."""
+    record = {"kind": "microbenchmark", "recorded_at": utc_now(), "bench": bench,
+              "config": dict(config), "results": dict(results), "gpus": gpus, "card": card,
+              "run_id": run_id, **(extra or {}), "provenance": provenance()}
+    return validate(_plain(record))
+
+
+def combine_launches(records: list[dict]) -> dict:
+    """Figures of one config over several launches (measurement records of it).
+
+    Rates are total tokens over total time across all kept steps of all
+    launches (DESIGN.md), with a bootstrap interval over the pooled steps;
+    `launch_range` gives the slowest and fastest launch, since steps of one
+    launch share its placement and are not independent of each other.
+    """
+    if not records:
+        raise RecordError("combine_launches needs at least one measurement record")
+    first = records[0]
+    for r in records:
+        validate(r)
+        for key in ("kind", "model", "impl", "layout", "gpus", "card", "tokens_per_step"):
+            if r[key] != first[key]:
+                raise RecordError(f"launches differ in {key!r}: {first[key]!r} vs {r[key]!r}")
+    times = [t for r in records for t in r["step_times_s"]]
+    per_gpu = first["tokens_per_step"] / first["gpus"]
+    step, rate = median_ci(times), rate_ci([per_gpu] * len(times), times)
+    launch_rates = [r["tokens_per_s_per_gpu"] for r in records]
+    mfus = [r["mfu"] / r["tokens_per_s_per_gpu"] for r in records]  # flops_per_token / peak
+    return {
+        "launches": len(records), "steps": len(times),
+        "step_time_s": step.estimate, "step_time_s_ci": step.as_list(),
+        "tokens_per_s_per_gpu": rate.estimate, "tokens_per_s_per_gpu_ci": rate.as_list(),
+        "mfu": rate.estimate * mfus[0], "launch_range": [min(launch_rates), max(launch_rates)],
+        "ci_enough_samples": step.enough and rate.enough,
+    }
+
+
+# ---------------------------------------------------------------- files
+
+
+def append(path: str | Path, record: dict) -> None:
+    """Validate, then append one line (flush + fsync). A bad record writes nothing."""
+    try:
+        validate(record)
+        line = json.dumps(record, allow_nan=False, sort_keys=False)
+    except (RecordError, ValueError, TypeError) as err:
+        raise RecordError(f"{path}: record not written: {err}") from None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load(path: str | Path) -> list[dict]:
+    """All records of one file, each validated; the first problem raises RecordError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise RecordError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") \
+            from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last record
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise RecordError(f"{path}:{number}: empty line (records are one JSON object a line)")
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise RecordError(f"{path}:{number}: bad JSON ({err.msg} at column {err.colno})") \
+                from None
+        try:
+            records.append(validate(record))
+        except RecordError as err:
+            raise RecordError(f"{path}:{number}: {err}") from None
+    return records
+
+
+def to_frame(paths: str | Path | Iterable[str | Path]):
+    """Records of one or more files as a pandas DataFrame, one row a record.
+
+    Nested mappings are flattened one level (`layout.tp`, `provenance.git_commit`,
+    `results.busbw_gbps`); `source` and `line` say where each row came from.
+    """
+    import pandas as pd
+
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    rows = []
+    for path in paths:
+        for number, record in enumerate(load(path), start=1):
+            rows.append({**record, "source": str(path), "line": number})
+    return pd.json_normalize(rows, max_level=1) if rows else pd.DataFrame()
