@@ -20,7 +20,7 @@ $(STAMP): requirements.txt pyproject.toml
 ## book: execute the notebooks for SCENARIO with papermill, then build the HTML strictly
 book: $(STAMP)
 	$(BIN)/python -m trainplan.book --scenario $(SCENARIO)
-	$(BIN)/jupyter-book build . --builder html -n -W --keep-going
+	$(BIN)/jupyter-book build . --all --builder html -n -W --keep-going
 	@echo "runbook: $(CURDIR)/_build/html/index.html"
 
 ## test: unit, property and CLI tests, then nbval over the committed notebooks

@@ -113,3 +113,14 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     df["tokens_per_s_per_gpu"] = tokens_per_s / world
     df["mfu"] = mfu
     return df
+
+
+def time_to_train(token_budget: float, tokens_per_s: float, gpus: int) -> dict:
+    """Wall time and GPU-hours to train on `token_budget` tokens at a steady `tokens_per_s`.
+
+    days = D / (T x 86400); GPU-hours = gpus x D / T / 3600. Steady state only:
+    failures, restarts and checkpoint stalls come on top (runbook page 5).
+    """
+    seconds = token_budget / tokens_per_s
+    return {"seconds": seconds, "days": seconds / 86400.0,
+            "gpu_hours": gpus * seconds / 3600.0}

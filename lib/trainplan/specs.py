@@ -13,6 +13,7 @@ too. Only `yaml.safe_load` is used.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass
@@ -48,8 +49,9 @@ def _check_field(spec: str, name: str, value, hint) -> None:
             raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a whole number")
         return
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+                value):
+            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a finite number")
         return
     if hint is str and not isinstance(value, str):
         raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a string")
@@ -68,6 +70,16 @@ def _validate(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...]
             raise SpecError(f"{spec}.{name} = {getattr(obj, name)!r} is not valid; it must be >= 0")
 
 
+def _yaml11_float(value):
+    """YAML 1.1 reads 2.6e11 (no sign in the exponent) as a string; take it as the number meant."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def from_mapping(cls, mapping, source: str):
     """Build spec `cls` from a YAML mapping; unknown or missing keys are errors."""
     if not isinstance(mapping, dict):
@@ -84,6 +96,8 @@ def from_mapping(cls, mapping, source: str):
     missing = sorted(required - set(mapping))
     if missing:
         raise SpecError(f"{source}: missing field {missing[0]!r} (required: {sorted(required)})")
+    hints = typing.get_type_hints(cls)
+    mapping = {k: _yaml11_float(v) if hints[k] is float else v for k, v in mapping.items()}
     try:
         return cls(**mapping)
     except SpecError as err:

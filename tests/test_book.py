@@ -1,0 +1,260 @@
+"""The runbook's notebooks and their papermill runner (`python -m trainplan.book`).
+
+Fast: nothing here starts a kernel. Execution itself is checked by `make book`
+(strict build) and by nbval over the committed notebooks (`make test`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainplan import book
+from trainplan.book import (
+    DEFAULT_SCENARIO,
+    ParameterError,
+    execute_all,
+    notebook_paths,
+    parse_parameters,
+    read_parameters,
+    resolve_inputs,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = notebook_paths(ROOT / "notebooks")
+EXPECTED_PARAMETERS = ["scenario", "model", "gpu", "cluster", "gpus", "gpus_per_node", "seq_len",
+                       "global_batch_tokens", "token_budget"]
+PAGES = ["01_strategy", "02_memory", "03_throughput", "04_validation", "05_checkpoint",
+         "06_launch"]
+
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def _source(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def run_book(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainplan.book", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+# ---------------------------------------------------------------- the notebooks
+
+
+def test_the_six_pages_are_there_in_order():
+    assert [p.stem for p in NOTEBOOKS] == PAGES
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_exactly_one_parameters_cell(path):
+    tagged = [c for c in _cells(path) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1
+    assert tagged[0]["cell_type"] == "code"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_parameters_cell_parses(path):
+    params = read_parameters(path)
+    assert list(params) == EXPECTED_PARAMETERS
+    assert params["scenario"].default == DEFAULT_SCENARIO
+    for p in params.values():
+        assert p.help, f"{p.name} has no `# help` comment"
+        assert p.type in ("str", "int", "float"), "papermill reads plain annotations only"
+        if p.name != "scenario":
+            assert not p.default, f"{p.name}: empty, so the scenario file gives the default"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_code_cell_is_introduced_by_markdown(path):
+    cells = _cells(path)
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "code":
+            assert i > 0 and cells[i - 1]["cell_type"] == "markdown", (
+                f"code cell {i} of {path.name} has no sentence before it")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_page_opens_with_label_title_and_plain_words_box(path):
+    first = _source(_cells(path)[0])
+    assert re.match(r"\(page-[a-z]+\)=\n# \S", first), "label, then title"
+    assert ":::{admonition} In plain words" in first
+    for part in ("**The decision.**", "**The number that matters.**", "**The risk.**"):
+        assert part in first
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebook_is_executed_and_clean(path):
+    """nbval compares against these outputs: every code cell ran, none failed, no timings."""
+    nb = json.loads(path.read_text())
+    assert "papermill" not in nb["metadata"]
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        assert cell["execution_count"] is not None, "run `make notebooks`"
+        assert not [o for o in cell["outputs"] if o["output_type"] == "error"]
+        assert not [o for o in cell["outputs"] if o.get("name") == "stderr"], "warnings"
+        assert "papermill" not in cell["metadata"] and "execution" not in cell["metadata"]
+        assert "injected-parameters" not in cell["metadata"].get("tags", [])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_markdown_types_no_results(path):
+    """Numbers reach the text through glue; markdown holds no typed-in results.
+
+    Digits are allowed in code spans, roles, labels and a few fixed phrases
+    (page cross-references, the 95% interval of the measurement protocol).
+    """
+    allowed = re.compile(r"`[^`]*`|\(page-[a-z]+\)=|95%|\{[a-z:]+\}")
+    for cell in _cells(path):
+        if cell["cell_type"] == "markdown":
+            text = allowed.sub("", _source(cell))
+            assert not re.search(r"\d", text), f"a typed number in {path.name}: {text!r}"
+
+
+GLUE_REF = re.compile(r"\{glue(?::\w+)?\}`(?:(?P<doc>[^`:]+\.ipynb)::)?(?P<key>\w+)[^`]*`"
+                      r"|```\{glue:\w+\} (?P<block>\w+)")
+
+
+def _glued_keys(path: Path) -> set[str]:
+    return {o["metadata"]["scrapbook"]["name"] for c in _cells(path) if c["cell_type"] == "code"
+            for o in c["outputs"] if "scrapbook" in o.get("metadata", {})}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_glue_reference_has_a_glued_value(path):
+    """Caught here, without a book build: a `{glue:...}` key that no cell glues."""
+    glued = _glued_keys(path)
+    assert glued, "no glued values: is the notebook executed?"
+    for cell in _cells(path):
+        if cell["cell_type"] == "markdown":
+            for m in GLUE_REF.finditer(_source(cell)):
+                assert (m["key"] or m["block"]) in glued, f"{path.name}: {m[0]}"
+
+
+def test_front_page_glue_comes_from_page_one():
+    text = (ROOT / "book" / "index.md").read_text()
+    refs = [m for m in GLUE_REF.finditer(text) if m["doc"]]
+    assert refs
+    for m in refs:
+        assert m["key"] in _glued_keys(ROOT / "notebooks" / Path(m["doc"]).name)
+
+
+# ---------------------------------------------------------------- parameters
+
+
+def test_parse_parameters_reads_type_default_and_help():
+    params = parse_parameters('gpus: int = 0  # GPUs in the job\nname: str = "x"  # n')
+    assert params["gpus"].type == "int" and params["gpus"].default == 0
+    assert params["gpus"].help == "GPUs in the job"
+    assert params["name"].default == "x"
+
+
+@pytest.mark.parametrize("source", ["gpus = 3", "x: int", "import os", "gpus: int = f(3)"])
+def test_parse_parameters_refuses_other_statements(source):
+    with pytest.raises((ParameterError, ValueError)):
+        parse_parameters(source)
+
+
+def test_resolve_inputs_takes_the_scenario_and_applies_overrides():
+    base = resolve_inputs(DEFAULT_SCENARIO)
+    assert base.gpus > 0 and base.seq_len > 0 and base.token_budget > 0
+    more = resolve_inputs(DEFAULT_SCENARIO, gpus=2 * base.gpus, gpus_per_node=4)
+    assert more.gpus == 2 * base.gpus and more.gpus_per_node == 4
+    assert more.model == base.model
+
+
+def test_empty_parameters_take_the_scenarios_values():
+    assert resolve_inputs(DEFAULT_SCENARIO, model="", gpus=0, token_budget=0.0) == \
+        resolve_inputs(DEFAULT_SCENARIO)
+
+
+@pytest.mark.parametrize("kw", [{"gpus": -8}, {"seq_len": -1}, {"gpus": 2.5},
+                                {"token_budget": -1.0}, {"gpus_per_node": -8},
+                                {"model": "no-such-model"}])
+def test_resolve_inputs_refuses_bad_values(kw):
+    with pytest.raises(book.TrainplanError):
+        resolve_inputs(DEFAULT_SCENARIO, **kw)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _one_line_exit_2(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_scenario_is_one_line_exit_2_and_writes_nothing():
+    before = sorted(p.name for p in (ROOT / "book").iterdir())
+    proc = run_book("--scenario", "no-such-scenario")
+    _one_line_exit_2(proc, "no-such-scenario", DEFAULT_SCENARIO)
+    assert sorted(p.name for p in (ROOT / "book").iterdir()) == before
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["-p", "gpus=abc"], ["gpus='abc'", "whole number"]),
+    (["-p", "nope=1"], ["'nope'", "gpus_per_node"]),
+    (["-p", "gpus"], ["NAME=VALUE"]),
+    (["-p", "gpus=0"], ["gpus='0'", "scenario's value"]),
+    (["-p", "token_budget=-1e9"], ["token_budget='-1e9'"]),
+    (["-p", "model="], ["model=''"]),
+    (["-p", "model=gpt-17"], ["gpt-17", "llama-13b"]),
+    (["--in-place", "--scenario", "other"], ["--in-place"]),
+    (["--bogus"], ["--bogus"]),
+    (["-p", "global_batch_tokens=1000"], ["1000"]),  # no layout reaches the batch
+    (["-p", "gpus=12"], ["12", "gpus-per-node"]),  # not whole nodes
+    (["-p", "model=llama-70b", "-p", "gpus=2", "-p", "gpus_per_node=2"], ["nothing fits"]),
+])
+def test_bad_input_is_one_line_exit_2(args, needles):
+    _one_line_exit_2(run_book(*args), *needles)
+
+
+def test_cli_passes_scenario_and_overrides_to_papermill(monkeypatch):
+    calls = []
+    monkeypatch.setattr(book, "execute_all", lambda paths, dest, params, in_place: calls.append(
+        (dest, params, in_place)))
+    assert book.main(["--scenario", DEFAULT_SCENARIO, "-p", "gpus=64", "-p", "seq_len=2048"]) == 0
+    assert calls[-1] == (book.GENERATED, {"scenario": DEFAULT_SCENARIO, "gpus": 64,
+                                          "seq_len": 2048}, False)
+    assert book.main(["--in-place"]) == 0
+    assert calls[-1] == (book.NOTEBOOKS, {}, True), "in place: no injected parameters"
+
+
+def test_failed_notebook_leaves_the_destination_as_it_was(tmp_path, monkeypatch):
+    import papermill
+
+    dest = tmp_path / "_generated"
+    dest.mkdir()
+    (dest / "old.ipynb").write_text("{}")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("01_a.ipynb", "02_b.ipynb"):
+        (src / name).write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                            "nbformat_minor": 5}))
+
+    def fake_execute(input_path, output_path, **kw):
+        if "02_b" in input_path:
+            raise papermill.PapermillExecutionError(0, 1, "boom", "SpecError", "bad", [])
+        Path(output_path).write_text(Path(input_path).read_text())
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    monkeypatch.setattr(book, "REPORTS", tmp_path / "reports")
+    with pytest.raises(book.NotebookFailed) as err:
+        execute_all(sorted(src.iterdir()), dest, {"scenario": "x"}, log=lambda _: None,
+                    scratch=tmp_path)
+    assert err.value.ename == "SpecError"
+    assert [p.name for p in dest.iterdir()] == ["old.ipynb"]
+    assert not list(tmp_path.glob(".trainplan-book-*")), "temporary folder left behind"
