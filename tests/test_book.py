@@ -16,14 +16,12 @@ import pytest
 
 from trainplan import book
 from trainplan.book import (
-    DEFAULT_SCENARIO,
-    ParameterError,
     execute_all,
     notebook_paths,
     parse_parameters,
     read_parameters,
-    resolve_inputs,
 )
+from trainplan.pages import DEFAULT_SCENARIO, ParameterError, resolve_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = notebook_paths(ROOT / "notebooks")

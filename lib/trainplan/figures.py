@@ -4,7 +4,7 @@ Selection, labelling and drawing only: every number drawn here comes from
 the search table (`trainplan.search`) or the specs, never from a formula in
 this module. Figures carry no titles: the book captions them through
 `{glue:figure}`. Each function returns a matplotlib Figure (or a DataFrame)
-and leaves showing it to the notebook (`trainplan.book.glue_figure`).
+and leaves showing it to the notebook (`trainplan.pages.glue_figure`).
 """
 
 from __future__ import annotations
