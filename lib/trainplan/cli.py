@@ -16,6 +16,7 @@ from trainplan import __version__
 from trainplan.errors import TrainplanError
 
 EXIT_USAGE = 2
+MAX_WHOLE = 2**53  # floats stay exact below this; every size flag is far smaller in practice
 
 
 class UsageError(TrainplanError):
@@ -40,6 +41,8 @@ def positive_int(text: str) -> int:
         value = int(value)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not valid: it must be > 0")
+    if value > MAX_WHOLE:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large: at most {MAX_WHOLE:,}")
     return value
 
 
@@ -114,21 +117,21 @@ def _specs(args):
 
 
 def cmd_plan(args) -> dict:
+    m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
     from trainplan.plan import plan
-    m, gpu, cluster = _specs(args)
     return plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                 global_batch_tokens=args.global_batch_tokens, pins=_pins(args), top=args.top,
                 gpus_per_node=args.gpus_per_node)
 
 
 def cmd_memory(args) -> dict:
-    from trainplan.plan import memory
-    from trainplan.search import check_pins
     from trainplan.specs import ParallelConfig
     m, gpu, cluster = _specs(args)
     pins = _pins(args)
     cfg = ParallelConfig(**pins)
-    check_pins(m, pins, cfg.world, cluster.gpus_per_node, args.seq_len)
+    from trainplan.plan import memory
+    from trainplan.search import check_pins
+    check_pins(m, pins, None, cluster.gpus_per_node, args.seq_len)
     return memory(m, gpu, cluster, cfg, args.seq_len)
 
 

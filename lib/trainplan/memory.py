@@ -105,7 +105,7 @@ def microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual):
     No pipeline: 1 (accumulation runs micro-batches one after another).
     GPipe: all m. 1F1B: min(p, m) (Narayanan et al. 2021, sec. 2.2).
     Interleaved 1F1B with v chunks: min(p, m) x (1 + (p - 1) / (p v))
-    (same paper, sec. 2.2, activation memory of the interleaved schedule).
+    (Korthikanti et al. 2022, sec. 4.2.3).
     Schedule codes: 0 = 1F1B, 1 = interleaved, 2 = GPipe.
     """
     pp, m_ = np.asarray(pp, dtype=float), np.asarray(grad_accum, dtype=float)
@@ -145,16 +145,17 @@ def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, 
     return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)
 
 
-def buffer_bytes(m: ModelSpec, *, tp, ep, zero):
+def buffer_bytes(m: ModelSpec, *, tp, ep, zero, dp_shard, cp):
     """Communication buffers, stated as such.
 
     ZeRO-3 gathers the current and the prefetched block in bf16 (2 x 2 bytes x
     block params) and reduce-scatters one block's fp32 gradient (4 bytes);
     ZeRO-1/2 keep the fp32 reduce buffer of one block; DDP keeps two of its
-    25 MiB fp32 buckets in flight.
+    25 MiB fp32 buckets in flight. A ZeRO stage over a group of one rank
+    shards nothing and is priced as DDP.
     """
     block = params.layer_params_per_rank(m, tp, ep)
-    zero = np.asarray(zero)
+    zero = np.where(np.asarray(dp_shard) * np.asarray(cp) > 1, zero, 0)
     return np.where(zero == 3, 8.0 * block, np.where(zero >= 1, 4.0 * block, DDP_BUCKET_BYTES))
 
 
@@ -176,8 +177,9 @@ def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_ba
             cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
             schedule_code=schedule_code, pp_virtual=pp_virtual),
     }
-    live = sum(terms.values()) + buffer_bytes(m, tp=tp, ep=ep, zero=zero)
-    terms["other"] = buffer_bytes(m, tp=tp, ep=ep, zero=zero) + ALLOCATOR_MARGIN * live
+    buffers = buffer_bytes(m, tp=tp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
+    live = sum(terms.values()) + buffers
+    terms["other"] = buffers + ALLOCATOR_MARGIN * live
     terms["total"] = live + ALLOCATOR_MARGIN * live
     return terms
 

@@ -111,8 +111,8 @@ def stage_params_per_rank(m: ModelSpec, tp, pp, ep):
     """
     tp, pp = np.asarray(tp), np.asarray(pp)
     blocks = (m.n_layers / pp) * layer_params_per_rank(m, tp, ep)
-    first = embedding_params(m) / tp
-    last = output_params(m) / tp
+    first = m.vocab * m.hidden / tp + (embedding_params(m) - m.vocab * m.hidden)
+    last = (output_params(m) - norm_params(m)) / tp + norm_params(m)
     if m.tied_embeddings:  # each end stage keeps its own copy of the shared table
         last = last + np.where(pp > 1, m.vocab * m.hidden / tp, 0)
     ends = np.where(pp > 1, np.maximum(first, last), first + last)

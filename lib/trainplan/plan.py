@@ -57,10 +57,14 @@ def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len
     """
     pins = dict(pins or {})
     exact = fully_pinned(pins)
+    if exact:  # one layout: the unpinned fields take ParallelConfig's defaults
+        pins.setdefault("dp_shard", pins["dp"] if pins["zero"] else 1)
+        pins.setdefault("pp_schedule", "1f1b")
+        pins.setdefault("pp_virtual", 1)
     result: SearchResult = search(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                                   global_batch_tokens=global_batch_tokens, pins=pins,
                                   gpus_per_node=gpus_per_node, require_fit=not exact)
-    rows = result.table.head(1 if exact else top)
+    rows = result.table.head(1) if exact else result.best(top)
     return {
         "model": m.name, "gpu": gpu.name, "cluster": cluster.name, "gpus": gpus,
         "seq_len": seq_len, "global_batch_tokens": global_batch_tokens,

@@ -12,6 +12,7 @@ vectorised pass; those that do not fit are kept but ranked last.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
 
@@ -39,8 +40,14 @@ class SearchResult:
         return self.table[self.table["fits"]].head(k)
 
 
+MAX_TOKENS = 2**40  # tokens a step: far beyond any run, well inside int64 arithmetic
+MAX_GPUS = 2**20  # a million GPUs: beyond any cluster, and keeps divisor lists cheap
+
+
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of n in increasing order, in O(sqrt n)."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def _choices(name, default, pins):
@@ -49,8 +56,8 @@ def _choices(name, default, pins):
 
 def check_cluster_size(gpus: int, gpus_per_node: int) -> None:
     """Whole nodes, or one partial node whose GPU count divides the node."""
-    if gpus <= 0:
-        raise LayoutError(f"--gpus {gpus} is not valid; use a positive number of GPUs")
+    if gpus <= 0 or gpus > MAX_GPUS:
+        raise LayoutError(f"--gpus {gpus} is not valid; use 1 to {MAX_GPUS:,} GPUs")
     if gpus % gpus_per_node and gpus_per_node % gpus:
         raise LayoutError(
             f"--gpus {gpus} is not a multiple of --gpus-per-node {gpus_per_node}; use whole "
@@ -58,20 +65,37 @@ def check_cluster_size(gpus: int, gpus_per_node: int) -> None:
             f"of {gpus_per_node} for one partial node")
 
 
-def check_pins(m: ModelSpec, pins: dict, gpus: int, gpn: int, seq_len: int) -> None:
-    """Refuse pinned degrees that can never be valid, with the valid values named."""
+def check_pins(m: ModelSpec, pins: dict, gpus: int | None, gpn: int, seq_len: int) -> None:
+    """Refuse pinned degrees that can never be valid, with the valid values named.
+
+    `gpus=None` checks a layout on its own (the `memory` verb), where the GPU
+    count follows from the pins instead of bounding them.
+    """
+    pool = gpus if gpus is not None else 2**int(math.log2(seq_len)) * m.n_layers * gpn
+    fit = f"for {m.name} on {gpus} GPUs" if gpus is not None else f"for {m.name}"
+    pp_ok = [d for d in divisors(m.n_layers) if pool % d == 0]
     rules = {
-        "tp": [d for d in divisors(min(gpn, gpus)) if not (m.n_heads % d or m.n_kv_heads % d
-                                                           or m.ffn % d)],
-        "pp": [d for d in divisors(gpus) if m.n_layers % d == 0],
-        "cp": [d for d in divisors(gpus) if seq_len % (2 * d) == 0 or d == 1],
-        "dp": divisors(gpus),
-        "ep": [d for d in divisors(m.n_experts) if gpus % d == 0] if m.is_moe else [1],
+        "tp": [d for d in divisors(gpn) if pool % d == 0 and not (
+            m.n_heads % d or m.n_kv_heads % d or m.ffn % d)],
+        "pp": pp_ok,
+        "cp": [d for d in divisors(pool) if d == 1 or (seq_len % (2 * d) == 0 and d <= 64)],
+        "ep": [d for d in divisors(m.n_experts) if pool % d == 0] if m.is_moe else [1],
+        "pp_virtual": [1] + [v for v in VIRTUAL_STAGES
+                             if any(p > 1 and m.n_layers % (p * v) == 0 for p in pp_ok)],
     }
+    if gpus is not None:
+        rules["dp"] = divisors(gpus)
+        rules["dp_shard"] = divisors(gpus)
     for name, valid in rules.items():
         if name in pins and pins[name] not in valid:
-            raise LayoutError(f"--{name.replace('_', '-')} {pins[name]} is not valid for "
-                              f"{m.name} on {gpus} GPUs; valid: {valid}")
+            raise LayoutError(f"--{name.replace('_', '-')} {pins[name]} is not valid {fit}; "
+                              f"valid: {valid}")
+    pp, v = pins.get("pp", 1), pins.get("pp_virtual", 1)
+    if m.n_layers % (pp * v):
+        raise LayoutError(f"--pp {pp} x --pp-virtual {v} does not divide the {m.n_layers} "
+                          f"layers of {m.name}; use pp x pp-virtual dividing {m.n_layers}")
+    if gpus is not None and "dp" in pins and "dp_shard" in pins and pins["dp"] % pins["dp_shard"]:
+        raise LayoutError(f"--dp-shard {pins['dp_shard']} does not divide --dp {pins['dp']}")
 
 
 def _meshes(m: ModelSpec, gpus: int, gpn: int, seq_len: int, pins: dict):
@@ -103,6 +127,9 @@ def enumerate_layouts(m: ModelSpec, *, gpus: int, gpus_per_node: int, seq_len: i
     """Every valid layout, as arrays; pinned dimensions take only their pinned value."""
     pins = dict(pins or {})
     check_cluster_size(gpus, gpus_per_node)
+    if global_batch_tokens > MAX_TOKENS:
+        raise LayoutError(f"--global-batch-tokens {global_batch_tokens} is too large; use at "
+                          f"most {MAX_TOKENS:,} tokens a step")
     if global_batch_tokens % seq_len:
         raise LayoutError(f"--global-batch-tokens {global_batch_tokens} is not a multiple of "
                           f"--seq-len {seq_len}; use a whole number of sequences")
@@ -121,8 +148,11 @@ def enumerate_layouts(m: ModelSpec, *, gpus: int, gpus_per_node: int, seq_len: i
             if pins.get("grad_accum", ga) != ga:
                 continue
             shard_opts = shards if zero == 3 else ([dp] if zero else [1])  # HSDP: ZeRO-3 only
-            for shard, (sched, v), rc in itertools.product(
-                    _choices("dp_shard", shard_opts, pins), schedules, recomputes):
+            if "dp_shard" in pins:  # a pinned shard group must be one this stage allows
+                shard_opts = [s for s in shard_opts if s == pins["dp_shard"]]
+                if zero == 3 and dp % pins["dp_shard"] == 0:
+                    shard_opts = [pins["dp_shard"]]
+            for shard, (sched, v), rc in itertools.product(shard_opts, schedules, recomputes):
                 if "pp_schedule" in pins and SCHEDULES[sched] != pins["pp_schedule"]:
                     continue
                 if pins.get("pp_virtual", v) != v or (pp > 1 and sched != 2 and ga < pp):
@@ -131,8 +161,10 @@ def enumerate_layouts(m: ModelSpec, *, gpus: int, gpus_per_node: int, seq_len: i
     if not rows:
         raise LayoutError(
             f"no layout reaches a global batch of {batch} sequences ({global_batch_tokens} "
-            f"tokens) on {gpus} GPUs with these pins {pins or ''}: the batch must be a multiple "
-            f"of dp x micro-batch; try a global batch that is a multiple of {gpus} sequences")
+            f"tokens) on {gpus} GPUs{' with the pins ' + str(pins) if pins else ''}: the batch "
+            "must be a multiple "
+            f"of dp x micro-batch (and have at least pp micro-batches); try a global batch that "
+            f"is a multiple of {gpus} sequences")
     a = np.array(rows, dtype=np.int64)
     names = ("dp", "tp", "pp", "cp", "ep", "zero", "dp_shard", "micro_batch", "grad_accum",
              "recompute", "sequence_parallel", "pp_schedule", "pp_virtual")

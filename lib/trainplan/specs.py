@@ -27,6 +27,7 @@ from trainplan.errors import PresetNotFound, SpecError
 DATA_DIR = Path(os.environ.get("TRAINPLAN_DATA", Path(__file__).resolve().parents[2] / "data"))
 
 GiB = 1024**3
+MAX_INT = 2**40  # any size field above this is a typo, and would overflow int64 arithmetic
 
 
 # ---------------------------------------------------------------- validation
@@ -47,6 +48,8 @@ def _check_field(spec: str, name: str, value, hint) -> None:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a whole number")
+        if abs(value) > MAX_INT:
+            raise SpecError(f"{spec}.{name} = {value} is too large; use at most {MAX_INT:,}")
         return
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
@@ -90,7 +93,7 @@ def from_mapping(cls, mapping, source: str):
         for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     }
-    unknown = sorted(set(mapping) - names)
+    unknown = sorted(set(mapping) - names, key=str)
     if unknown:
         raise SpecError(f"{source}: unknown field {unknown[0]!r}; valid fields: {sorted(names)}")
     missing = sorted(required - set(mapping))
@@ -310,6 +313,8 @@ def load(cls, name_or_path: str):
                 f"unknown {kind[:-1] if kind != 'hardware' else 'gpu'} {name_or_path!r}; "
                 f"presets: {preset_names(cls)} (or a path to a .yaml file)"
             )
+    if path.is_dir():
+        raise PresetNotFound(f"{str(name_or_path)!r} is a directory, not a YAML file")
     if not path.is_file():
         raise PresetNotFound(f"no such file {str(name_or_path)!r}")
     try:
