@@ -1,0 +1,1 @@
+"""The proxy training harness: model, layouts, data, loop, records (see README.md)."""
