@@ -2,179 +2,41 @@
 
 Parses, delegates, prints. Every `TrainplanError` (and every argument error)
 becomes one line on stderr and exit code 2; `--json` prints one JSON object on
-stdout. The contract is in DESIGN.md and the README.
+stdout. The verbs live in `trainplan.commands`, one module per group; the
+contract is in DESIGN.md and the README.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import json
-import math
 import sys
 
 from trainplan import __version__
+from trainplan.commands.args import Parser
 from trainplan.errors import TrainplanError
 
 EXIT_USAGE = 2
-MAX_WHOLE = 2**53  # floats stay exact below this; every size flag is far smaller in practice
+VERB_MODULES = ("planning",)
 
 
-class UsageError(TrainplanError):
-    """Bad command-line arguments."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse would print usage over several lines and exit
-        raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-def positive_int(text: str) -> int:
-    """A whole number > 0; '4e6' and '4_194_304' are accepted when they are whole."""
-    try:
-        value = float(text.replace("_", "")) if any(c in text for c in "eE.") else int(
-            text.replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number") from None
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-        value = int(value)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid: it must be > 0")
-    if value > MAX_WHOLE:
-        raise argparse.ArgumentTypeError(f"{text!r} is too large: at most {MAX_WHOLE:,}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid: it must be a number > 0")
-    return value
-
-
-LAYOUT_FLAGS = {  # flag -> (type, choices, help)
-    "dp": (positive_int, None, "data-parallel degree"),
-    "tp": (positive_int, None, "tensor-parallel degree (inside a node)"),
-    "pp": (positive_int, None, "pipeline stages"),
-    "cp": (positive_int, None, "context-parallel degree"),
-    "ep": (positive_int, None, "expert-parallel degree (MoE)"),
-    "zero": (int, (0, 1, 2, 3), "ZeRO stage: 0 DDP, 1, 2, 3 = FSDP"),
-    "dp_shard": (positive_int, None, "ranks a ZeRO-3 shard spans (< dp is HSDP)"),
-    "micro_batch": (positive_int, None, "sequences per micro-batch"),
-    "grad_accum": (positive_int, None, "micro-batches per step"),
-    "recompute": (str, ("none", "selective", "full"), "activation recompute"),
-    "pp_schedule": (str, ("1f1b", "interleaved", "gpipe"), "pipeline schedule"),
-    "pp_virtual": (positive_int, None, "virtual stages per rank (interleaved)"),
-}
-
-
-def _add_common(p: argparse.ArgumentParser, *, gpus: bool) -> None:
-    p.add_argument("--model", required=True, help="preset name or YAML file")
-    p.add_argument("--gpu", required=True, help="preset name or YAML file")
-    p.add_argument("--cluster", default="dgx-h100", help="interconnect preset or YAML file")
-    if gpus:
-        p.add_argument("--gpus", required=True, type=positive_int)
-        p.add_argument("--gpus-per-node", type=positive_int, default=None,
-                       help="default: the cluster's")
-    p.add_argument("--seq-len", type=positive_int, default=4096)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-
-
-def _add_layout(p: argparse.ArgumentParser) -> None:
-    for name, (typ, choices, help_) in LAYOUT_FLAGS.items():
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices,
-                       default=None, help=help_)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="trainplan", description=__doc__.splitlines()[0])
+def build_parser() -> Parser:
+    parser = Parser(prog="trainplan", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"trainplan {__version__}")
-    verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
-
-    p = verbs.add_parser("plan", help="rank the parallel layouts for a model on a cluster")
-    _add_common(p, gpus=True)
-    p.add_argument("--global-batch-tokens", type=positive_int, default=4 * 2**20)
-    p.add_argument("--top", type=positive_int, default=5)
-    _add_layout(p)
-
-    p = verbs.add_parser("memory", help="per-GPU memory of one layout")
-    _add_common(p, gpus=False)
-    _add_layout(p)
+    verbs = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    for name in VERB_MODULES:
+        importlib.import_module(f"trainplan.commands.{name}").register(verbs)
     return parser
-
-
-def _pins(args) -> dict:
-    return {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k) is not None}
-
-
-def _specs(args):
-    from trainplan.specs import load_cluster, load_gpu, load_model
-    return load_model(args.model), load_gpu(args.gpu), load_cluster(args.cluster)
-
-
-def cmd_plan(args) -> dict:
-    m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
-    from trainplan.plan import plan
-    return plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
-                global_batch_tokens=args.global_batch_tokens, pins=_pins(args), top=args.top,
-                gpus_per_node=args.gpus_per_node)
-
-
-def cmd_memory(args) -> dict:
-    from trainplan.specs import ParallelConfig
-    m, gpu, cluster = _specs(args)
-    pins = _pins(args)
-    cfg = ParallelConfig(**pins)
-    from trainplan.plan import memory
-    from trainplan.search import check_pins
-    check_pins(m, pins, None, cluster.gpus_per_node, args.seq_len)
-    return memory(m, gpu, cluster, cfg, args.seq_len)
-
-
-def format_plan(out: dict) -> str:
-    head = (f"{out['model']} on {out['gpus']} x {out['gpu']} ({out['cluster']}), seq "
-            f"{out['seq_len']}, {out['global_batch_tokens']:,} tokens a step: "
-            f"{out['searched']:,} layouts in {out['elapsed_s']:.3f} s")
-    lines = [head, f"{'#':>2}  {'strategy':<28}{'zero':>5}{'mb':>4}{'accum':>6}  {'recompute':<10}"
-                   f"{'schedule':<15}{'GiB':>7}{'fits':>6}{'step s':>9}{'tok/s/GPU':>11}{'MFU':>7}"]
-    for i, p in enumerate(out["plans"], 1):
-        par = p["parallel"]
-        sched = "-" if par["pp"] == 1 else par["pp_schedule"] + (
-            f" v{par['pp_virtual']}" if par["pp_virtual"] > 1 else "")
-        lines.append(
-            f"{i:>2}  {p['strategy']:<28}{par['zero']:>5}{par['micro_batch']:>4}"
-            f"{par['grad_accum']:>6}  {par['recompute']:<10}{sched:<15}"
-            f"{p['memory_gib']['total']:>7.1f}"
-            f"{'yes' if p['fits'] else 'NO':>6}{p['step_time_s']:>9.3f}"
-            f"{p['tokens_per_s_per_gpu']:>11,.0f}{p['mfu']:>7.1%}")
-    return "\n".join(lines)
-
-
-def format_memory(out: dict) -> str:
-    mem = out["memory_gib"]
-    lines = [f"{out['model']} on {out['gpu']} ({out['gpu_memory_gib']:g} GiB), layout "
-             + " ".join(f"{k}={v}" for k, v in out["parallel"].items())]
-    lines += [f"  {k:<12}{v:>9.2f} GiB" for k, v in mem.items()]
-    lines.append(f"  fits: {'yes' if out['fits'] else 'NO'}")
-    return "\n".join(lines)
-
-
-COMMANDS = {"plan": (cmd_plan, format_plan), "memory": (cmd_memory, format_memory)}
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        run, fmt = COMMANDS[args.verb]
-        out = run(args)
+        out = args.run(args)
     except TrainplanError as err:
         print(f"trainplan: error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_USAGE
-    print(json.dumps(out) if args.json else fmt(out))
+    print(json.dumps(out) if getattr(args, "json", False) else args.fmt(out))
     return 0
 
 

@@ -1,0 +1,47 @@
+"""Argument types and the parser class shared by every verb: bad input is one line, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from trainplan.errors import TrainplanError
+
+MAX_WHOLE = 2**53  # floats stay exact below this; every size flag is far smaller in practice
+
+
+class UsageError(TrainplanError):
+    """Bad command-line arguments."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage over several lines and exit
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def positive_int(text: str) -> int:
+    """A whole number > 0; '4e6' and '4_194_304' are accepted when they are whole."""
+    try:
+        value = float(text.replace("_", "")) if any(c in text for c in "eE.") else int(
+            text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number") from None
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+        value = int(value)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid: it must be > 0")
+    if value > MAX_WHOLE:
+        raise argparse.ArgumentTypeError(f"{text!r} is too large: at most {MAX_WHOLE:,}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid: it must be a number > 0")
+    return value
