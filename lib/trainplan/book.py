@@ -254,6 +254,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="override one notebook parameter (repeatable); see the parameters cell")
     p.add_argument("--in-place", action="store_true",
                    help="re-execute notebooks/ in place for the default scenario (for nbval)")
+    p.add_argument("--only", action="append", default=[], metavar="NN_name",
+                   help="execute only this notebook (repeatable), e.g. 04_validation")
     return p
 
 
@@ -276,6 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         paths = notebook_paths()
         if not paths:
             raise ParameterError(f"no notebooks NN_name.ipynb in {NOTEBOOKS}")
+        unknown = sorted(set(args.only) - {p.stem for p in paths})
+        if unknown:
+            raise ParameterError(f"--only {unknown[0]}: no such notebook; valid: "
+                                 f"{[p.stem for p in paths]}")
+        if args.only:
+            paths = [p for p in paths if p.stem in args.only]
         known = read_parameters(paths[0])
         if args.in_place and (args.param or args.scenario not in (None, DEFAULT_SCENARIO)):
             raise ParameterError(
