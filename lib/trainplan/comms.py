@@ -38,10 +38,24 @@ def link(cluster: ClusterSpec, span):
     return bw, lat
 
 
+def measured_link(cluster: ClusterSpec, kind: str, span, bw, lat):
+    """(bw, lat) with a calibrated alpha-beta of `kind` for groups inside a node, if one exists.
+
+    `cluster.collectives` holds (op, latency_us, busbw_gbps) fitted to
+    microbenchmarks (trainplan.calibrate); ops without a fit keep the cluster's.
+    """
+    for op, latency_us, busbw_gbps in cluster.collectives:
+        if op == kind:
+            inside = np.asarray(span) <= cluster.gpus_per_node
+            return (np.where(inside, busbw_gbps * 1e9, bw),
+                    np.where(inside, latency_us * 1e-6, lat))
+    return bw, lat
+
+
 def collective_time(cluster: ClusterSpec, kind: str, nbytes, n, span):
     """Seconds for one collective of S = nbytes over n ranks spanning `span` ranks; 0 if n = 1."""
     n = np.asarray(n, dtype=float)
-    bw, lat = link(cluster, span)
+    bw, lat = measured_link(cluster, kind, span, *link(cluster, span))
     t = lat * np.log2(np.maximum(n, 2.0)) + ring_bytes(kind, nbytes, n) / bw
     return np.where(n > 1, t, 0.0)
 

@@ -335,3 +335,282 @@ def step_time_split(rows: pd.DataFrame) -> plt.Figure:
               ncol=4, frameon=False, fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- validation (page 4)
+
+
+def _validation_frame(rows) -> pd.DataFrame:
+    """`trainplan.compare` rows (dicts) that have a prediction, as a DataFrame."""
+    df = pd.DataFrame([r for r in rows if r["predicted_step_time_s"] is not None])
+    return df.reset_index(drop=True)
+
+
+def validation_table(rows) -> pd.DataFrame:
+    """Predicted against measured step time and peak reserved memory, one row a config."""
+    df = _validation_frame(rows)
+    out = pd.DataFrame(index=[c + (" *" if f else "") for c, f in zip(df["config"],
+                                                                       df["flagged"], strict=True)])
+    out["launches"] = df["launches"].to_numpy()
+    out["predicted s"] = [f"{v:.3f}" for v in df["predicted_step_time_s"]]
+    out["measured s (95% interval)"] = [
+        f"{m:.3f} ({lo:.3f}-{hi:.3f})" for m, (lo, hi) in
+        zip(df["measured_step_time_s"], df["measured_step_time_ci"], strict=True)]
+    out["step error"] = [f"{v:+.1%}" for v in df["step_time_error"]]
+    out["predicted GiB"] = [f"{v:.1f}" for v in df["predicted_memory_gib"]]
+    out["measured GiB"] = [f"{v:.1f}" for v in df["measured_memory_gib"]]
+    out["memory error"] = [f"{v:+.1%}" for v in df["memory_error"]]
+    out["largest predicted term"] = [TIME_PARTS[f"{t}_s"][0] for t in df["dominant_term"]]
+    return _unnamed(out)
+
+
+def predicted_vs_measured(rows) -> plt.Figure:
+    """Predicted against measured step time, the measurement's 95% interval as a bar.
+
+    Points are numbered in the order of `rows`; the key beside the plot names them.
+    """
+    df = _validation_frame(rows)
+    fig, (ax, key) = plt.subplots(1, 2, figsize=(8, 4.8), width_ratios=(3, 1.3))
+    meas, pred = df["measured_step_time_s"].to_numpy(), df["predicted_step_time_s"].to_numpy()
+    ci = np.array(df["measured_step_time_ci"].tolist())
+    hi = max(meas.max(), pred.max()) * 1.1
+    line = np.array([0, hi])
+    ax.fill_between(line, line * 0.9, line * 1.1, color="#8c8c8c", alpha=0.15,
+                    label="within 10%")
+    ax.plot(line, line, color="#8c8c8c", lw=1, label="predicted = measured")
+    flagged = df["flagged"].to_numpy(bool)
+    for mask, face, label in ((~flagged, "#4c72b0", "config"),
+                              (flagged, "white", "config, fewer than 3 launches")):
+        if mask.any():
+            ax.errorbar(meas[mask], pred[mask], xerr=[meas[mask] - ci[mask, 0],
+                                                      ci[mask, 1] - meas[mask]],
+                        fmt="o", color="#4c72b0", mfc=face, ms=5, capsize=3, label=label)
+    for i, (x, y) in enumerate(zip(meas, pred, strict=True), 1):
+        ax.annotate(str(i), (x, y), xytext=(-3, 5), textcoords="offset points", fontsize=7,
+                    ha="right")
+    ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="measured step time, s (95% interval)",
+           ylabel="predicted step time, s")
+    ax.legend(loc="upper left", frameon=False, fontsize=8)
+    key.axis("off")
+    key.text(0, 1, "\n".join(f"{i:>2}  {c}" for i, c in enumerate(df["config"], 1)),
+             va="top", family="monospace", fontsize=8, transform=key.transAxes)
+    fig.tight_layout()
+    return fig
+
+
+def validation_split(rows) -> plt.Figure:
+    """Each config's predicted step split into its terms, with the measured step beside it."""
+    df = _validation_frame(rows)
+    n = len(df)
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.5 * n))
+    ypos = np.arange(n)[::-1].astype(float)
+    left = np.zeros(n)
+    for col, (label, colour) in TIME_PARTS.items():
+        part = np.array([s[col[:-2]] for s in df["predicted_split_s"]])
+        ax.barh(ypos + 0.17, part, left=left, color=colour, label=f"predicted: {label}",
+                height=0.32)
+        left += part
+    meas = df["measured_step_time_s"].to_numpy()
+    ci = np.array(df["measured_step_time_ci"].tolist())
+    ax.barh(ypos - 0.17, meas, color="#2f2f2f", height=0.32, label="measured step")
+    ax.errorbar(meas, ypos - 0.17, xerr=[meas - ci[:, 0], ci[:, 1] - meas], fmt="none",
+                color=HIGHLIGHT, capsize=2)
+    ax.set_yticks(ypos, df["config"])
+    ax.set_xlabel("seconds per optimizer step")
+    ax.grid(axis="y", alpha=0)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False,
+               fontsize=8)
+    fig.tight_layout(rect=(0, 0.55 / (0.9 + 0.5 * n), 1, 1))
+    return fig
+
+
+
+# ---------------------------------------------------------------- checkpointing (page 5)
+
+CASE_COLOURS = {"conservative": "#c44e52", "nominal": "#4c72b0"}
+
+
+def checkpoint_table(plans: dict) -> pd.DataFrame:
+    """The terms of each `checkpoint.CheckpointPlan`, one column per MTBF case (page 5)."""
+    rows = {  # attribute -> (label, format)
+        "job_mtbf_hours": ("job MTBF (hours)", "{:,.0f}"),
+        "checkpoint_gb": ("checkpoint, all nodes (GB)", "{:,.1f}"),
+        "per_node_gb": ("written per node (GB)", "{:,.1f}"),
+        "stall_s": ("training stalled per save (s)", "{:,.2f}"),
+        "persist_s": ("save durable after (s)", "{:,.1f}"),
+        "young_min": ("Young interval (min)", "{:,.1f}"),
+        "daly_min": ("Daly interval (min)", "{:,.1f}"),
+        "interval_min": ("chosen interval (min)", "{:,.1f}"),
+        "limited_by": ("interval set by", "{}"),
+        "expected_lost_min": ("expected lost per failure (min)", "{:,.1f}"),
+        "worst_lost_min": ("worst-case lost per failure (min)", "{:,.2f}"),
+        "max_lost_min": ("limit (min)", "{:,.0f}"),
+        "ettr": ("effective training time ratio", "{:.2%}"),
+        "retention_gb": ("retained checkpoints (GB)", "{:,.0f}"),
+        "peak_storage_gb": ("storage while a save is in flight (GB)", "{:,.0f}"),
+    }
+    return pd.DataFrame({case: [fmt.format(getattr(p, k)) for k, (_, fmt) in rows.items()]
+                         for case, p in plans.items()}, index=[v[0] for v in rows.values()])
+
+
+def simulation_table(sims: dict, plans: dict) -> pd.DataFrame:
+    """Simulated runs against the closed forms, one column per MTBF case (page 5)."""
+    out = {}
+    for case, sim in sims.items():
+        s, p = sim.summary(), plans[case]
+        out[case] = [f"{s['runs']:,d}", f"{s['failures_mean']:.2f}",
+                     f"{s['lost_per_failure_min_mean']:.1f} ({p.expected_lost_min:.1f})",
+                     f"{s['lost_per_failure_min_max']:.2f} ({p.worst_lost_min:.2f})",
+                     f"{s['lost_hours_mean']:.2f} / {s['lost_hours_p95']:.2f} / "
+                     f"{s['lost_hours_p99']:.2f}",
+                     f"{s['train_days']:.2f}",
+                     f"{s['wall_days_mean']:.2f} / {s['wall_days_p95']:.2f} / "
+                     f"{s['wall_days_p99']:.2f}",
+                     f"{s['ettr_mean']:.2%} ({p.ettr:.2%})"]
+    index = ["simulated runs", "failures per run (mean)",
+             "lost per failure, mean (closed form), min", "lost per failure, max (worst case), min",
+             "lost per run, mean / p95 / p99, hours", "training without failures, days",
+             "wall time, mean / p95 / p99, days", "ETTR, simulated (closed form)"]
+    return pd.DataFrame(out, index=index)
+
+
+def lost_work_distribution(sims: dict, plans: dict) -> plt.Figure:
+    """Simulated lost work per failure, and the share of runs delayed by more than x hours."""
+    fig, (ax_f, ax_w) = plt.subplots(1, 2, figsize=(8, 3.2))
+    for case, sim in sims.items():
+        colour, p = CASE_COLOURS.get(case, "#55a868"), plans[case]
+        ax_f.hist(sim.lost_per_failure_min, bins=40, density=True, histtype="step", lw=1.5,
+                  color=colour)
+        ax_f.axvline(p.expected_lost_min, color=colour, ls="--", lw=1)
+        extra = np.sort(sim.wall_hours - sim.train_hours)
+        share = 1.0 - np.arange(1, extra.size + 1) / extra.size
+        ax_w.step(extra, share, where="post", color=colour, label=case)
+    limit = next(iter(plans.values())).max_lost_min
+    ax_f.axvline(limit, color="black", lw=1.2)
+    ax_f.text(limit, 0.98, " limit", transform=ax_f.get_xaxis_transform(), va="top", fontsize=8)
+    ax_f.set(xlabel="wall time lost per failure, restart included (min)", ylabel="density")
+    ax_w.set(xlabel="x: wall time beyond the training time (hours)",
+             ylabel="share of runs longer by more than x", yscale="log")
+    ax_f.set_ylim(0, ax_f.get_ylim()[1] * 1.15)
+    ax_w.legend(title="node MTBF", frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- knob study and suggest (page 7)
+
+VERDICT_STYLE = {"run": ("#55a868", "o"), "skip: memory": ("#c44e52", "x"),
+                 "skip: time": ("#dd8452", "s")}
+
+
+def suggest_table(out: dict) -> pd.DataFrame:
+    """`trainplan suggest`'s answer as one row per setting: value and reason (page 7)."""
+    c, e, r = out["config"], out["estimate"], out["reasons"]
+    par = c["parallel"]
+    layout = f"{c['strategy']} (dp {par['dp']}, tp {par['tp']}, pp {par['pp']}, " \
+             f"zero {par['zero']}, recompute {par['recompute']})"
+    nccl = ", ".join(f"{k}={v}" for k, v in c["nccl"].items() if v) or "unset (NCCL chooses)"
+    loader = ", ".join(f"{k} {v}" for k, v in c["data_loader"].items())
+    rows = [("model", out["model"]["name"], r["model"]), ("layout", layout, r["parallel"]),
+            ("micro-batch", str(c["micro_batch"]), r["micro_batch"]),
+            ("gradient accumulation", str(c["grad_accum"]), r["grad_accum"]),
+            ("global batch", f"{c['global_batch_tokens']:,} tokens", r["global_batch"]),
+            ("NCCL", nccl, r["nccl"]), ("data loader", loader, r["data_loader"]),
+            ("time to train", f"{e['days']:.1f} days, {e['gpu_hours']:,.0f} GPU-hours",
+             r["time_to_train"])]
+    return pd.DataFrame([(v, why) for _, v, why in rows], columns=["value", "reason"],
+                        index=[k for k, _, _ in rows])
+
+
+def skip_grid(table: pd.DataFrame, card_gib: float) -> plt.Figure:
+    """Predicted memory of each micro-batch x ZeRO x recompute, marked run or skipped (page 7)."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    zeros = sorted(table["zero"].unique())
+    styles = dict(zip(zeros, ("-", "--", ":"), strict=False))
+    for (zero, rc), group in table.groupby(["zero", "recompute"], sort=False):
+        ax.plot(group["micro_batch"], group["memory_gib"], color="#8c8c8c", lw=0.8,
+                ls=styles[zero], zorder=1)
+        for verdict, (colour, marker) in VERDICT_STYLE.items():
+            part = group[group["verdict"] == verdict]
+            ax.scatter(part["micro_batch"], part["memory_gib"], color=colour, marker=marker,
+                       s=18, zorder=2)
+        if zero == zeros[-1]:
+            last = group.iloc[-1]
+            ax.annotate(f"recompute {rc}", (last["micro_batch"], last["memory_gib"]),
+                        xytext=(6, -2), textcoords="offset points", fontsize=7, va="top")
+    ax.axhline(card_gib, color="black", lw=1)
+    for verdict, (colour, marker) in VERDICT_STYLE.items():
+        if (table["verdict"] == verdict).any():
+            ax.scatter([], [], color=colour, marker=marker, label=verdict)
+    for zero in zeros:
+        ax.plot([], [], color="#8c8c8c", ls=styles[zero], label=f"zero {zero}")
+    ax.set(xlabel="micro-batch (sequences per GPU)", ylabel="predicted memory per GPU (GiB)")
+    ax.set_xlim(right=table["micro_batch"].max() * 1.25)
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.legend(frameon=False, fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def tune_effects(report: dict) -> plt.Figure:
+    """Each knob level's effect on tokens/s/GPU against the knob's default, with 95% CIs."""
+    rows = [(f"{k['knob']}: {e['level']} vs {e['vs']}", e["effect_pct"], *e["ci_pct"])
+            for k in report["knobs"] for e in k["effects"]]
+    fig, ax = plt.subplots(figsize=(6, 0.3 * len(rows) + 1))
+    y = np.arange(len(rows))[::-1]
+    for yi, (_, eff, lo, hi) in zip(y, rows, strict=True):
+        colour = HIGHLIGHT if lo > 0 or hi < 0 else "#8c8c8c"
+        ax.errorbar(eff, yi, xerr=[[eff - lo], [hi - eff]], fmt="o", color=colour, ms=4)
+    ax.axvline(0, color="black", lw=1)
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=7)
+    ax.set(xlabel="effect on tokens/s/GPU (%), 95% interval")
+    fig.tight_layout()
+    return fig
+
+
+def tune_importance(report: dict) -> plt.Figure:
+    """PED-ANOVA importance of each knob, largest first."""
+    items = [(k["knob"], k["importance"]) for k in report["knobs"] if k["importance"] is not None]
+    items.sort(key=lambda kv: kv[1])
+    fig, ax = plt.subplots(figsize=(5, 0.3 * len(items) + 1))
+    ax.barh([k for k, _ in items], [v for _, v in items], color="#4c72b0")
+    ax.set(xlabel="importance (PED-ANOVA)")
+    fig.tight_layout()
+    return fig
+
+
+def tune_history(trials: pd.DataFrame) -> plt.Figure:
+    """Tokens/s/GPU of each measured trial with its 95% interval, and the best so far."""
+    fig, ax = plt.subplots(figsize=(6, 3))
+    t = trials.sort_values("trial")
+    ax.errorbar(t["trial"], t["tokens_per_s_per_gpu"],
+                yerr=[t["tokens_per_s_per_gpu"] - t["ci_low"],
+                      t["ci_high"] - t["tokens_per_s_per_gpu"]],
+                fmt="o", ms=3, color="#4c72b0", lw=0.8, label="trial (95% interval)")
+    ax.step(t["trial"], t["tokens_per_s_per_gpu"].cummax(), where="post", color=HIGHLIGHT,
+            label="best so far")
+    ax.set(xlabel="trial", ylabel="tokens/s per GPU")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- launch and operations (page 6)
+
+
+def watch_table(w: dict) -> pd.DataFrame:
+    """What a healthy run shows and where the alert lines are, from `trainplan.launch.watch`."""
+    rows = [
+        ("tokens/s per GPU (plan)", f"{w['tokens_per_s_per_gpu']:,.0f}"),
+        ("tokens/s, whole job (plan)", f"{w['tokens_per_s']:,.0f}"),
+        ("step time (plan, s)", f"{w['step_time_s']:.2f}"),
+        ("MFU (plan)", f"{w['mfu']:.1%}"),
+        ("memory per GPU (plan, GiB)", f"{w['memory_gib']:.1f}"),
+        ("alert: tokens/s per GPU below", f"{w['alert_tokens_per_s_per_gpu']:,.0f}"),
+        ("straggler: a rank's step time above (s)", f"{w['straggler_step_time_s']:.2f}"),
+        ("checkpoint every (steps)", f"{w['checkpoint_every_steps']:,}"),
+        ("checkpoint every (minutes)", f"{w['checkpoint_every_min']:.0f}"),
+        ("collective timeout (minutes)", f"{w['collective_timeout_min']:.0f}"),
+    ]
+    return pd.DataFrame({"value": [v for _, v in rows]}, index=[k for k, _ in rows])

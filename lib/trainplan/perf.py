@@ -17,6 +17,8 @@ hide under the attention kernel of the same block.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -37,6 +39,8 @@ def _exposed(comm, window, floor):
 def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
              seq_len: int) -> pd.DataFrame:
     """Memory, time breakdown, throughput and MFU of every layout in `L`, one row each."""
+    if gpu.collectives and not cluster.collectives:  # a calibrated card's measured links
+        cluster = dataclasses.replace(cluster, collectives=gpu.collectives)
     tp, pp, cp, ep, dp = L.tp, L.pp, L.cp, L.ep, L.dp
     mb, ga, v = L.micro_batch, L.grad_accum, L.pp_virtual
     sp = L.sequence_parallel & (tp > 1)

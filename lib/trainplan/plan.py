@@ -66,7 +66,8 @@ def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len
                                   gpus_per_node=gpus_per_node, require_fit=not exact)
     rows = result.table.head(1) if exact else result.best(top)
     return {
-        "model": m.name, "gpu": gpu.name, "cluster": cluster.name, "gpus": gpus,
+        "model": m.name, "gpu": gpu.name, "calibration": gpu.calibration,
+        "cluster": cluster.name, "gpus": gpus,
         "seq_len": seq_len, "global_batch_tokens": global_batch_tokens,
         "plans": [row_to_plan(r) for _, r in rows.iterrows()],
         "searched": result.searched,
@@ -79,7 +80,8 @@ def memory(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, cfg: ParallelConfig
     """Per-GPU memory of one layout: the `trainplan memory` answer."""
     row = evaluate(m, gpu, cluster, Layouts.from_configs([cfg]), seq_len).iloc[0]
     return {
-        "model": m.name, "gpu": gpu.name, "parallel": {k: _plain(row[k]) for k in PARALLEL_KEYS},
+        "model": m.name, "gpu": gpu.name, "calibration": gpu.calibration,
+        "parallel": {k: _plain(row[k]) for k in PARALLEL_KEYS},
         "memory_gib": {k: round(float(row[f"{k}_gib"]), 3) for k in MEMORY_TERMS},
         "fits": bool(row["fits"]),
         "gpu_memory_gib": gpu.memory_gib,

@@ -185,6 +185,8 @@ class GPUSpec:
     memory_efficiency: float  # achieved fraction of HBM bandwidth on streaming kernels
     fp8_tflops: float = 0.0
     source: str = ""
+    calibration: str = "datasheet"  # where the efficiencies come from (calibrate.py sets it)
+    collectives: tuple = ()  # measured (op, latency_us, busbw_gbps) inside a node; () = cluster's
 
     def __post_init__(self):
         _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
@@ -211,6 +213,7 @@ class ClusterSpec:
     intra_node_efficiency: float  # achieved bus bandwidth / link bandwidth on large messages
     inter_node_efficiency: float
     source: str = ""
+    collectives: tuple = ()  # (op, latency_us, busbw_gbps) measured inside a node, per op
 
     def __post_init__(self):
         _validate(self, positive=("gpus_per_node", "intra_node_gbps", "inter_node_gbps",
@@ -333,8 +336,18 @@ def load_model(name: str) -> ModelSpec:
     return load(ModelSpec, name)
 
 
-def load_gpu(name: str) -> GPUSpec:
-    return load(GPUSpec, name)
+def load_gpu(name: str, calibrated: bool = True) -> GPUSpec:
+    """A GPU preset (or YAML file); with its calibration applied when one exists for the card.
+
+    data/hardware/calibration/<name>.yaml (see `trainplan.calibrate`) replaces
+    the efficiency fractions with microbenchmarked ones and sets `calibration`
+    to its label; otherwise `calibration` stays "datasheet".
+    """
+    gpu = load(GPUSpec, name)
+    if not calibrated:
+        return gpu
+    from trainplan.calibrate import calibrated as apply_calibration
+    return apply_calibration(gpu)
 
 
 def load_cluster(name: str) -> ClusterSpec:

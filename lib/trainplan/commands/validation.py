@@ -1,0 +1,96 @@
+"""`trainplan compare` and `trainplan calibrate`: predicted vs measured, and a card's constants.
+
+    trainplan compare [--records FILE ...] [--no-repredict] --json
+    trainplan calibrate --records FILE ... --gpu PRESET [--out PATH] --json
+
+`compare` reads prediction and measurement records (default: the committed
+data/measurements/*.jsonl) and prints the error table (`trainplan.compare`).
+`calibrate` fits the card's efficiency constants to microbenchmark records
+only and writes data/hardware/calibration/<gpu>.yaml (or --out); the
+planner then uses them for that card (`trainplan.calibrate`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(verbs) -> None:
+    p = verbs.add_parser("compare", help="predicted against measured, from the records")
+    p.add_argument("--records", nargs="+", default=None, metavar="FILE",
+                   help="record files (default: data/measurements/*.jsonl)")
+    p.add_argument("--no-repredict", dest="repredict", action="store_false",
+                   help="skip the re-predictions with today's planner")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(run=cmd_compare, fmt=format_compare)
+
+    p = verbs.add_parser("calibrate", help="a card's efficiency constants from microbenchmarks")
+    p.add_argument("--records", nargs="+", required=True, metavar="FILE",
+                   help="files holding microbenchmark records")
+    p.add_argument("--gpu", required=True, help="GPU preset the records calibrate")
+    p.add_argument("--out", default=None,
+                   help="where to write (default: data/hardware/calibration/GPU.yaml)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(run=cmd_calibrate, fmt=format_calibrate)
+
+
+def cmd_compare(args) -> dict:
+    from trainplan.compare import compare
+    return compare(args.records, repredictions=args.repredict)
+
+
+def cmd_calibrate(args) -> dict:
+    from trainplan import calibrate
+    from trainplan.specs import load_gpu
+
+    gpu = load_gpu(args.gpu, calibrated=False)
+    cal = calibrate.build(args.records, gpu)  # raises before anything is written
+    path = calibrate.write(cal, args.out or calibrate.path_for(gpu.name))
+    return {"path": str(path), **cal}
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def format_compare(out: dict) -> str:
+    st, mem = out["step_time_error"], out["memory_error"]
+    lines = [f"{out['configs']} configs compared (predictions recorded before the "
+             f"measurements); |error| median / max: step time "
+             f"{_pct(st['median'])[1:]} / {_pct(st['max'])[1:]}, peak reserved memory "
+             f"{_pct(mem['median'])[1:]} / {_pct(mem['max'])[1:]}",
+             f"{'config':<22}{'n':>3}{'pred s':>8}{'meas s':>8}{'95% interval':>18}{'err':>8}"
+             f"{'pred GiB':>9}{'meas GiB':>9}{'err':>8}"]
+    for r in out["rows"]:
+        ci = r["measured_step_time_ci"]
+        pred = "-" if r["predicted_step_time_s"] is None else f"{r['predicted_step_time_s']:.3f}"
+        pmem = "-" if r["predicted_memory_gib"] is None else f"{r['predicted_memory_gib']:.1f}"
+        mmem = "-" if r["measured_memory_gib"] is None else f"{r['measured_memory_gib']:.1f}"
+        lines.append(
+            f"{r['config'][:21]:<22}{r['launches']:>2}{'*' if r['flagged'] else ' '}{pred:>8}"
+            f"{r['measured_step_time_s']:>8.3f}{f'{ci[0]:.3f}-{ci[1]:.3f}':>18}"
+            f"{_pct(r['step_time_error']):>8}{pmem:>9}{mmem:>9}{_pct(r['memory_error']):>8}")
+    if out["flagged_configs"]:
+        lines.append("* fewer than 3 launches")
+    for r in out["refused"]:
+        lines.append(f"refused: {r['prediction']} for {r['config']} ({r['reason']})")
+    if "repredicted" in out:
+        rp = out["repredicted"]
+        lines.append(f"re-predicted now (not in the headline): datasheet "
+                     f"{_pct(rp['datasheet']['step_time_error']['median'])[1:]} median, "
+                     f"calibrated [{rp['calibration']}] "
+                     f"{_pct(rp['calibrated']['step_time_error']['median'])[1:]} median")
+    return "\n".join(lines)
+
+
+def format_calibrate(out: dict) -> str:
+    lines = [f"{out['label']} -> {Path(out['path'])}",
+             f"  matmul fraction    {out['matmul_efficiency']:.3f} "
+             f"(preset {out['preset']['matmul_efficiency']:.2f})",
+             f"  attention fraction {out['attention_efficiency']:.3f} "
+             f"(preset {out['preset']['attention_efficiency']:.2f})"]
+    for op, f in out["collectives"].items():
+        lines.append(f"  {op:<15} alpha {f['latency_us']:.1f} us, bus bandwidth "
+                     f"{f['busbw_gbps']:.0f} GB/s (fit |error| median "
+                     f"{f['rel_error_median']:.1%}, max {f['rel_error_max']:.1%})")
+    return "\n".join(lines)

@@ -1,0 +1,147 @@
+"""`trainplan compare`: the contract on the committed records, no peeking, bad record files."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from trainplan import compare
+from trainplan.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PRED = ROOT / "data/measurements/proxy-h200x2-20261126-predictions.jsonl"
+MEAS = ROOT / "data/measurements/proxy-h200x2-20261126-measurements.jsonl"
+ROW_KEYS = {"config", "predicted_step_time_s", "measured_step_time_s", "measured_step_time_ci",
+            "step_time_error", "predicted_memory_gib", "measured_memory_gib", "memory_error",
+            "dominant_term", "launches", "flagged", "predicted_split_s"}
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def tp2_records() -> tuple[dict, list[dict]]:
+    """The committed TP 2 prediction (first series) and its three measurements."""
+    pred = next(p for p in _lines(PRED) if p["config"]["tag"] == "tp2-mb8-c")
+    meas = [m for m in _lines(MEAS) if m["layout"]["tp"] == 2]
+    assert len(meas) == 3
+    return pred, meas
+
+
+def _write(path: Path, recs) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return compare.compare(repredictions=True)
+
+
+def test_contract_on_committed_records(committed, capsys):
+    out = committed
+    assert out["configs"] >= 10 and len(out["rows"]) >= 10
+    for key in ("step_time_error", "memory_error"):
+        assert set(out[key]) >= {"median", "max"}
+        assert 0 <= out[key]["median"] <= out[key]["max"]
+    for row in out["rows"]:
+        assert ROW_KEYS <= set(row)
+        low, high = row["measured_step_time_ci"]
+        assert low <= row["measured_step_time_s"] <= high
+        assert row["flagged"] == (row["launches"] < compare.MIN_LAUNCHES)
+    assert out["refused"] == []
+    assert out["repredicted"]["calibration"].startswith("h200-sxm (52 microbenchmark records")
+    assert main(["compare", "--json", "--no-repredict"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert cli["configs"] == out["configs"] and cli["step_time_error"] == out["step_time_error"]
+    assert "repredicted" not in cli
+
+
+def test_headline_uses_only_the_recorded_predictions(committed):
+    for row in committed["rows"]:
+        pred = next(p for p in _lines(Path(row["prediction"].rsplit(":", 1)[0]))
+                    if p["recorded_at"] == row["predicted_at"])
+        assert row["predicted_step_time_s"] == pred["predicted"]["step_time_s"]
+        assert row["predicted_at"] < row["first_measured_at"]
+
+
+def test_prediction_after_measurement_is_refused(tmp_path):
+    pred, meas = tp2_records()
+    late = copy.deepcopy(pred)
+    late["recorded_at"] = "2026-11-26T03:00:00+00:00"  # after every launch
+    out = compare.compare([_write(tmp_path / "r.jsonl", [late, *meas])], repredictions=False)
+    assert out["configs"] == 0 and len(out["rows"]) == 1
+    assert out["rows"][0]["predicted_step_time_s"] is None
+    assert out["refused"][0]["predicted_at"] == late["recorded_at"]
+    assert out["step_time_error"]["median"] is None
+    # the same prediction stamped before the first launch is compared
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, late, *meas])],
+                          repredictions=False)
+    assert out["configs"] == 1 and len(out["refused"]) == 1
+    assert out["rows"][0]["predicted_at"] == pred["recorded_at"]
+
+
+def test_prediction_between_launches_is_refused(tmp_path):
+    pred, meas = tp2_records()
+    pred["recorded_at"] = meas[1]["recorded_at"]
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas])], repredictions=False)
+    assert out["configs"] == 0 and len(out["refused"]) == 1
+
+
+def test_other_config_does_not_match(tmp_path):
+    pred, meas = tp2_records()
+    pred["layout"]["compile"] = False
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas])], repredictions=False)
+    assert out["configs"] == 0 and out["refused"] == []
+    assert out["predicted_not_measured"] == ["tp2-mb8-c"]
+
+
+def test_other_implementation_does_not_match(tmp_path):
+    pred, meas = tp2_records()
+    pred["config"]["impl"] = "hf-baseline"
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas])], repredictions=False)
+    assert out["configs"] == 0
+
+
+def test_few_launches_are_flagged_not_dropped(tmp_path):
+    pred, meas = tp2_records()
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, meas[0]])], repredictions=False)
+    assert out["configs"] == 1 and out["rows"][0]["flagged"] and out["flagged_configs"] == 1
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda lines: lines[:1] + ["{not json"] + lines[1:], "bad JSON"),
+    (lambda lines: [json.dumps({k: v for k, v in json.loads(lines[0]).items()
+                                if k != "step_time_s"})], "missing field 'step_time_s'"),
+    (lambda lines: lines + [""], "empty line"),
+])
+def test_bad_record_file_is_one_line_exit_2(tmp_path, capsys, mutate, match):
+    lines = MEAS.read_text().splitlines()
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(mutate(lines)) + "\n")
+    assert main(["compare", "--records", str(path), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert match in captured.err and "bad.jsonl" in captured.err
+
+
+def test_missing_file_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["compare", "--records", str(tmp_path / "none.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_leave_one_out_is_reported_apart(committed):
+    fit = committed["end_to_end_fit"]
+    assert "leave-one-out" in fit["method"] and fit["n"] == committed["configs"]
+    assert committed["step_time_error"] != fit  # never replaces the headline
+
+
+def test_throughput_band_spans_the_errors(committed):
+    band = compare.throughput_band(committed)
+    assert band["n"] == committed["configs"]
+    factors = [1 + r["step_time_error"] for r in committed["rows"]]
+    assert (band["low"], band["high"]) == (min(factors), max(factors))
+    assert band["low"] <= band["median"] <= band["high"]
