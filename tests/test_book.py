@@ -28,7 +28,7 @@ NOTEBOOKS = notebook_paths(ROOT / "notebooks")
 EXPECTED_PARAMETERS = ["scenario", "model", "gpu", "cluster", "gpus", "gpus_per_node", "seq_len",
                        "global_batch_tokens", "token_budget"]
 PAGES = ["01_strategy", "02_memory", "03_throughput", "04_validation", "05_checkpoint",
-         "06_launch"]
+         "06_launch", "07_recipe"]  # 07: the recipe appendix, framed like the six pages
 
 
 def _cells(path: Path) -> list[dict]:
@@ -47,7 +47,7 @@ def run_book(*args) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- the notebooks
 
 
-def test_the_six_pages_are_there_in_order():
+def test_the_six_pages_and_the_recipe_appendix_are_there_in_order():
     assert [p.stem for p in NOTEBOOKS] == PAGES
 
 

@@ -1,0 +1,93 @@
+"""`trainplan tune` (the knob study and its report) and `trainplan suggest` (a starting config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainplan.commands.args import UsageError, positive_float, positive_int
+
+
+def register(verbs) -> None:
+    p = verbs.add_parser("tune", help="tune throughput knobs with Optuna under a GPU-hour budget")
+    p.add_argument("--suite", help="tune suite YAML (data/suites/tune-*.yaml)")
+    p.add_argument("--model", help="model preset or YAML file (instead of --suite)")
+    p.add_argument("--gpus", type=positive_int, default=1, help="with --model: GPUs (ranks)")
+    p.add_argument("--seq-len", type=positive_int, default=None)
+    p.add_argument("--storage", required=True,
+                   help="journal file (PATH or journal:PATH) or sqlite:///PATH")
+    p.add_argument("--study-name", default=None, help="default: the suite's or model's name")
+    p.add_argument("--gpu-hours", type=positive_float, default=None,
+                   help="the study's total budget: wall time x GPUs of every launch")
+    p.add_argument("--trials", type=positive_int, default=30,
+                   help="configurations to measure in all (resumes count earlier ones)")
+    p.add_argument("--cpu", action="store_true", help="the tiny gloo proxy on CPU ranks")
+    p.add_argument("--synthetic", action="store_true", help="synthetic tokens in the harness")
+    p.add_argument("--records", default=None, help="measurement records (GPU); default: "
+                   "STORAGE-measurements.jsonl beside the storage")
+    p.add_argument("--stop-after-s", type=positive_float, default=None,
+                   help="start no launch that would end after this many seconds of this run")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--report", action="store_true", help="analyse the stored study instead")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(run=cmd_tune, fmt=format_tune)
+
+    p = verbs.add_parser("suggest", help="a starting config from model size, GPUs, dataset")
+    p.add_argument("--model-size", required=True, help="parameters, e.g. 7B, 1.3B, 350M, 8x7B")
+    p.add_argument("--gpus", required=True, type=positive_int)
+    p.add_argument("--dataset-tokens", required=True, type=positive_float)
+    p.add_argument("--gpu", default="h100-sxm", help="GPU preset or YAML file")
+    p.add_argument("--cluster", default="dgx-h100", help="cluster preset or YAML file")
+    p.add_argument("--seq-len", type=positive_int, default=4096)
+    p.add_argument("--global-batch-tokens", type=positive_int, default=None,
+                   help="default: by model size (Brown et al. 2020, Table 2.1)")
+    p.add_argument("--study", default=None, help="tune storage whose findings to cite; "
+                   "default: the committed study if there is one")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(run=cmd_suggest, fmt=format_suggest)
+
+
+def cmd_tune(args) -> dict:
+    if args.report:
+        from trainplan.tune_report import report
+        return report(args.storage, args.study_name)
+    if args.gpu_hours is None:
+        raise UsageError("--gpu-hours is required to run a study (or pass --report)")
+    if bool(args.suite) == bool(args.model):
+        raise UsageError("give exactly one of --suite FILE or --model M")
+    from trainplan.tune import make_suite, run_study
+    suite = make_suite(suite_path=args.suite, model=args.model, gpus=args.gpus,
+                       seq_len=args.seq_len)
+    if args.cpu and "compile" not in suite["space"]:
+        suite["space"] = {**suite["space"], "compile": [False]}  # no C++ toolchain assumed
+    if args.synthetic and "--synthetic" not in suite["extra_args"]:
+        suite["extra_args"] = [*suite["extra_args"], "--synthetic"]
+    name = args.study_name or Path(args.suite or args.model).stem
+    return run_study(suite, storage=args.storage, name=name, gpu_hours=args.gpu_hours,
+                     trials=args.trials, cpu=args.cpu, records_path=args.records,
+                     stop_after_s=args.stop_after_s, progress=not args.no_progress)
+
+
+def format_tune(out: dict) -> str:
+    if "top_knobs" in out:
+        from trainplan.tune_report import format_report
+        return format_report(out)
+    lines = [f"study {out['study']} ({out['storage']}) on {out['card']}: {out['message']}",
+             f"  {out['trials']} configurations measured ({out['new_trials']} in this run), "
+             f"{out['gpu_hours']:.3f} of {out['budget_gpu_hours']:g} GPU-hours spent"]
+    if out["best"]:
+        b = out["best"]
+        lines.append(f"  best: trial {b['trial']}, {b['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU "
+                     f"(95% CI {b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}): {b['config']}")
+    return "\n".join(lines)
+
+
+def cmd_suggest(args) -> dict:
+    from trainplan.suggest import suggest
+    return suggest(args.model_size, gpus=args.gpus, dataset_tokens=args.dataset_tokens,
+                   gpu=args.gpu, cluster=args.cluster, seq_len=args.seq_len,
+                   global_batch_tokens=args.global_batch_tokens, study=args.study)
+
+
+def format_suggest(out: dict) -> str:
+    from trainplan.suggest import format_text
+    return format_text(out)

@@ -1,0 +1,114 @@
+"""`trainplan suggest`: the DESIGN.md command answers with config and reasons; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import ROOT, trainplan_cli
+from test_tune import fake_study
+from trainplan import cli, params, suggest, tune_report
+from trainplan.specs import load_model
+
+DESIGN = ["suggest", "--model-size", "7B", "--gpus", "16", "--dataset-tokens", "2e9"]
+
+
+@pytest.fixture
+def no_study(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune_report, "COMMITTED", tmp_path / "no-study.journal")
+
+
+def _run(capsys, args) -> tuple[int, str, str]:
+    rc = cli.main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_the_design_command_answers_with_config_and_reasons():
+    proc = trainplan_cli([*DESIGN, "--json"], cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    c, r, e = out["config"], out["reasons"], out["estimate"]
+    assert out["model"]["name"] == "llama-7b"
+    assert c["parallel"]["dp"] * c["parallel"]["tp"] * c["parallel"]["pp"] * \
+        c["parallel"]["cp"] == 16
+    assert c["global_batch_tokens"] == c["global_batch_sequences"] * 4096
+    assert c["global_batch_sequences"] == c["parallel"]["dp"] * c["micro_batch"] * c["grad_accum"]
+    for key in ("model", "parallel", "micro_batch", "global_batch", "grad_accum", "nccl",
+                "data_loader", "time_to_train"):
+        assert r[key], key
+    assert {"NCCL_ALGO", "NCCL_PROTO"} == set(c["nccl"]) and "num_workers" in c["data_loader"]
+    assert e["days"] > 0 and e["gpu_hours"] == pytest.approx(e["hours"] * 16)
+    assert e["steps"] == math.ceil(2e9 / c["global_batch_tokens"])
+
+
+def test_without_a_study_nccl_and_loader_say_defaults(no_study, capsys):
+    rc, out, _ = _run(capsys, [*DESIGN, "--json"])
+    out = json.loads(out)
+    assert rc == 0 and out["study"] is None
+    assert out["reasons"]["nccl"].startswith("defaults: no study yet")
+    assert out["reasons"]["data_loader"].startswith("defaults: no study yet")
+    assert out["config"]["nccl"] == {"NCCL_ALGO": None, "NCCL_PROTO": None}
+
+
+def test_with_a_study_the_reasons_cite_it_and_a_harmful_level_is_not_taken(tmp_path, capsys):
+    fake_study(tmp_path / "fake.journal")  # NCCL_PROTO=LL costs 30% there
+    rc, out, _ = _run(capsys, [*DESIGN, "--study", str(tmp_path / "fake.journal"), "--json"])
+    out = json.loads(out)
+    assert rc == 0 and out["study"]["trials"] == 40
+    assert "study fake" in out["reasons"]["nccl"] and "LL vs default -" in out["reasons"]["nccl"]
+    assert out["config"]["nccl"]["NCCL_PROTO"] is None
+    assert "no measurable effect" in out["reasons"]["data_loader"]
+
+
+def test_text_form_gives_each_setting_its_reason(no_study, capsys):
+    rc, out, _ = _run(capsys, DESIGN)
+    assert rc == 0 and out.count("because") == 8
+
+
+@pytest.mark.parametrize("size,preset", [("7B", "llama-7b"), ("13b", "llama-13b"),
+                                         ("1.3B", "llama-1.3b"), ("70B", "llama-70b"),
+                                         ("8x7B", "mixtral-8x7b")])
+def test_sizes_near_a_preset_take_it(size, preset):
+    assert suggest.model_for(size)[0].name == preset
+
+
+@pytest.mark.parametrize("size", ["350M", "3B", "30B", "175B"])
+def test_other_sizes_are_built_from_standard_shapes_near_the_size(size):
+    m, reason = suggest.model_for(size)
+    n, _ = suggest.parse_size(size)
+    assert abs(params.total_params(m) / n - 1) < 0.1 and "standard shapes" in reason
+    assert m.hidden % 128 == 0 and m.ffn % 256 == 0
+
+
+def test_the_scenario_spec_can_replace_the_size(no_study):
+    out = suggest.suggest(None, gpus=32, dataset_tokens=2.6e11, spec=load_model("llama-13b"))
+    assert out["model"]["name"] == "llama-13b" and "scenario" in out["reasons"]["model"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model-size", "seven"], "'seven' is not a size"),
+    (["--model-size", "7Q"], "'7Q' is not a size"),
+    (["--model-size", "10M"], "out of range"),
+    (["--model-size", "9T"], "out of range"),
+    (["--model-size", "8x22B"], "'8x22B'"),
+    (["--model-size", "70B", "--gpus", "2"], "nothing fits"),
+    (["--gpus", "12"], "--gpus 12 is not a multiple"),
+    (["--dataset-tokens", "1e5"], "smaller than one global batch"),
+    (["--dataset-tokens", "-3"], "'-3'"),
+    (["--dataset-tokens", "nan"], "'nan'"),
+    (["--gpus", "0"], "'0'"),
+    (["--gpu", "b200"], "unknown gpu 'b200'"),
+    (["--global-batch-tokens", "1000"], "--global-batch-tokens 1000"),
+])
+def test_impossible_requests_exit_2_with_one_line(args, needle, no_study, capsys):
+    base = {"--model-size": "7B", "--gpus": "16", "--dataset-tokens": "2e9"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    argv = ["suggest", *[x for kv in base.items() for x in kv], "--json"]
+    rc, out, err = _run(capsys, argv)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
