@@ -17,7 +17,7 @@ from trainplan.commands.args import Parser
 from trainplan.errors import TrainplanError
 
 EXIT_USAGE = 2
-VERB_MODULES = ("planning", "validation", "resilience", "tuning")
+VERB_MODULES = ("planning", "validation", "resilience", "tuning", "benchmarking")
 
 
 def build_parser() -> Parser:

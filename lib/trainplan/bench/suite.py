@@ -37,6 +37,8 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 LAYOUT_FLAGS = ("dp", "tp", "pp", "zero", "dp_shard", "micro_batch", "grad_accum", "recompute",
                 "pp_schedule", "pp_virtual")
 CARD_PRESETS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}
+IMPL_MODULES = {"trainplan": "trainplan.bench.train",  # a config's `impl:` -> what it launches
+                "hf-baseline": "trainplan.bench.hf_baseline"}
 
 
 def load_suite(path: str) -> dict:
@@ -51,6 +53,9 @@ def load_suite(path: str) -> dict:
         if "tag" not in c or "gpus" not in c or unknown:
             raise SpecError(f"suite {path}: config {c!r} needs 'tag' and 'gpus'; "
                             f"layout keys are {list(LAYOUT_FLAGS)}")
+        if c.get("impl", "trainplan") not in IMPL_MODULES:
+            raise SpecError(f"suite {path}: config {c['tag']!r} has impl = {c['impl']!r}; "
+                            f"use one of {list(IMPL_MODULES)}")
     return suite
 
 
@@ -95,14 +100,15 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
               "compile": bool(cfg.get("compile", False))}
     return records.prediction_record(
         model=suite["model"], layout=layout, gpus=cfg["gpus"], card=card, predicted=predicted,
-        config={"tag": cfg["tag"], "gpu_preset": gpu.name, "seq_len": seq, "full_layout": lay},
+        config={"tag": cfg["tag"], "gpu_preset": gpu.name, "seq_len": seq, "full_layout": lay,
+                "impl": cfg.get("impl", "trainplan")},
         run_id=run_id)
 
 
 def train_command(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
     lay = full_layout(cfg)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={cfg['gpus']}", "-m", "trainplan.bench.train",
+           f"--nproc-per-node={cfg['gpus']}", "-m", IMPL_MODULES[cfg.get("impl", "trainplan")],
            "--model", suite["model"], "--seq-len", str(suite.get("seq_len", 2048)),
            "--steps", str(cfg.get("steps", suite.get("steps", 12))),
            "--warmup", str(cfg.get("warmup", suite.get("warmup", 4))),

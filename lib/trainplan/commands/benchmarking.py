@@ -1,0 +1,273 @@
+"""`trainplan bench`: start the proxy harness under torchrun, or run a measurement suite.
+
+    trainplan bench --model M [--nproc-per-node N] [layout flags] [harness flags]
+                    [--impl trainplan|hf-baseline] [--records PATH] [--json]
+                    [--nnodes N (--node-rank R --master-addr H [--master-port P]
+                                 | --rdzv-endpoint H:P --rdzv-id ID)]
+                    [--dry-run] [-- any further train.py flags]
+    trainplan bench --suite FILE --out DIR [--launches 3] [--only TAG ...] [--budget-s S]
+
+One launch: every input is checked here first (flags, the model preset, the
+layout against the world size `nproc_per_node x nnodes`, the baseline's
+limits), so bad input is one line and exit 2 before any process starts. Then
+`torchrun` runs `trainplan.bench.train` (or `trainplan.bench.hf_baseline`);
+its progress bar goes to stderr as it runs, and its one-line JSON summary is
+read back and printed (or returned whole with --json). On a multi-node launch
+only the node holding rank 0 gets a summary. Flags after `--` go to the
+harness unchecked by this parser but checked by the harness's own (so flags
+train.py gains later, e.g. checkpointing, pass through).
+
+A suite (`trainplan.bench.suite`): predictions first, then each config's
+launches, then the table and the side-by-side ratios (`bench.sidebyside`).
+Its progress lines go to stderr, so --json keeps stdout to one object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from trainplan.commands.args import UsageError, positive_float, positive_int
+from trainplan.commands.planning import LAYOUT_FLAGS
+
+
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0 (seeds, loader workers, warm-up steps)."""
+    return 0 if text.strip() in ("0", "+0", "-0") else positive_int(text)
+
+
+IMPLS = {"trainplan": "trainplan.bench.train", "hf-baseline": "trainplan.bench.hf_baseline"}
+HARNESS_FLAGS = {  # flag -> (type, help); passed on to train.py as given
+    "model": (str, "model preset or YAML file"),
+    "layers": (positive_int, "keep only this many blocks (a layer slice)"),
+    "seq_len": (positive_int, "sequence length"),
+    "steps": (positive_int, "steps in all, warm-up included"),
+    "warmup": (non_negative_int, "first steps not timed"),
+    "lr": (positive_float, "learning rate"),
+    "max_norm": (float, "gradient clipping norm; 0 = off"),
+    "seed": (non_negative_int, "seed of weights and data"),
+    "num_workers": (non_negative_int, "data loader workers"),
+    "prefetch_factor": (positive_int, "batches each loader worker prepares"),
+    "run_id": (str, "shared by the configs of one launch series"),
+}
+SWITCHES = ("compile", "synthetic", "cpu", "pin_memory", "no_sequence_parallel", "no_progress")
+
+
+ENDPOINT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:(\d{1,5})$")
+
+
+def register(verbs) -> None:
+    p = verbs.add_parser("bench", help="run the proxy harness under torchrun, or a suite",
+                         allow_abbrev=False)
+    g = p.add_argument_group("launch")
+    g.add_argument("--impl", choices=list(IMPLS), default="trainplan",
+                   help="our model, or the transformers LlamaForCausalLM baseline")
+    g.add_argument("--nproc-per-node", type=positive_int, default=1, help="ranks per node")
+    g.add_argument("--nnodes", type=positive_int, default=1, help="nodes")
+    g.add_argument("--node-rank", type=int, default=None, help="this node (static rendezvous)")
+    g.add_argument("--master-addr", default=None, help="node 0's address (static rendezvous)")
+    g.add_argument("--master-port", type=positive_int, default=29500)
+    g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of a c10d rendezvous")
+    g.add_argument("--rdzv-id", default=None, help="job id shared by the nodes (c10d)")
+    g.add_argument("--records", default=None, help="append a measurement record (GPU runs)")
+    g.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    g.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    g.add_argument("harness", nargs="*", default=[], help="after --: more train.py flags")
+    h = p.add_argument_group("harness (train.py)")
+    for name, (typ, help_) in HARNESS_FLAGS.items():
+        h.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, default=None,
+                       help=help_)
+    for name in SWITCHES:
+        h.add_argument(f"--{name.replace('_', '-')}", dest=name, action="store_true")
+    for name, (typ, choices, help_) in LAYOUT_FLAGS.items():
+        h.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices,
+                       default=None, help=help_)
+    s = p.add_argument_group("suite")
+    s.add_argument("--suite", default=None, help="suite YAML (data/suites/...)")
+    s.add_argument("--out", default=None, help="folder for the suite's record files")
+    s.add_argument("--launches", type=positive_int, default=3)
+    s.add_argument("--only", nargs="+", default=None, metavar="TAG")
+    s.add_argument("--budget-s", type=positive_float, default=540.0)
+    p.set_defaults(run=cmd_bench, fmt=format_bench)
+
+
+# ---------------------------------------------------------------- checks
+
+
+def _harness_argv(args) -> list[str]:
+    argv = []
+    for name in (*HARNESS_FLAGS, *LAYOUT_FLAGS):
+        if getattr(args, name) is not None:
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    argv += [f"--{n.replace('_', '-')}" for n in SWITCHES if getattr(args, n)]
+    if args.records:
+        argv += ["--records", args.records]
+    return argv + list(args.harness)  # not --json: that would hide the harness's progress
+
+
+def _check_rendezvous(args) -> None:
+    if args.nnodes == 1:
+        for flag in ("node_rank", "master_addr", "rdzv_endpoint", "rdzv_id"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} = {getattr(args, flag)!r} is for "
+                                 "multi-node runs; add --nnodes N > 1 or leave it out")
+        return
+    if args.rdzv_endpoint is not None:
+        m = ENDPOINT.match(args.rdzv_endpoint)
+        if not m or not 1 <= int(m.group(1)) <= 65535:
+            raise UsageError(f"--rdzv-endpoint = {args.rdzv_endpoint!r} is not HOST:PORT "
+                             "with a port in 1..65535")
+        if not args.rdzv_id:
+            raise UsageError("--rdzv-endpoint needs --rdzv-id (the same job id on every node)")
+        if args.node_rank is not None or args.master_addr is not None:
+            raise UsageError("--node-rank/--master-addr are for a static rendezvous; with "
+                             "--rdzv-endpoint (c10d) the ranks are assigned: leave them out")
+        return
+    if args.master_addr is None or args.node_rank is None:
+        raise UsageError(f"--nnodes = {args.nnodes} needs --master-addr and --node-rank "
+                         "(static), or --rdzv-endpoint and --rdzv-id (c10d)")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise UsageError(f"--node-rank = {args.node_rank} must be in 0..{args.nnodes - 1}")
+    if args.master_port > 65535:
+        raise UsageError(f"--master-port = {args.master_port} must be in 1..65535")
+
+
+def _check_harness(args, argv: list[str]) -> None:
+    """Parse and check the harness arguments as train.py will, before anything starts."""
+    from trainplan.bench import parallelize as par_mod
+    from trainplan.bench import train
+    from trainplan.bench.model import slice_spec
+    from trainplan.specs import load_model
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            targs = train.parse_args(argv)
+    except SystemExit:
+        last = [ln for ln in err.getvalue().splitlines() if ln.strip()][-1:]
+        raise UsageError(f"harness flags: {last[0].split('error: ', 1)[-1] if last else argv}"
+                         ) from None
+    train.check_args(targs)
+    spec = load_model(targs.model)
+    if targs.layers:
+        if targs.layers > spec.n_layers:
+            raise UsageError(f"--layers = {targs.layers}: {spec.name!r} has only "
+                             f"{spec.n_layers} layers; use 1..{spec.n_layers}")
+        spec = slice_spec(spec, targs.layers)
+    cfg = train.layout(targs)
+    par_mod.check_layout(cfg, spec, args.nproc_per_node * args.nnodes)
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and not targs.cpu else 0
+    if gpus and args.nproc_per_node > gpus:
+        raise UsageError(f"--nproc-per-node = {args.nproc_per_node} but this node has {gpus} "
+                         f"GPUs; use at most {gpus} (or --cpu)")
+    if args.impl == "hf-baseline":
+        from trainplan.bench import hf_baseline
+
+        hf_baseline.check(spec, cfg)
+        hf_baseline._transformers()
+
+
+def torchrun_command(args, argv: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           "--nproc-per-node", str(args.nproc_per_node)]
+    if args.nnodes == 1:
+        cmd.insert(3, "--standalone")
+    elif args.rdzv_endpoint:
+        cmd += ["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id]
+    else:
+        cmd += ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
+                "--master-addr", args.master_addr, "--master-port", str(args.master_port)]
+    return cmd + ["-m", IMPLS[args.impl], *argv]
+
+
+# ---------------------------------------------------------------- run
+
+
+def cmd_bench(args) -> dict:
+    if args.suite is not None:
+        return _run_suite(args)
+    if args.out or args.only:
+        raise UsageError("--out and --only belong to --suite; add --suite FILE")
+    if args.model is None:
+        raise UsageError("bench needs --model M (a preset or YAML file), or --suite FILE")
+    _check_rendezvous(args)
+    if args.records and Path(args.records).is_dir():
+        raise UsageError(f"--records = {args.records!r} is a folder; name a .jsonl file")
+    argv = _harness_argv(args)
+    _check_harness(args, argv)
+    cmd = torchrun_command(args, argv)
+    if args.dry_run:
+        return {"command": cmd, "dry_run": True, "summary": None}
+    from trainplan.bench.suite import NO_MULTICAST
+
+    env = {**NO_MULTICAST, **os.environ, "PYTHONUNBUFFERED": "1"}  # the user's setting wins
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    lines = proc.stdout.splitlines()
+    summaries = [ln for ln in lines if ln.startswith("{")]
+    for ln in lines:
+        if not ln.startswith("{"):
+            print(ln, file=sys.stderr)
+    if proc.returncode:
+        raise UsageError(f"the harness exited with code {proc.returncode} (its error is above); "
+                         f"command: {' '.join(cmd)}")
+    summary = json.loads(summaries[-1]) if summaries else None
+    return {"command": cmd, "dry_run": False, "summary": summary}
+
+
+def _run_suite(args) -> dict:
+    from trainplan.bench import sidebyside, suite
+
+    for flag in ("model", "records", "rdzv_endpoint", "master_addr", "node_rank"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} does not go with --suite: the suite "
+                             "names its own model and launches each config standalone")
+    if args.nnodes > 1 or args.impl != "trainplan" or args.harness:
+        raise UsageError("--suite runs standalone launches of its own configs (impl per "
+                         "config); leave out --nnodes, --impl and harness flags")
+    if not args.out:
+        raise UsageError("--suite needs --out DIR (where its record files go)")
+    loaded = suite.load_suite(args.suite)
+    tags = [c["tag"] for c in loaded["configs"]]
+    for tag in args.only or []:
+        if tag not in tags:
+            raise UsageError(f"--only {tag!r} is not a config of {args.suite}; tags: {tags}")
+    with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
+        rows = suite.run_suite(args.suite, Path(args.out), args.launches, args.only or [],
+                               args.budget_s)
+    table = io.StringIO()
+    with contextlib.redirect_stdout(table):
+        suite.print_table(rows)
+    out = sidebyside.compare(loaded["configs"], rows)
+    return {"suite": args.suite, "out": args.out, "table": table.getvalue(), **out}
+
+
+def format_bench(out: dict) -> str:
+    if "suite" in out:
+        from trainplan.bench.sidebyside import format_comparison
+
+        return out["table"] + format_comparison(out)
+    if out["dry_run"]:
+        return " ".join(out["command"])
+    s = out["summary"]
+    if s is None:
+        return "done (no summary on this node: rank 0 runs on another node)"
+    lay = s["layout"]
+    name = (f"{s['model']} {s['impl']}: dp {lay['dp']} tp {lay['tp']} pp {lay['pp']} zero "
+            f"{lay['zero']} mb {lay['micro_batch']} x {lay['grad_accum']}"
+            f"{' compiled' if lay['compile'] else ''} on {s['ranks']} x {s['card']}")
+    mfu = f", MFU {s['mfu']:.1%}" if s.get("mfu") is not None else ""
+    mem = (f", peak reserved {s['peak_mem_reserved_gib']:.1f} GiB"
+           if s.get("peak_mem_reserved_gib") is not None else "")
+    return (f"{name}\n  {s['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU{mfu}, step "
+            f"{s['step_time_s']:.3f} s (median of {len(s['step_times_s'])}, "
+            f"{s['warmup_steps_dropped']} warm-up dropped){mem}\n  loss "
+            f"{s['losses'][0]:.4f} -> {s['losses'][-1]:.4f}")
