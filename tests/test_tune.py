@@ -9,6 +9,7 @@ its storage (trial numbers go on, the killed trial's spend stays counted).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -185,6 +186,21 @@ def test_budget_stops_the_study_and_says_so(tmp_path):
     assert out["gpu_hours"] * 3600 <= budget_h * 3600 + slack
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc (no psutil here)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def test_a_killed_study_resumes_from_storage(tmp_path):
     suite, storage = _suite(tmp_path, gpus=2), tmp_path / "s.journal"
     args = ("--suite", suite, "--cpu", "--storage", storage, "--gpu-hours", 1, "--trials", 2,
@@ -195,7 +211,11 @@ def test_a_killed_study_resumes_from_storage(tmp_path):
     while time.monotonic() < deadline and not (log.is_file() and '"launch"' in log.read_text()):
         time.sleep(0.5)
     time.sleep(2.0)  # the next trial's launch is under way
+    tree = _descendants(first.pid)  # torchrun starts its ranks in sessions of their own
     os.killpg(first.pid, signal.SIGKILL)  # the study, torchrun and its ranks: a preemption
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     first.wait(timeout=30)
     assert first.returncode == -signal.SIGKILL
     done_before = len(tune.measured(tune_report.load(str(storage))))

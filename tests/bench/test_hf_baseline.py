@@ -152,8 +152,7 @@ def test_two_rank_fsdp2_baseline_trains_like_one_process(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as torchrun's ranks: a tiny model drowns in thread hand-offs
     try:
-        with hf_baseline._as_hf_baseline(train):
-            ref = train.run(train.parse_args([*base, "--grad-accum", "2"]))
+        ref = train.run(train.parse_args([*base, "--grad-accum", "2", "--impl", "hf-baseline"]))
     finally:
         torch.set_num_threads(threads)
     assert ref["impl"] == "hf-baseline"

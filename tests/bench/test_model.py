@@ -181,7 +181,8 @@ def test_write_record_appends_a_valid_measurement(tmp_path):
     layout = {"dp": 2, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 3, "dp_shard": 2,
               "micro_batch": 8, "grad_accum": 1, "recompute": "none", "compile": True,
               "sequence_parallel": True, "pp_schedule": "1f1b", "pp_virtual": 1}
-    summary = {"model": "llama-1.3b", "layout": layout, "gpus": 2, "ranks": 2,
+    summary = {"model": "llama-1.3b", "impl": "hf-baseline", "layout": layout, "gpus": 2,
+               "ranks": 2,
                "card": "NVIDIA H200", "seq_len": 2048, "synthetic": True,
                "step_times_s": [0.28, 0.27, 0.29], "tokens_per_step": 32768,
                "flops_per_token": 8.8e9, "peak_tflops": 989.0, "warmup_steps_dropped": 4,
@@ -192,5 +193,6 @@ def test_write_record_appends_a_valid_measurement(tmp_path):
     train.write_record(str(path), summary, "run-1")
     (rec,) = records.load(path)
     assert rec["kind"] == "measurement" and rec["run_id"] == "run-1"
+    assert rec["impl"] == "hf-baseline"  # the summary's impl, not a literal
     assert rec["tokens_per_s_per_gpu"] == pytest.approx(16384 * 3 / 0.84)
     assert rec["losses"] == summary["losses"]

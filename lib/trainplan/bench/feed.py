@@ -29,9 +29,10 @@ class SyntheticBatches:
     """Deterministic learnable token sequences; see the module docstring."""
 
     def __init__(self, *, vocab: int, seq_len: int, micro_batch: int, grad_accum: int,
-                 dp_rank: int, dp: int, seed: int):
+                 dp_rank: int, dp: int, seed: int, start: int = 0):
         self.vocab, self.seq_len, self.micro_batch = vocab, seq_len, micro_batch
         self.grad_accum, self.dp_rank, self.dp, self.seed = grad_accum, dp_rank, dp, seed
+        self.start = start  # steps already consumed (a resumed run): its data position
 
     def step(self, t: int) -> list[Batch]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + t)
@@ -47,16 +48,22 @@ class SyntheticBatches:
         return out
 
     def __iter__(self) -> Iterator[list[Batch]]:
-        t = 0
+        t = self.start
         while True:
             yield self.step(t)
             t += 1
 
 
 class LoaderBatches:
-    """Groups of `grad_accum` micro-batches from `trainplan.bench.data.build_loader`, cycled."""
+    """Groups of `grad_accum` micro-batches from `trainplan.bench.data.build_loader`, cycled.
 
-    def __init__(self, grad_accum: int, **loader_kwargs):
+    `start` steps already consumed (a resumed run) are skipped: whole epochs by
+    number, the rest of the current epoch by drawing and dropping its batches
+    (the sampler's order is a function of seed and epoch, so this is the same
+    stream for the same data-parallel size).
+    """
+
+    def __init__(self, grad_accum: int, start: int = 0, **loader_kwargs):
         try:
             from trainplan.bench import data
         except ImportError as err:
@@ -64,13 +71,16 @@ class LoaderBatches:
                 f"the data pipeline (trainplan.bench.data) cannot be imported ({err}); "
                 "use --synthetic"
             ) from None
-        self.grad_accum = grad_accum
+        self.grad_accum, self.start = grad_accum, start
         self.loader = data.build_loader(**loader_kwargs)  # SpecError for bad knobs
 
     def __iter__(self) -> Iterator[list[Batch]]:
         from trainplan.bench import data
 
-        it = data.infinite(self.loader)  # epoch after epoch, reshuffled by set_epoch
+        epoch, offset = divmod(self.start * self.grad_accum, len(self.loader))
+        it = data.infinite(self.loader, epoch)  # epoch after epoch, reshuffled by set_epoch
+        for _ in range(offset):
+            next(it)
         while True:
             yield [next(it) for _ in range(self.grad_accum)]
 

@@ -21,23 +21,13 @@ The loss is ours (`step.cross_entropy` on the logits, compiled with --compile
 as for our model), not HF's `labels=`: our loader's labels are already the
 next tokens, and HF would shift them once more.
 
-Two ways in:
-- `build(spec, cfg, args, device, mesh)` has train.build's signature, for a
-  `--impl` dispatch in train.py (four lines):
-      a("--impl", default="trainplan", choices=["trainplan", "hf-baseline"])
-      par, loss_fn = (hf_baseline.build if args.impl == "hf-baseline"
-                      else build)(spec, cfg, args, device, mesh)
-      "impl": args.impl,            # in _summarise
-      impl=summary["impl"],         # in write_record
-- `python -m trainplan.bench.hf_baseline [train.py flags]` (under torchrun)
-  runs train.py's own `main` with this `build`, and works with or without that
-  dispatch (without it, `_as_hf_baseline` swaps `train.build` and tags the
-  summary and record; delete it once train.py has --impl).
+Two ways in, one loop: `train.py --impl hf-baseline` builds the model with
+`build` below (same signature as train.build), and
+`python -m trainplan.bench.hf_baseline [train.py flags]` is a shorthand for it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from functools import partial
 
@@ -220,40 +210,12 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device: torch.device, mesh
     return out, loss_function(args.compile)
 
 
-@contextlib.contextmanager
-def _as_hf_baseline(train):
-    """Until train.py has --impl: its `build` is this module's, its summary and record say so."""
-    from trainplan import records
-
-    real_summarise, real_record = train._summarise, records.measurement_record
-
-    def summarise(*a, **kw):
-        return {**real_summarise(*a, **kw), "impl": IMPL}
-
-    def record(**kw):
-        return real_record(**{**kw, "impl": IMPL})
-
-    swaps = [(train, "build", build), (train, "_summarise", summarise),
-             (records, "measurement_record", record)]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in swaps]
-    try:
-        for obj, name, value in swaps:
-            setattr(obj, name, value)
-        yield
-    finally:
-        for obj, name, value in saved:
-            setattr(obj, name, value)
-
-
 def main(argv=None) -> int:
     """`python -m trainplan.bench.hf_baseline [train.py flags]`: train.py's run, this model."""
     from trainplan.bench import train
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "impl" in vars(train.parse_args([])):  # train.py has the --impl dispatch
-        return train.main([*argv, "--impl", IMPL])
-    with _as_hf_baseline(train):
-        return train.main(argv)
+    return train.main([*argv, "--impl", IMPL])
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ choice is baked into compiled graphs): default, flash, cudnn, efficient.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -90,11 +89,11 @@ def parse(argv):
 def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from trainplan.bench import hf_baseline, train
     from trainplan.bench import step as step_mod
+    from trainplan.bench import train
 
     mine, rest = parse(list(sys.argv[1:] if argv is None else argv))
-    targs = train.parse_args(rest)
+    targs = train.parse_args([*rest, "--impl", mine.impl])
     set_sdpa_backend(mine.sdpa)
     active = max(1, min(mine.active, targs.steps - targs.warmup - 1))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
@@ -116,12 +115,10 @@ def main(argv=None) -> int:
         summary.update(real_summarise(*a, **kw))
         return summary
 
-    hf = hf_baseline._as_hf_baseline(train) if mine.impl == "hf-baseline" \
-        else contextlib.nullcontext()
     step_mod.train_step, train._summarise = counted, keep
     try:
-        with prof, hf:
-            code = train.main(rest)
+        with prof:
+            code = train.main([*rest, "--impl", mine.impl])
     finally:
         step_mod.train_step, train._summarise = real_step, real_summarise
     if code or int(os.environ.get("RANK", 0)) != 0:

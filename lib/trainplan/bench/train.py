@@ -27,7 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainplan.bench import feed
+from trainplan.bench import ckpt, feed, hf_baseline
 from trainplan.bench import parallelize as par_mod
 from trainplan.bench import step as step_mod
 from trainplan.bench.model import Transformer, count_params, slice_spec
@@ -44,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                             "and measure it (run under torchrun).")
     a = p.add_argument
     a("--model", default="llama-1.3b", help="model preset or YAML file")
+    a("--impl", default="trainplan", choices=["trainplan", "hf-baseline"],
+      help="our plain model, or transformers' LlamaForCausalLM as the baseline")
     a("--layers", type=int, default=0, help="keep only this many blocks (a layer slice); 0 = all")
     a("--seq-len", type=int, default=2048)
     a("--dp", type=int, default=1, help="data-parallel degree")
@@ -74,6 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--run-id", default=None, help="shared by the configs of one launch series")
     a("--no-progress", action="store_true")
     a("--json", action="store_true", help="no progress bar: only the summary JSON line")
+    ckpt.add_arguments(p)  # --ckpt-dir --ckpt-every --ckpt-keep --ckpt-async --resume ...
     return p.parse_args(argv)
 
 
@@ -94,9 +97,10 @@ def check_args(args) -> None:
     if args.records and (args.cpu or not torch.cuda.is_available()):
         raise TrainplanError(f"--records {args.records}: measurement records are for GPU runs "
                              "(MFU needs a GPU peak); leave --records out on CPU")
+    ckpt.check_args(args)
 
 
-def init_distributed(force_cpu: bool) -> torch.device:
+def init_distributed(force_cpu: bool, timeout=None) -> torch.device:
     """Start the process group (under torchrun with several ranks); pick the device."""
     cuda = torch.cuda.is_available() and not force_cpu
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -104,7 +108,8 @@ def init_distributed(force_cpu: bool) -> torch.device:
     if cuda:
         torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
+                                timeout=timeout)
     return device
 
 
@@ -163,29 +168,34 @@ def run(args) -> dict:
                                  f"{spec.n_layers} layers; use 1..{spec.n_layers}")
         spec = slice_spec(spec, args.layers)
     cfg = layout(args)
-    device = init_distributed(args.cpu)
+    device = init_distributed(args.cpu, ckpt.timeout(args))
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     par_mod.check_layout(cfg, spec, world)
     mesh = par_mod.build_mesh(cfg, device.type)
     dp_rank, dp = par_mod.dp_coordinates(cfg, mesh)
-    par, loss_fn = build(spec, cfg, args, device, mesh)
+    builder = hf_baseline.build if args.impl == "hf-baseline" else build
+    par, loss_fn = builder(spec, cfg, args, device, mesh)
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizer = torch.optim.AdamW(list(par.parameters()), lr=args.lr, betas=(0.9, 0.95),
                                   weight_decay=0.1, **fused)
-    source = _batches(args, cfg, spec, dp_rank, dp)
+    saver = ckpt.Checkpointer(args, par, optimizer, rank=rank, world=world, device=device)
+    start = saver.resume()  # 0, or the step of the checkpoint loaded
+    source = _batches(args, cfg, spec, dp_rank, dp, start)
     autocast = device.type == "cuda" and not par.fsdp
 
     from tqdm import tqdm
 
     show = rank == 0 and not args.no_progress and not args.json
-    bar = tqdm(range(args.steps), disable=not show, desc=f"{spec.name} {_layout_name(cfg)}",
+    bar = tqdm(range(start, args.steps), disable=not show, desc=f"{spec.name} {_layout_name(cfg)}",
                file=sys.stderr)
     times, losses, norms = [], [], []
     batches = iter(source)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    for _ in bar:
+    done = start
+    for step in bar:
+        saver.before_step(step + 1)
         _sync(device)
         t0 = time.perf_counter()
         micro = feed.to_device(next(batches), device, non_blocking=args.pin_memory)
@@ -198,20 +208,26 @@ def run(args) -> dict:
         losses.append(loss)
         norms.append(norm)
         bar.set_postfix(loss=f"{losses[-1]:.4f}", step_s=f"{times[-1]:.3f}")
+        done = step + 1
+        if saver.after_step(done):  # SIGTERM: emergency checkpoint taken, stop
+            break
     summary = _summarise(args, spec, cfg, device, world, times, losses, par)
     summary["grad_norms"] = norms
+    summary["first_step"] = start + 1
+    summary["checkpoint"] = saver.finish(done)
+    summary["preempted"] = done < args.steps  # stopped by SIGTERM after its checkpoint
     if dist.is_initialized():
         dist.barrier()
     return summary
 
 
-def _batches(args, cfg, spec, dp_rank, dp):
+def _batches(args, cfg, spec, dp_rank, dp, start=0):
     if args.synthetic:
         return feed.SyntheticBatches(vocab=spec.vocab, seq_len=args.seq_len,
                                      micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
-                                     dp_rank=dp_rank, dp=dp, seed=args.seed)
-    return feed.LoaderBatches(cfg.grad_accum, seq_len=args.seq_len, micro_batch=cfg.micro_batch,
-                              rank=dp_rank, world=dp, seed=args.seed,
+                                     dp_rank=dp_rank, dp=dp, seed=args.seed, start=start)
+    return feed.LoaderBatches(cfg.grad_accum, start=start, seq_len=args.seq_len,
+                              micro_batch=cfg.micro_batch, rank=dp_rank, world=dp, seed=args.seed,
                               num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
                               pin_memory=args.pin_memory, vocab=spec.vocab)
 
@@ -232,9 +248,9 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
     from trainplan.compute import model_flops_per_token
 
     times = _max_over_ranks(times, device)  # a step ends when its slowest rank does
-    measured = times[args.warmup:]
+    measured = times[min(args.warmup, len(times) - 1):] if times else []  # resumed: >= 1 kept
     tokens_per_step = cfg.dp * cfg.grad_accum * cfg.micro_batch * args.seq_len
-    rate = tokens_per_step * len(measured) / sum(measured) / world
+    rate = tokens_per_step * len(measured) / sum(measured) / world if measured else 0.0
     peak = peak_flops(device)
     flops_per_token = model_flops_per_token(spec, args.seq_len)
     mfu = rate * flops_per_token / peak if peak else None
@@ -244,7 +260,7 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
                                torch.cuda.max_memory_reserved(device) / GiB], device)
     return {
         "model": args.model if not args.layers else f"{args.model}:{args.layers}-layers",
-        "impl": "trainplan",
+        "impl": args.impl,
         "layout": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep,
                    "zero": cfg.zero, "dp_shard": cfg.dp_shard, "micro_batch": cfg.micro_batch,
                    "grad_accum": cfg.grad_accum, "recompute": cfg.recompute,
@@ -256,9 +272,9 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
         "seq_len": args.seq_len,
         "synthetic": args.synthetic,
         "steps": args.steps,
-        "warmup_steps_dropped": args.warmup,
+        "warmup_steps_dropped": len(times) - len(measured),
         "step_times_s": measured,
-        "step_time_s": statistics.median(measured),
+        "step_time_s": statistics.median(measured) if measured else None,
         "tokens_per_step": tokens_per_step,
         "tokens_per_s_per_gpu": rate,
         "mfu": mfu,
@@ -279,7 +295,7 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
     record = records.measurement_record(
-        model=summary["model"], impl="trainplan", layout=summary["layout"],
+        model=summary["model"], impl=summary["impl"], layout=summary["layout"],
         gpus=summary["gpus"], card=summary["card"], run_id=run_id or "adhoc",
         step_times_s=summary["step_times_s"], tokens_per_step=summary["tokens_per_step"],
         flops_per_token=summary["flops_per_token"], peak_tflops=summary["peak_tflops"],
@@ -303,7 +319,7 @@ def main(argv=None) -> int:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
+    return 143 if summary["preempted"] else 0  # 128 + SIGTERM: not done, resume me
 
 
 if __name__ == "__main__":
