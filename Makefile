@@ -9,7 +9,7 @@ SCENARIO ?= llama-13b-32xh100
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: book test notebooks bench-search clean lint
+.PHONY: book test notebooks bench-search clean lint system-deps
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,8 +23,16 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --all --builder html -n -W --keep-going
 	@echo "runbook: $(CURDIR)/_build/html/index.html"
 
+## system-deps: Slurm and munge for the launch tests (Debian; apt-get runs only when missing)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+system-deps:
+	@if ! command -v sbatch >/dev/null || ! test -x /usr/sbin/slurmctld \
+	    || ! test -x /usr/sbin/slurmd || ! test -x /usr/sbin/munged; then \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
+	    -y -qq --no-install-recommends slurm-wlm munge >/dev/null; fi
+
 ## test: unit, property and CLI tests, then nbval over the committed notebooks
-test: $(STAMP)
+test: system-deps $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 tests
 	$(BIN)/python -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
 

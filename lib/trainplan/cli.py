@@ -17,7 +17,7 @@ from trainplan.commands.args import Parser
 from trainplan.errors import TrainplanError
 
 EXIT_USAGE = 2
-VERB_MODULES = ("planning", "validation", "resilience", "tuning", "benchmarking")
+VERB_MODULES = ("planning", "validation", "resilience", "tuning", "launching", "benchmarking")
 
 
 def build_parser() -> Parser:

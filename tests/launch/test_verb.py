@@ -1,0 +1,221 @@
+"""`trainplan launch`: what it writes for 13B on 32 H100s, and what it refuses.
+
+No cluster runs here for Kubernetes: the manifest is checked field by field
+against the Kubeflow PyTorchJob (kubeflow.org/v1) API it uses
+(`pkg/apis/kubeflow.org/v1/pytorch_types.go` and the common `RunPolicy` /
+`ReplicaSpec` types of the training operator).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import yaml
+from tests.launch.helpers import TINY_LAYOUT, launch, launch_json, tiny_yaml
+
+SCENARIO = ["--model", "llama-13b", "--gpu", "h100-sxm", "--gpus", "32"]
+
+
+@pytest.fixture(scope="module")
+def artefacts(tmp_path_factory):
+    """The three targets for the runbook's scenario, generated once."""
+    root = tmp_path_factory.mktemp("launch")
+    out = {}
+    for target in ("torchrun", "slurm", "k8s"):
+        summary = launch_json([*SCENARIO, "--target", target, "--out", root / target], root)
+        files = {f: (root / target / f).read_text() for f in summary["files"]}
+        out[target] = (summary, files)
+    return out
+
+
+def _harness_part(text: str) -> str:
+    return text[text.index("-m trainplan.bench.train"):]
+
+
+def test_the_plan_becomes_4_nodes_of_8(artefacts):
+    for summary, files in artefacts.values():
+        assert summary["nodes"] == 4 and summary["procs_per_node"] == 8
+        assert "README.md" in files
+        assert summary["plan"]["fits"]
+        readme = files["README.md"]
+        for part in ("## Start", "## Watch", "## Stop", "tokens/s per GPU", "GiB"):
+            assert part in readme
+
+
+def test_torchrun_script_has_rendezvous_restarts_and_nccl_settings(artefacts):
+    summary, files = artefacts["torchrun"]
+    text = files["torchrun.sh"]
+    for part in ("--nnodes 4", "--nproc-per-node 8", "--rdzv-backend c10d",
+                 '--rdzv-endpoint "$RDZV_HOST:$RDZV_PORT"', '--rdzv-id "$JOB_ID"',
+                 "--max-restarts 3", "export NCCL_NVLS_ENABLE=0",
+                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3", "-m trainplan.bench.train"):
+        assert part in text
+    harness = _harness_part(text)
+    for flag, value in zip(summary["harness_args"][::2], summary["harness_args"][1::2],
+                           strict=False):
+        if not value.startswith("--"):
+            assert f"{flag} {shlex.quote(value)}" in harness
+
+
+def test_slurm_script_has_the_batch_directives(artefacts):
+    _, files = artefacts["slurm"]
+    text = files["train.sbatch"]
+    for part in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --requeue", "#SBATCH --signal=B:USR1@600", "srun --ntasks-per-node=1",
+                 "scontrol show hostnames", '--rdzv-id "$SLURM_JOB_ID"', "scontrol requeue",
+                 "logs/%x-%j-%N.out"):
+        assert part in text
+
+
+def test_no_machine_paths_in_the_artefacts(artefacts, tmp_path):
+    for _, files in artefacts.values():
+        for text in files.values():
+            assert str(tmp_path.parent) not in text and "/work/" not in text
+
+
+# ---------------------------------------------------------------- Kubernetes, structurally
+
+ELASTIC_POLICY = {"minReplicas": int, "maxReplicas": int, "rdzvBackend": str, "rdzvPort": int,
+                  "rdzvHost": str, "rdzvId": str, "rdzvConf": list, "standalone": bool,
+                  "nProcPerNode": int, "maxRestarts": int, "metrics": list}
+RUN_POLICY = {"cleanPodPolicy": ("All", "Running", "None"), "ttlSecondsAfterFinished": int,
+              "activeDeadlineSeconds": int, "backoffLimit": int, "schedulingPolicy": dict,
+              "suspend": bool, "managedBy": str}
+REPLICA_SPEC = {"replicas": int, "template": dict, "restartPolicy": str}
+RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+
+
+def _check_fields(obj: dict, allowed: dict, where: str) -> None:
+    """Every key is a field of the API, of its type (int32 fields: ints, not booleans)."""
+    for key, value in obj.items():
+        assert key in allowed, f"{where}.{key} is not a field of the v1 API"
+        rule = allowed[key]
+        if isinstance(rule, tuple):
+            assert value in rule, f"{where}.{key} = {value!r} not in {rule}"
+        elif rule is int:
+            assert type(value) is int, f"{where}.{key} = {value!r} is not an integer"
+        else:
+            assert isinstance(value, rule), f"{where}.{key} = {value!r} is not {rule.__name__}"
+
+
+def test_k8s_manifest_is_a_pytorchjob_v1_with_an_elastic_policy(artefacts):
+    summary, files = artefacts["k8s"]
+    job = yaml.safe_load(files["pytorchjob.yaml"])
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    assert set(job) == {"apiVersion", "kind", "metadata", "spec"}
+    name = job["metadata"]["name"]
+    assert len(name) <= 63 and name.replace("-", "").isalnum() and name.islower()
+    spec = job["spec"]
+    assert set(spec) <= {"runPolicy", "elasticPolicy", "pytorchReplicaSpecs", "nprocPerNode"}
+    _check_fields(spec["elasticPolicy"], ELASTIC_POLICY, "spec.elasticPolicy")
+    _check_fields(spec["runPolicy"], RUN_POLICY, "spec.runPolicy")
+    assert isinstance(spec["nprocPerNode"], str)  # *string in the API: "8", "gpu", "auto"
+    assert set(spec["pytorchReplicaSpecs"]) == {"Worker"}, "elastic jobs have workers only"
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    _check_fields(worker, REPLICA_SPEC, "Worker")
+    assert worker["restartPolicy"] in RESTART_POLICIES
+    for key in ("rdzvConf",):
+        for item in spec["elasticPolicy"][key]:
+            assert set(item) <= {"key", "value"} and isinstance(item["value"], str)
+    pol = spec["elasticPolicy"]
+    assert pol["rdzvBackend"] == "c10d"
+    assert pol["minReplicas"] == pol["maxReplicas"] == worker["replicas"] == summary["nodes"]
+
+    pod = worker["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["name"] == "pytorch", "the operator injects its env into 'pytorch'"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert {m["name"] for m in container["volumeMounts"]} <= {v["name"] for v in pod["volumes"]}
+    assert all(isinstance(e["value"], str) for e in container["env"])
+    assert {"name": "NCCL_NVLS_ENABLE", "value": "0"} in container["env"]
+    cmd = container["command"]
+    assert cmd[0] == "torchrun"
+
+    def flag(name):
+        return cmd[cmd.index(name) + 1]
+
+    assert flag("--nnodes") == str(worker["replicas"])
+    assert flag("--nproc-per-node") == spec["nprocPerNode"]
+    assert flag("--rdzv-backend") == pol["rdzvBackend"]
+    assert flag("--rdzv-endpoint") == f"{name}-worker-0:{pol['rdzvPort']}"
+    assert flag("--rdzv-id") == pol["rdzvId"]
+    assert flag("--max-restarts") == str(pol["maxRestarts"])
+    assert pod["terminationGracePeriodSeconds"] > int(flag("--shutdown-timeout"))
+    assert cmd[cmd.index("-m") + 1] == "trainplan.bench.train"
+
+
+# ---------------------------------------------------------------- the CPU proxy
+
+
+def test_cpu_artefacts_ask_for_no_gpus(tmp_path):
+    model = tiny_yaml(tmp_path)
+    summary = launch_json(["--model", model, "--gpus", "2", "--gpus-per-node", "2",
+                           *TINY_LAYOUT, "--target", "slurm", "--out", tmp_path / "s"], tmp_path)
+    text = (tmp_path / "s" / "train.sbatch").read_text()
+    assert "--gpus-per-node" not in text.split("srun")[0] and "--cpu" in text
+    assert summary["nodes"] == 1 and summary["procs_per_node"] == 2
+
+
+def test_force_replaces_a_folder_all_at_once(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("x")
+    launch_json([*SCENARIO, "--target", "k8s", "--out", out, "--force"], tmp_path)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "pytorchjob.yaml"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"], "temporary folders left behind"
+
+
+# ---------------------------------------------------------------- bad requests
+
+BAD = [
+    (["--target", "docker"], ["'docker'", "torchrun", "slurm", "k8s"]),
+    (["--target", "slurm", "--gpus", "12"], ["12", "gpus-per-node"]),
+    (["--target", "slurm", "--tp", "3"], ["--tp 3"]),
+    (["--target", "slurm", "--cp", "2"], ["cp=2", "--cp 1"]),
+    (["--target", "slurm", "--dp", "32", "--zero", "0", "--micro-batch", "32",
+      "--recompute", "none", "--tp", "1", "--pp", "1"], ["GiB", "fit"]),
+    (["--target", "slurm", "--model", "gpt-17"], ["gpt-17"]),
+    (["--target", "slurm", "--warn-s", "100", "--save-grace-s", "300"], ["--warn-s 100"]),
+    (["--target", "slurm", "--env", "NOEQUALS"], ["NOEQUALS", "NAME=VALUE"]),
+    (["--target", "slurm", "--env", "bad name=1"], ["bad name", "NAME=VALUE"]),
+    (["--target", "k8s", "--job-name", "Bad_Name"], ["Bad_Name"]),
+    (["--target", "slurm", "--steps", "0"], ["'0'"]),
+    (["--target", "slurm", "--rdzv-port", "80"], ["--rdzv-port 80"]),
+    (["--target", "slurm", "--ckpt-keep", "1"], ["--ckpt-keep = 1", "at least 2"]),
+]
+
+
+def _one_line_exit_2(proc, needles):
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,needles", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_request_is_one_line_exit_2_and_writes_nothing(args, needles, tmp_path):
+    base = dict(zip(SCENARIO[::2], SCENARIO[1::2], strict=True))
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    argv = [x for kv in base.items() for x in kv] + ["--out", tmp_path / "out"]
+    _one_line_exit_2(launch(argv, tmp_path), needles)
+    assert list(tmp_path.iterdir()) == [], "something was written"
+
+
+def test_non_empty_out_without_force_is_refused(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    _one_line_exit_2(launch([*SCENARIO, "--target", "slurm", "--out", out], tmp_path),
+                     ["not empty", "--force"])
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_out_that_is_a_file_is_refused(tmp_path):
+    out = tmp_path / "file"
+    out.write_text("x")
+    _one_line_exit_2(launch([*SCENARIO, "--target", "slurm", "--out", out], tmp_path),
+                     ["is a file"])
