@@ -40,15 +40,12 @@ checkpoint would be deleted before its successor is known to be good.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
 import time
-import warnings
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -56,16 +53,22 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench import manifest as mf
+from trainplan.bench.dcp_io import (
+    CheckpointError,
+    PendingSave,
+    dcp_errors,
+    make_stager,
+    one_line,
+    one_process,
+    process_start,
+    shard_writer,
+    tensors_only_planner,
+)
 from trainplan.bench.faults import Faults, Signals, digest_steps
-from trainplan.errors import TrainplanError
 
 EVENTS = "events.jsonl"
 FORMAT = 1
 GRACE_S = 30.0  # torchrun's SIGTERM-to-SIGKILL wait (and Slurm's default KillWait)
-
-
-class CheckpointError(TrainplanError):
-    """A checkpoint flag, directory or file that cannot be used."""
 
 
 # ---------------------------------------------------------------- flags
@@ -103,103 +106,6 @@ def timeout(args) -> timedelta | None:
     return timedelta(seconds=args.collective_timeout_s) if args.collective_timeout_s else None
 
 
-# ---------------------------------------------------------------- DCP plumbing
-
-
-# torch.distributed.checkpoint is imported where it is used: it pulls in DTensor
-# and sympy (about a second per process), which a run without --ckpt-dir skips.
-
-
-def _writer(path: Path, *, rank: int, step: int, faults: Faults):
-    """DCP's file writer, plus: hash this rank's shards, and the `save:writing` fault point."""
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    class Writer(FileSystemWriter):
-        def write_data(self, plan, planner):
-            future = super().write_data(plan, planner)
-            results = future.wait()
-            faults.at("save:writing", step)
-            names = sorted({r.storage_data.relative_path for r in results})
-            mf.write_json(path / f"rank-{rank:05d}.files.json",
-                          {n: mf.file_entry(path / n) for n in names})
-            return future
-
-    return Writer(str(path))
-
-
-def _tensors_only():
-    """DCP's load planner, refusing non-tensor entries (DCP would unpickle them)."""
-    from torch.distributed.checkpoint import DefaultLoadPlanner
-
-    class TensorsOnly(DefaultLoadPlanner):
-        def load_bytes(self, read_item, value) -> None:
-            raise CheckpointError(f"checkpoint entry {read_item.dest_index.fqn!r} is not a "
-                                  "tensor; this loader reads tensors only")
-
-    return TensorsOnly()
-
-
-@contextlib.contextmanager
-def _one_process():
-    """DCP warns on every call without a process group; one rank is what we mean."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def _stager(device):
-    """One stager for the whole run, so its CPU copy (pinned on GPU) is allocated once
-    and reused by every asynchronous save; None where this torch lacks DefaultStager
-    (DCP then stages into fresh memory each time). Reuse is safe because a save
-    always waits for the previous one to finish writing first."""
-    try:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    except ImportError:
-        return None
-    cuda = device.type == "cuda"
-    try:
-        return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                            use_async_staging=False, use_non_blocking_copy=cuda))
-    except (TypeError, AssertionError, RuntimeError):  # an older signature or no accelerator
-        return None
-
-
-def _process_start() -> float:
-    """Wall time at which this process started (Linux /proc), else now."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()
-
-
-def _errors() -> tuple:
-    """What a failed DCP call raises: its CheckpointException is a BaseException."""
-    from torch.distributed.checkpoint import CheckpointException
-
-    return (Exception, CheckpointException)
-
-
-def _one_line(err: BaseException) -> str:
-    failures = getattr(err, "failures", None)  # dcp.CheckpointException: {rank: (exc, trace)}
-    if failures:
-        return "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, (e, _) in failures.items())
-    return f"{type(err).__name__}: {err}".splitlines()[0]
-
-
-@dataclass
-class _Pending:
-    step: int
-    path: Path
-    future: object
-    started: float
-    stall_s: float
-    reason: str
-    written: float | None = None  # perf_counter when the background write finished
-
-
 # ---------------------------------------------------------------- the run's checkpointer
 
 
@@ -216,9 +122,9 @@ class Checkpointer:
         self.faults = Faults(rank, world,
                              log=lambda event, **fields: self.event(event, True, **fields))
         self.digest_on, self.digest_at = digest_steps()
-        self.pending: _Pending | None = None
+        self.pending: PendingSave | None = None
         self._stepped = False
-        self._stager = _stager(device) if self.use_async else None
+        self._stager = make_stager(device) if self.use_async else None
         self.last_committed: int | None = None
         self.stats = {"resumed_from": None, "saves": [], "failed": [], "emergency": []}
         if self.root is not None and len(par.parts) > 1:
@@ -261,7 +167,7 @@ class Checkpointer:
         previous = sys.excepthook
 
         def hook(kind, value, tb):
-            self.event("crash", True, step=self.faults.step, error=_one_line(value))
+            self.event("crash", True, step=self.faults.step, error=one_line(value))
             previous(kind, value, tb)
 
         sys.excepthook = hook
@@ -342,11 +248,11 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # inits Adam's state
         state = {"model": model_sd, "optim": {"state": optim_sd["state"]}}
         try:
-            with _one_process():
-                dcp.load(state, checkpoint_id=str(path), planner=_tensors_only(),
+            with one_process():
+                dcp.load(state, checkpoint_id=str(path), planner=tensors_only_planner(),
                          process_group=self.save_pg, no_dist=not dist.is_initialized())
-        except _errors() as err:
-            raise CheckpointError(f"loading {path} failed: {_one_line(err)}") from None
+        except dcp_errors() as err:
+            raise CheckpointError(f"loading {path} failed: {one_line(err)}") from None
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict={"state": state["optim"]["state"],
                                          "param_groups": optim_sd["param_groups"]})
@@ -369,7 +275,7 @@ class Checkpointer:
             return False
         if not self._stepped:  # restart cost, for the GPU figures: process start to here
             self._stepped = True
-            self.event("first_step", step=step, since_start_s=time.time() - _process_start())
+            self.event("first_step", step=step, since_start_s=time.time() - process_start())
         self._poll()
         code = self._max(Signals.pending())
         if code:
@@ -435,16 +341,16 @@ class Checkpointer:
             return self._failed(step, path, error or RuntimeError("another rank failed"))
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": {"state": optim_sd["state"]}}
-        writer = _writer(path, rank=self.rank, step=step, faults=self.faults)
+        writer = shard_writer(path, rank=self.rank, step=step, faults=self.faults)
         solo = not dist.is_initialized()
         try:
-            with _one_process():
+            with one_process():
                 if self.use_async and reason == "interval":
                     stager = {"async_stager": self._stager} if self._stager else {}
                     future = dcp.async_save(state, storage_writer=writer,
                                             process_group=self.save_pg, no_dist=solo, **stager)
                     future = getattr(future, "upload_completion", future)  # AsyncSaveResponse
-                    pending = _Pending(step, path, future, started,
+                    pending = PendingSave(step, path, future, started,
                                        time.perf_counter() - started, reason)
                     future.add_done_callback(  # timed where it ends, not at the next poll
                         lambda _: setattr(pending, "written", time.perf_counter()))
@@ -452,7 +358,7 @@ class Checkpointer:
                     return None
                 dcp.save(state, storage_writer=writer, process_group=self.save_pg,
                          no_dist=solo)
-        except _errors() as err:
+        except dcp_errors() as err:
             self.faults.restore()
             return self._failed(step, path, err)
         self.faults.restore()
@@ -470,7 +376,7 @@ class Checkpointer:
             return
         try:
             p.future.result()
-        except _errors() as err:
+        except dcp_errors() as err:
             self.faults.restore()
             return self._failed(p.step, p.path, err)
         self.faults.restore()
@@ -525,7 +431,7 @@ class Checkpointer:
 
     def _failed(self, step: int, path: Path, err: BaseException) -> None:
         """A save that did not commit: report it in one line, drop its folder, train on."""
-        line = _one_line(err)
+        line = one_line(err)
         self.stats["failed"].append({"step": step, "error": line})
         if self.rank == 0:
             shutil.rmtree(path, ignore_errors=True)
