@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from trainplan.bench import parallelize as par_mod
-from trainplan.bench.model import INIT_STD, ROPE_THETA, count_params
+from trainplan.bench.model import ROPE_THETA, count_params, init_normal
 from trainplan.errors import LayoutError, SpecError
 from trainplan.specs import ModelSpec, ParallelConfig
 
@@ -110,16 +110,9 @@ class HFCausalLM(nn.Module):
         (parameters possibly sharded DTensors), where the rotary inverse
         frequencies are garbage and must be recomputed.
         """
-        residual_std = INIT_STD / (2 * self.spec.n_layers) ** 0.5
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                std = residual_std if name.endswith(("o_proj", "down_proj")) else INIT_STD
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-            elif type(module).__name__ == "LlamaRMSNorm":
+        init_normal(self, self.spec.n_layers, residual=("o_proj", "down_proj"))
+        for module in self.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
                 nn.init.ones_(module.weight)
         rotary = self.hf.model.rotary_emb
         hd = self.spec.head_dim

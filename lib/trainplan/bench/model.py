@@ -125,6 +125,26 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+@torch.no_grad()
+def init_normal(model: nn.Module, n_layers: int, residual: tuple[str, ...]) -> None:
+    """GPT-2's initialisation of every linear and embedding weight (Radford et al. 2019).
+
+    N(0, INIT_STD), with the projections that write into the residual stream
+    (names ending in `residual`) scaled by 1 / sqrt(2 n_layers), since each
+    block adds two of them; biases zero. Norms are left to the caller. Shared
+    with the HF baseline so both models start from the same distribution.
+    """
+    residual_std = INIT_STD / math.sqrt(2 * n_layers)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            std = residual_std if name.endswith(residual) else INIT_STD
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
+
+
 class Transformer(nn.Module):
     """Token ids (B, S) -> logits (B, S, V); or hidden states in and out for a pipeline stage."""
 
@@ -171,16 +191,9 @@ class Transformer(nn.Module):
         device = buffer_device or self.rope_cos.device
         cos, sin = rope_tables(self.max_seq_len, self.spec.head_dim, device=device)
         self.rope_cos, self.rope_sin = cos, sin
-        residual_std = INIT_STD / math.sqrt(2 * self.spec.n_layers)
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                std = residual_std if name.endswith(("wo", "w2")) else INIT_STD
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
-            elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+        init_normal(self, self.spec.n_layers, residual=("wo", "w2"))
+        for module in self.modules():
+            if isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
                 module.reset_parameters()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
