@@ -218,6 +218,7 @@ def generate(plan_out: dict, *, model_arg: str, gpus_per_node: int, settings: La
         raise LaunchError(f"--job-name {name!r} is not valid; use lowercase letters, digits "
                           "and '-', at most 63, starting and ending with a letter or digit")
     args = harness_args(p["parallel"], model_arg, plan_out["seq_len"], settings)
+    args += monitor_args(p)
     check_harness(args)
     every = checkpoint_every(settings, p["step_time_s"])
     extra, has = optional_args(args, settings, every, "CKPT")
@@ -266,6 +267,21 @@ def steps_for(token_budget: float, tokens_per_step: int) -> int:
 
 ALERT_FRACTION = 0.8  # tokens/s below this share of the plan, sustained: page someone
 STRAGGLER_RATIO = 1.15  # a rank whose step time is this much above the median is a straggler
+METRICS_PATH = "logs/metrics.jsonl"  # per-step metrics and alerts, written by rank 0
+
+
+def monitor_args(p: dict, path: str = METRICS_PATH) -> list[str]:
+    """Harness flags that make the run watch itself against this plan (bench/monitor.py).
+
+    The alert line and straggler tolerance are the ones `watch` gives the
+    operator, so the metrics file and the runbook's table agree.
+    """
+    from trainplan.bench.monitor import launch_flags
+
+    return launch_flags({"step_time_s": p["step_time_s"],
+                         "straggler_step_time_s": STRAGGLER_RATIO * p["step_time_s"],
+                         "alert_tokens_per_s_per_gpu": ALERT_FRACTION * p["tokens_per_s_per_gpu"]},
+                        path)
 
 
 def watch(summary: dict, settings: LaunchSettings) -> dict:

@@ -27,7 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainplan.bench import ckpt, feed, hf_baseline
+from trainplan.bench import ckpt, feed, hf_baseline, monitor
 from trainplan.bench import parallelize as par_mod
 from trainplan.bench import step as step_mod
 from trainplan.bench.model import Transformer, count_params, slice_spec
@@ -77,6 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--no-progress", action="store_true")
     a("--json", action="store_true", help="no progress bar: only the summary JSON line")
     ckpt.add_arguments(p)  # --ckpt-dir --ckpt-every --ckpt-keep --ckpt-async --resume ...
+    monitor.add_arguments(p)  # --metrics --straggler-tolerance --alert-tokens-per-s-per-gpu ...
     return p.parse_args(argv)
 
 
@@ -98,6 +99,7 @@ def check_args(args) -> None:
         raise TrainplanError(f"--records {args.records}: measurement records are for GPU runs "
                              "(MFU needs a GPU peak); leave --records out on CPU")
     ckpt.check_args(args)
+    monitor.check_args(args)
 
 
 def init_distributed(force_cpu: bool, timeout=None) -> torch.device:
@@ -186,6 +188,12 @@ def run(args) -> dict:
 
     from tqdm import tqdm
 
+    from trainplan.compute import model_flops_per_token
+
+    mon = monitor.Monitor(args, tokens_per_step=_tokens_per_step(cfg, args),
+                          flops_per_token=model_flops_per_token(spec, args.seq_len),
+                          peak=peak_flops(device), device=device, rank=rank, world=world)
+
     show = rank == 0 and not args.no_progress and not args.json
     bar = tqdm(range(start, args.steps), disable=not show, desc=f"{spec.name} {_layout_name(cfg)}",
                file=sys.stderr)
@@ -204,6 +212,7 @@ def run(args) -> dict:
                                     loss_fn=loss_fn)
         _sync(device)
         times.append(time.perf_counter() - t0)
+        mon.step(step + 1, times[-1])  # every rank: one small all_gather, if monitoring
         loss, norm = step_mod.reduce_loss(total)  # outside the timed region
         losses.append(loss)
         norms.append(norm)
@@ -215,6 +224,7 @@ def run(args) -> dict:
     summary["grad_norms"] = norms
     summary["first_step"] = start + 1
     summary["checkpoint"] = saver.finish(done)
+    summary["monitor"] = mon.finish()
     summary["preempted"] = done < args.steps  # stopped by SIGTERM after its checkpoint
     if dist.is_initialized():
         dist.barrier()
@@ -230,6 +240,10 @@ def _batches(args, cfg, spec, dp_rank, dp, start=0):
                               micro_batch=cfg.micro_batch, rank=dp_rank, world=dp, seed=args.seed,
                               num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
                               pin_memory=args.pin_memory, vocab=spec.vocab)
+
+
+def _tokens_per_step(cfg: ParallelConfig, args) -> int:
+    return cfg.dp * cfg.grad_accum * cfg.micro_batch * args.seq_len
 
 
 def _layout_name(cfg: ParallelConfig) -> str:
@@ -249,7 +263,7 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
 
     times = _max_over_ranks(times, device)  # a step ends when its slowest rank does
     measured = times[min(args.warmup, len(times) - 1):] if times else []  # resumed: >= 1 kept
-    tokens_per_step = cfg.dp * cfg.grad_accum * cfg.micro_batch * args.seq_len
+    tokens_per_step = _tokens_per_step(cfg, args)
     rate = tokens_per_step * len(measured) / sum(measured) / world if measured else 0.0
     peak = peak_flops(device)
     flops_per_token = model_flops_per_token(spec, args.seq_len)
