@@ -161,14 +161,20 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def load_spec(args) -> ModelSpec:
+    """The --model spec, cut to its first --layers blocks when asked (a layer slice)."""
+    spec = load_model(args.model)
+    if not args.layers:
+        return spec
+    if args.layers > spec.n_layers:
+        raise TrainplanError(f"--layers = {args.layers}: {spec.name!r} has only "
+                             f"{spec.n_layers} layers; use 1..{spec.n_layers}")
+    return slice_spec(spec, args.layers)
+
+
 def run(args) -> dict:
     check_args(args)
-    spec = load_model(args.model)
-    if args.layers:
-        if args.layers > spec.n_layers:
-            raise TrainplanError(f"--layers = {args.layers}: {spec.name!r} has only "
-                                 f"{spec.n_layers} layers; use 1..{spec.n_layers}")
-        spec = slice_spec(spec, args.layers)
+    spec = load_spec(args)
     cfg = layout(args)
     device = init_distributed(args.cpu, ckpt.timeout(args))
     world = dist.get_world_size() if dist.is_initialized() else 1

@@ -142,8 +142,6 @@ def _check_harness(args, argv: list[str]) -> None:
     """Parse and check the harness arguments as train.py will, before anything starts."""
     from trainplan.bench import parallelize as par_mod
     from trainplan.bench import train
-    from trainplan.bench.model import slice_spec
-    from trainplan.specs import load_model
 
     err = io.StringIO()
     try:
@@ -154,12 +152,7 @@ def _check_harness(args, argv: list[str]) -> None:
         raise UsageError(f"harness flags: {last[0].split('error: ', 1)[-1] if last else argv}"
                          ) from None
     train.check_args(targs)
-    spec = load_model(targs.model)
-    if targs.layers:
-        if targs.layers > spec.n_layers:
-            raise UsageError(f"--layers = {targs.layers}: {spec.name!r} has only "
-                             f"{spec.n_layers} layers; use 1..{spec.n_layers}")
-        spec = slice_spec(spec, targs.layers)
+    spec = train.load_spec(targs)
     cfg = train.layout(targs)
     par_mod.check_layout(cfg, spec, args.nproc_per_node * args.nnodes)
     import torch
