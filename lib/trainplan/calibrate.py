@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from trainplan import calibrate_pieces
 from trainplan.errors import SpecError
 from trainplan.specs import DATA_DIR, GPUSpec
 
@@ -173,12 +174,16 @@ def build(paths, gpu: GPUSpec) -> dict:
         if recs:
             sources.append(_source(path, recs))
     for bench in ("matmul", "attention"):
-        if not by_bench[bench]:
+        if not by_bench[bench]:  # the pieces' scales are relative to these two fractions
             raise CalibrationError(f"no {bench!r} microbenchmark records in {list(map(str, paths))}"
                                    "; run `python -m trainplan.bench.micro` first")
     models = {r.get("model") for r in by_bench["matmul"]}
-    layers = load_model(models.pop()).n_layers if len(models) == 1 and None not in models \
-        else None
+    layers = None  # a model given as a YAML file is not a preset: weigh the shapes per layer
+    if len(models) == 1 and None not in models:
+        try:
+            layers = load_model(models.pop()).n_layers
+        except SpecError:
+            pass
     mm = matmul_fraction(by_bench["matmul"], gpu.bf16_tflops, layers)
     att = attention_fraction(by_bench["attention"], gpu.bf16_tflops)
     coll = {}
@@ -190,18 +195,25 @@ def build(paths, gpu: GPUSpec) -> dict:
             coll[op] = collective_fit(worlds[max(worlds)])
     n = sum(s["records"] for s in sources)
     day = max(s["recorded"][1] for s in sources)[:10]
+    base = dataclasses.replace(gpu, matmul_efficiency=mm["fraction"],
+                               attention_efficiency=att["fraction"])
+    scales, checks = calibrate_pieces.fit(by_bench, base)
     return {
         "gpu": gpu.name, "card": sorted({r["card"] for v in by_bench.values() for r in v}),
         "label": f"{gpu.name} ({n} microbenchmark records, {day})",
         "peak_bf16_tflops": gpu.bf16_tflops,
         "matmul_efficiency": mm["fraction"], "attention_efficiency": att["fraction"],
-        "memory_efficiency": None,
+        "memory_efficiency": scales.get("memory_efficiency"),
+        "pieces": scales, "block_checks": checks,
         "preset": {"matmul_efficiency": gpu.matmul_efficiency,
                    "attention_efficiency": gpu.attention_efficiency,
                    "memory_efficiency": gpu.memory_efficiency},
         "matmul": mm, "attention": att, "collectives": coll, "sources": sources,
         "notes": [
-            "memory_efficiency: no HBM microbenchmark record; the preset's value is used",
+            "memory_efficiency: " + ("device copy bandwidth / datasheet"
+                                     if "memory_efficiency" in scales else
+                                     "no HBM microbenchmark record; the preset's value is used"),
+            "pieces: " + (", ".join(sorted(scales)) or "none measured; analytic terms unscaled"),
             f"matmul: forward GEMMs at {mm['token_counts']} tokens only; backward shapes and "
             "other token counts are not measured",
             "collectives: fitted on the largest world recorded, inside one node (NVLink); "
@@ -270,11 +282,16 @@ def apply(gpu: GPUSpec, cal: dict | None) -> GPUSpec:
         return gpu
     coll = tuple((op, float(f["latency_us"]), float(f["busbw_gbps"]))
                  for op, f in sorted(cal["collectives"].items()))
-    return dataclasses.replace(
+    out = dataclasses.replace(
         gpu, matmul_efficiency=float(cal["matmul_efficiency"]),
         attention_efficiency=float(cal["attention_efficiency"]),
         memory_efficiency=float(cal.get("memory_efficiency") or gpu.memory_efficiency),
         calibration=str(cal["label"]), collectives=coll)
+    try:
+        return calibrate_pieces.apply(out, cal.get("pieces") or {})
+    except (SpecError, TypeError, ValueError) as err:
+        raise CalibrationError(f"{cal['label']}: pieces = {cal.get('pieces')!r} are not "
+                               f"valid ({err})") from None
 
 
 def calibrated(gpu: GPUSpec) -> GPUSpec:

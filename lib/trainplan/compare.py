@@ -151,8 +151,8 @@ def suspects(lay: dict, gpus: int) -> list[str]:
     """
     out = []
     if not lay.get("compile", True):
-        out.append("eager mode: the cost model has no compile knob and assumes fused "
-                   "element-wise kernels")
+        out.append("eager mode: unfused element-wise kernels, priced by the card's measured "
+                   "eager block scale (none without a block microbenchmark)")
     if lay["zero"] == 0 and lay["dp"] > 1:
         out.append("DDP: the gradient all-reduce is assumed hidden under backward but for "
                    "one layer's share")
@@ -229,7 +229,8 @@ def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
     out = plan(load_model(row["model"]), gpu, load_cluster(CLUSTER), gpus=row["gpus"],
                seq_len=seq, global_batch_tokens=tokens,
-               pins={k: lay[k] for k in PLAN_KEYS if k in lay})
+               pins={k: lay[k] for k in PLAN_KEYS if k in lay},
+               compiled=bool(row["layout"].get("compile", True)))
     p = out["plans"][0]
     return {"step_time_s": p["step_time_s"], "memory_gib": p["memory_gib"]["total"],
             "split_s": p["time_breakdown_s"], "calibration": out["calibration"]}

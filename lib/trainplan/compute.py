@@ -96,12 +96,15 @@ def recompute_elementwise_factor(recompute):
 
 
 def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch, tp, cp, pp,
-                            recompute, sequence_parallel, last_stage=True):
+                            recompute, sequence_parallel, last_stage=True, compiled=True):
     """Seconds one rank of a pipeline stage computes one micro-batch, forward and backward.
 
     Sum of matmul, attention and element-wise terms over the stage's
     n_layers / pp blocks; the output layer and loss are added on the last
-    stage, which is the slowest and so sets the pace of the pipeline.
+    stage, which is the slowest and so sets the pace of the pipeline. The
+    element-wise term and the head carry the card's measured scales
+    (`trainplan.calibrate_pieces`; 1 when uncalibrated), the element-wise one
+    chosen by whether the blocks are compiled (fused) or eager.
     """
     tokens = micro_batch * seq_len / np.asarray(cp)  # tokens of this rank
     layers = m.n_layers / np.asarray(pp)
@@ -112,12 +115,14 @@ def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch,
     passes = 3.0 + recompute_matmul_factor(recompute)  # fwd = 1, bwd = 2, recompute = +1
     mm = passes * matmul_flops_per_token_per_layer(m, tp) * layers
     attn = passes * attention_flops_per_token_per_layer(m, seq_len, tp) * layers
-    elem = (1.0 + recompute_elementwise_factor(recompute)) * layers * \
+    scale = np.where(compiled, gpu.elementwise_scale, gpu.eager_elementwise_scale)
+    elem = scale * (1.0 + recompute_elementwise_factor(recompute)) * layers * \
         elementwise_bytes_per_token_per_layer(m, tp, sequence_parallel)
+    head = 0.0
     if last_stage:
-        mm = mm + 3.0 * 2.0 * m.vocab * m.hidden / np.asarray(tp)
-        elem = elem + loss_bytes_per_token(m, tp)
-    return tokens * (mm / mm_rate + attn / attn_rate + elem / mem_rate)
+        head = gpu.head_scale * (3.0 * 2.0 * m.vocab * m.hidden / np.asarray(tp) / mm_rate
+                                 + loss_bytes_per_token(m, tp) / mem_rate)
+    return tokens * (mm / mm_rate + attn / attn_rate + elem / mem_rate + head)
 
 
 def optimizer_step_time(gpu: GPUSpec, params_held):
@@ -125,6 +130,8 @@ def optimizer_step_time(gpu: GPUSpec, params_held):
 
     A fused AdamW reads fp32 param, grad, m, v (16 B) and writes param, m, v
     (12 B); the gradient-norm clip reads the grad once more (4 B). Memory
-    bound, so bytes / achieved bandwidth.
+    bound, so bytes / achieved bandwidth, times the card's measured scale
+    (per-tensor launch and clip overheads; `trainplan.calibrate_pieces`).
     """
-    return 32.0 * np.asarray(params_held) / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
+    return gpu.optimizer_scale * 32.0 * np.asarray(params_held) / (
+        gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)

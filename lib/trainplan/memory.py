@@ -126,18 +126,20 @@ def logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
 
 
 def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, cp, recompute,
-                     sequence_parallel, schedule_code, pp_virtual):
+                     sequence_parallel, schedule_code, pp_virtual, scale=1.0, full_scale=1.0):
     """Peak activation bytes on the worst stage: the first (most in flight) or the last (logits).
 
     Full recompute also rebuilds one block's complete activations during its
-    backward, so one such block is added on top.
+    backward, so one such block is added on top. `scale` (and `full_scale`
+    for the rebuilt block) are the measured kept / analytic bytes of a block
+    (`trainplan.calibrate_pieces`; 1 when uncalibrated).
     """
     layers = m.n_layers / np.asarray(pp)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
               sequence_parallel=sequence_parallel)
-    per_layer = layer_activation_bytes(m, recompute=recompute, **kw)
+    per_layer = scale * layer_activation_bytes(m, recompute=recompute, **kw)
     rebuilt = np.where(np.asarray(recompute) == FULL,
-                       layer_activation_bytes(m, recompute=0, **kw), 0.0)
+                       full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
     in_flight = microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual)
     logits = logits_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp)
     first = per_layer * layers * in_flight + rebuilt
@@ -160,7 +162,8 @@ def buffer_bytes(m: ModelSpec, *, tp, ep, zero, dp_shard, cp):
 
 
 def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_batch, grad_accum,
-              recompute, sequence_parallel, schedule_code, pp_virtual) -> dict:
+              recompute, sequence_parallel, schedule_code, pp_virtual, activation_scale=1.0,
+              rebuilt_scale=1.0) -> dict:
     """Bytes per GPU by term: params, grads, optimizer, activations, other, total.
 
     `other` is the communication buffers plus ALLOCATOR_MARGIN of everything
@@ -175,7 +178,8 @@ def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_ba
         "activations": activation_bytes(
             m, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, tp=tp, pp=pp,
             cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
-            schedule_code=schedule_code, pp_virtual=pp_virtual),
+            schedule_code=schedule_code, pp_virtual=pp_virtual, scale=activation_scale,
+            full_scale=rebuilt_scale),
     }
     buffers = buffer_bytes(m, tp=tp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
     live = sum(terms.values()) + buffers

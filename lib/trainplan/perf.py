@@ -31,14 +31,26 @@ MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "other", "total")
 TIME_TERMS = ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")
 
 
-def _exposed(comm, window, floor):
-    """Traffic not hidden under `window` seconds of compute, but never less than `floor`."""
-    return np.where(comm > 0, np.maximum(comm - window, floor), 0.0)
+def _exposed(comm, window, floor, leak=0.0):
+    """Traffic not hidden under `window` seconds of compute, but never less than `floor`.
+
+    `leak` is the fraction of the hidden part that still costs time: NCCL's
+    kernels take SMs and HBM bandwidth from the compute they run beside
+    (measured by the overlap microbenchmark, `trainplan.calibrate_pieces`).
+    """
+    hidden = np.minimum(comm, window)
+    return np.where(comm > 0, np.maximum(comm - window, floor) + leak * hidden, 0.0)
 
 
 def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
-             seq_len: int) -> pd.DataFrame:
-    """Memory, time breakdown, throughput and MFU of every layout in `L`, one row each."""
+             seq_len: int, compiled: bool = True) -> pd.DataFrame:
+    """Memory, time breakdown, throughput and MFU of every layout in `L`, one row each.
+
+    `compiled`: blocks run under `torch.compile` (fused element-wise work and
+    the activations it keeps), as trainplan recommends; False prices eager.
+    """
+    from trainplan.calibrate_pieces import activation_scale
+
     if gpu.collectives and not cluster.collectives:  # a calibrated card's measured links
         cluster = dataclasses.replace(cluster, collectives=gpu.collectives)
     tp, pp, cp, ep, dp = L.tp, L.pp, L.cp, L.ep, L.dp
@@ -51,12 +63,14 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     mem = memory.breakdown(
         m, seq_len=seq_len, dp_shard=L.dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, zero=L.zero,
         micro_batch=mb, grad_accum=ga, recompute=L.recompute, sequence_parallel=sp,
-        schedule_code=L.pp_schedule, pp_virtual=v)
+        schedule_code=L.pp_schedule, pp_virtual=v,
+        activation_scale=activation_scale(gpu, compiled, L.recompute),
+        rebuilt_scale=activation_scale(gpu, compiled, 0))
 
     # compute of one micro-batch on the slowest (last) stage
     compute_mb = compute.microbatch_compute_time(
         m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
-        sequence_parallel=sp)
+        sequence_parallel=sp, compiled=compiled)
     tokens_mb = mb * seq_len / cp
     attn_layer = tokens_mb * (3.0 + full) * compute.attention_flops_per_token_per_layer(
         m, seq_len, tp) / (gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
@@ -73,7 +87,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     stage_params = params.stage_params_per_rank(m, tp, pp, ep)
     dp_mb = comms.dp_microbatch_time(cluster, stage_params=stage_params, zero=L.zero,
                                      dp_shard=L.dp_shard, cp=cp, tp=tp)
-    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb / layers)
+    leak = gpu.overlap_exposed
+    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb / layers, leak)
     t_mb = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
 
     # once per step
@@ -83,7 +98,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
                                      n_transfers=ga * v + pp - 1, stage_span=tp * cp * dp)
     overlappable, blocking = comms.dp_step_time(cluster, stage_params=stage_params, zero=L.zero,
                                                 dp=dp, dp_shard=L.dp_shard, cp=cp, tp=tp)
-    dp_step = _exposed(overlappable, 2.0 / 3.0 * compute_mb, overlappable / layers) + blocking
+    dp_step = _exposed(overlappable, 2.0 / 3.0 * compute_mb, overlappable / layers, leak) + blocking
     held = stage_params / memory.shard_degree(L.zero, L.dp_shard, cp, 1)
     optimizer = compute.optimizer_step_time(gpu, held)
 

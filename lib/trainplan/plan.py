@@ -49,8 +49,10 @@ def fully_pinned(pins: dict) -> bool:
 
 def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
          global_batch_tokens: int, pins: dict | None = None, top: int = 5,
-         gpus_per_node: int | None = None) -> dict:
+         gpus_per_node: int | None = None, compiled: bool = True) -> dict:
     """The best `top` plans, best first; with every dimension pinned, exactly that layout.
+
+    `compiled`: blocks under torch.compile (default); False prices eager blocks.
 
     A fully pinned layout is priced whether it fits or not (`fits` says), so a
     known configuration can be predicted and checked against a measurement.
@@ -63,7 +65,8 @@ def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len
         pins.setdefault("pp_virtual", 1)
     result: SearchResult = search(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                                   global_batch_tokens=global_batch_tokens, pins=pins,
-                                  gpus_per_node=gpus_per_node, require_fit=not exact)
+                                  gpus_per_node=gpus_per_node, require_fit=not exact,
+                                  compiled=compiled)
     rows = result.table.head(1) if exact else result.best(top)
     return {
         "model": m.name, "gpu": gpu.name, "calibration": gpu.calibration,

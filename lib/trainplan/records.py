@@ -1,7 +1,8 @@
 """Records: what was predicted, measured and microbenchmarked, as JSON lines (DESIGN.md "Records").
 
 One JSON object per line, appended (append mode, one line, flush, fsync),
-never rewritten. Kinds: `prediction`, `measurement`, `microbenchmark`.
+never rewritten. Kinds: `prediction`, `measurement`, `microbenchmark`,
+`checkpoint` (one `trainplan.bench.ckpt_bench` launch).
 Every record carries `recorded_at` (UTC, ISO 8601) and `provenance` (git
 commit, hashed hostname, GPU, driver, torch / CUDA / NCCL versions and the
 NCCL_ / TORCH_ / CUDA_ / PYTORCH_ knobs that were set). A prediction that a
@@ -30,10 +31,11 @@ from pathlib import Path
 from trainplan.errors import RecordError
 from trainplan.stats import median_ci, rate_ci
 
-KINDS = ("prediction", "measurement", "microbenchmark")
+KINDS = ("prediction", "measurement", "microbenchmark", "checkpoint")
 IMPLS = ("trainplan", "hf-baseline")
 RECOMPUTE = ("none", "selective", "full")
-MICROBENCHES = ("matmul", "attention", "all_reduce", "reduce_scatter", "all_gather")
+MICROBENCHES = ("matmul", "attention", "all_reduce", "reduce_scatter", "all_gather",
+                "hbm", "head", "block", "optimizer", "overlap")
 
 _NUM, _INT, _STR, _BOOL, _DICT, _LIST = "number", "int", "str", "bool", "dict", "list"
 _COMMON = {"kind": _STR, "recorded_at": _STR, "provenance": _DICT}
@@ -52,11 +54,23 @@ SCHEMA: dict[str, dict[str, str | tuple[str, ...]]] = {
     "microbenchmark": {
         **_COMMON, "bench": _STR, "config": _DICT, "results": _DICT, "gpus": _INT, "card": _STR,
     },
+    "checkpoint": {
+        **_COMMON, "model": _STR, "layout": _DICT, "ranks": _INT, "card": _STR, "run_id": _STR,
+        "raw_write": _DICT, "saves": _LIST, "restart": _DICT, "summary": _DICT,
+    },
 }
+CKPT_SUMMARY = ("raw_write_gbps", "checkpoint_bytes", "sync_stall_s", "async_stall_s",
+                "persist_gbps_sync", "persist_gbps_async", "persist_vs_raw_sync",
+                "persist_vs_raw_async", "restart_to_first_step_s")
+CKPT_SAVE = {"mode": _STR, "step": _INT, "stall_s": _NUM, "persist_s": (_NUM, "null"),
+             "bytes": (_INT, "null")}
 LAYOUT = {"dp": _INT, "tp": _INT, "pp": _INT, "cp": _INT, "ep": _INT, "zero": _INT,
           "micro_batch": _INT, "grad_accum": _INT, "recompute": _STR, "compile": _BOOL}
 RESULTS = {"matmul": ("time_s", "tflops"), "attention": ("time_s", "tflops"),
-           **{op: ("time_s", "algbw_gbps", "busbw_gbps") for op in MICROBENCHES[2:]}}
+           **{op: ("time_s", "algbw_gbps", "busbw_gbps") for op in MICROBENCHES[2:5]},
+           "hbm": ("time_s", "tbps"), "head": ("time_s", "tokens_per_s"),
+           "block": ("time_s", "tokens_per_s", "activation_bytes"),
+           "optimizer": ("time_s", "params_per_s"), "overlap": ("exposed_fraction",)}
 
 
 def utc_now() -> str:
@@ -222,7 +236,22 @@ def validate(record) -> dict:
             if name not in record["results"]:
                 raise RecordError(f"{record['bench']} results are missing {name!r}")
             _check_type(f"results.{name}", record["results"][name], _NUM)
+    if kind == "checkpoint":
+        _check_checkpoint(record)
     return record
+
+
+def _check_checkpoint(record: dict) -> None:
+    """The nested fields of a checkpoint record that figures read."""
+    fields = [("summary", record["summary"], name, (_NUM, "null")) for name in CKPT_SUMMARY]
+    fields += [(f"saves[{i}]", s if isinstance(s, dict) else {}, name, want)
+               for i, s in enumerate(record["saves"]) for name, want in CKPT_SAVE.items()]
+    for where, part, name, want in fields:
+        if name not in part:
+            raise RecordError(f"field {where!r} is missing {name!r}")
+        _check_type(f"{where}.{name}", part[name], want)
+        if name == "mode" and part[name] not in ("sync", "async"):
+            raise RecordError(f"field '{where}.mode' = {_short(part[name])}; use sync or async")
 
 
 # ---------------------------------------------------------------- builders

@@ -186,8 +186,12 @@ def rank(table: pd.DataFrame) -> pd.DataFrame:
 
 def search(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
            global_batch_tokens: int, pins: dict | None = None,
-           gpus_per_node: int | None = None, require_fit: bool = True) -> SearchResult:
-    """Price every valid layout and rank them; refuse when none fits (unless require_fit=False)."""
+           gpus_per_node: int | None = None, require_fit: bool = True,
+           compiled: bool = True) -> SearchResult:
+    """Price every valid layout and rank them; refuse when none fits (unless require_fit=False).
+
+    `compiled` prices blocks under torch.compile (the default trainplan runs).
+    """
     start = time.perf_counter()
     gpn = gpus_per_node or cluster.gpus_per_node
     layouts = enumerate_layouts(m, gpus=gpus, gpus_per_node=gpn, seq_len=seq_len,
@@ -195,7 +199,7 @@ def search(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_l
     if gpn != cluster.gpus_per_node:
         from dataclasses import replace
         cluster = replace(cluster, gpus_per_node=gpn)
-    table = rank(evaluate(m, gpu, cluster, layouts, seq_len))
+    table = rank(evaluate(m, gpu, cluster, layouts, seq_len, compiled=compiled))
     if require_fit and not table["fits"].iloc[0]:
         smallest = table.loc[table["total_gib"].idxmin()]
         raise NoFeasiblePlan(

@@ -187,11 +187,23 @@ class GPUSpec:
     source: str = ""
     calibration: str = "datasheet"  # where the efficiencies come from (calibrate.py sets it)
     collectives: tuple = ()  # measured (op, latency_us, busbw_gbps) inside a node; () = cluster's
+    # Scales on the analytic terms, measured on the model's own pieces (calibrate_pieces.py);
+    # 1 (and 0 exposed) = the analytic model as written, uncalibrated.
+    elementwise_scale: float = 1.0  # compiled blocks' element-wise time / analytic bytes
+    eager_elementwise_scale: float = 1.0  # the same for eager (unfused) blocks
+    head_scale: float = 1.0  # output layer + loss time / analytic
+    optimizer_scale: float = 1.0  # clip + fused AdamW time / analytic 32 B per param
+    overlap_exposed: float = 0.0  # fraction of overlapped collective time that still shows
+    activation_scales: tuple = ()  # (compiled, recompute, measured / analytic bytes kept)
 
     def __post_init__(self):
         _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
-                                  "attention_efficiency", "memory_efficiency"),
-                  non_negative=("fp8_tflops",))
+                                  "attention_efficiency", "memory_efficiency",
+                                  "elementwise_scale", "eager_elementwise_scale", "head_scale",
+                                  "optimizer_scale"),
+                  non_negative=("fp8_tflops", "overlap_exposed"))
+        if self.overlap_exposed > 1:
+            raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
         for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
             if getattr(self, name) > 1:
                 raise SpecError(f"GPUSpec.{name} = {getattr(self, name)} must be <= 1")

@@ -101,7 +101,8 @@ def test_main_refuses_bad_input_with_one_line(tmp_path, capsys):
 def test_main_single_process_records_matmul_and_attention(tmp_path):
     out = tmp_path / "m.jsonl"
     code = micro.main(["--out", str(out), "--tokens", "16", "--seq-len", "8", "--warmup", "0",
-                       "--iters", "1", "--repeats", "1", "--model", "llama-1.3b", "--tp", "8"])
+                       "--iters", "1", "--repeats", "1", "--model", "llama-1.3b", "--tp", "8",
+                       "--benches", "matmul,attention"])
     got = records.load(out)
     assert code == 0 and [r["bench"] for r in got] == ["matmul"] * 6 + ["attention"]
     assert got[0]["config"]["m"] == 16 and got[-1]["config"]["heads"] == 2  # 16 heads / tp 8

@@ -43,6 +43,8 @@ from trainplan.records import microbenchmark_record
 from trainplan.specs import ModelSpec, load_model
 from trainplan.stats import median_ci
 
+MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
+BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -200,8 +202,10 @@ def _parser():
                                 "appends microbenchmark records to --out.")
     p.add_argument("--out", required=True, help="records file (JSON lines), appended to")
     p.add_argument("--model", default="llama-1.3b", help="preset or YAML whose GEMMs to time")
-    p.add_argument("--benches", default="matmul,attention,collectives",
-                   help="comma list of matmul, attention, collectives")
+    p.add_argument("--benches", default=",".join(BENCHES),
+                   help=f"comma list of {', '.join(BENCHES)}")
+    p.add_argument("--block-modes", default="compiled:none,compiled:selective,eager:none",
+                   help="block variants, comma list of compiled|eager:none|selective|full")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
     p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
     p.add_argument("--seq-len", type=int, default=2048, help="attention sequence length")
@@ -217,10 +221,11 @@ def _parser():
 
 def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict]]:
     benches = {b.strip() for b in args.benches.split(",") if b.strip()}
-    unknown = benches - {"matmul", "attention", "collectives"}
+    unknown = benches - set(BENCHES)
     if unknown:
         raise SpecError(f"--benches {sorted(unknown)[0]!r} is not valid; "
-                        "use matmul, attention, collectives")
+                        f"use {', '.join(BENCHES)}")
+    modes = block_modes(args.block_modes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
         bus_factor(op, 2)  # validates the name
@@ -233,12 +238,46 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
         batch = max(1, args.tokens // args.seq_len)
         tasks.append(("attention", {"batch": batch, "heads": spec.n_heads // args.tp,
                                     "seq": args.seq_len, "head_dim": spec.head_dim}))
+    batch = max(1, args.tokens // args.seq_len)
+    piece = {"model": args.model, "micro_batch": batch, "seq": args.seq_len}
+    if rank == 0 and "hbm" in benches:
+        tasks.append(("hbm", {"size_bytes": GiB if torch.cuda.is_available() else 16 * 2**20}))
+    if rank == 0 and "head" in benches:
+        tasks.append(("head", piece))
+    if rank == 0 and "block" in benches:
+        tasks += [("block", {**piece, "compile": c, "recompute": r}) for c, r in modes]
+    if rank == 0 and "optimizer" in benches:
+        tasks.append(("optimizer", {"model": args.model}))
     if world > 1 and "collectives" in benches:
         tasks += [(op, {"size_bytes": s}) for op in ops for s in sizes]
+    if world > 1 and "overlap" in benches:
+        tasks.append(("overlap", {} if torch.cuda.is_available() else
+                      {"gemm": 256, "gemms": 4, "size_bytes": 2**20}))
     return tasks
 
 
+def block_modes(text: str) -> list[tuple[bool, str]]:
+    """'compiled:none,eager:none' -> [(True, 'none'), (False, 'none')]; bad items refused."""
+    from trainplan.bench.micro_model import RECOMPUTE_MODES
+
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        mode, _, rc = item.partition(":")
+        if mode not in ("compiled", "eager") or rc not in RECOMPUTE_MODES:
+            raise SpecError(f"--block-modes item {item!r} is not valid; use compiled|eager:"
+                            f"{'|'.join(RECOMPUTE_MODES)}")
+        out.append((mode == "compiled", rc))
+    return out
+
+
 def _run(kind: str, kw: dict, common: dict) -> dict:
+    from trainplan.bench import micro_model
+
+    if kind in MODEL_BENCHES:
+        typed = kind in ("block", "head", "overlap")
+        keep = {k: v for k, v in common.items()
+                if k in ("run_id", "extra") or (k == "dtype" and typed)}
+        return getattr(micro_model, f"bench_{kind}")(**kw, **keep)
     if kind == "matmul":
         return bench_matmul(**kw, **common)
     if kind == "attention":
@@ -254,6 +293,17 @@ def _summary(record: dict) -> tuple[str, str, str, str]:
     if record["bench"] == "attention":
         return "attention", f"b{c['batch']} a{c['heads']} s{c['seq']} d{c['head_dim']}", \
             f"{r['time_s'] * 1e3:.3f} ms", f"{r['tflops']:.1f} TFLOP/s (causal)"
+    if record["bench"] in MODEL_BENCHES:
+        r = record["results"]
+        rate = {"hbm": lambda: f"{r['tbps']:.2f} TB/s",
+                "optimizer": lambda: f"{r['params_per_s'] / 1e9:.2f} Gparam/s",
+                "overlap": lambda: f"{r['exposed_fraction']:.2f} of all-reduce exposed"}.get(
+            record["bench"], lambda: f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, "
+                                     f"{r.get('activation_bytes', 0) / 2**20:.0f} MiB kept")()
+        shape = " ".join(f"{k}={c[k]}" for k in ("micro_batch", "compile", "recompute", "params",
+                                                  "size_bytes", "world") if k in c)
+        t = r.get("time_s")
+        return record["bench"], shape, f"{t * 1e3:.3f} ms" if t else "-", rate
     size = next((f"{c['size_bytes'] / scale:g} {unit}" for unit, scale in
                  (("GiB", GiB), ("MiB", 2**20), ("KiB", KiB)) if c["size_bytes"] >= scale),
                 f"{c['size_bytes']} B")

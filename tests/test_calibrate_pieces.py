@@ -1,0 +1,109 @@
+"""Scales from the model-piece microbenchmarks: arithmetic on made-up records, then a real run."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainplan import calibrate, calibrate_pieces, records
+from trainplan.layouts import Layouts
+from trainplan.perf import evaluate
+from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+M = load_model("llama-1.3b")
+
+
+def _gpu():
+    return load_gpu("h100-sxm", calibrated=False)
+
+
+def _block(seconds, kept, *, compile=True, recompute="none", mb=2, seq=2048):
+    return {"config": {"model": M.name, "model_spec": dataclasses.asdict(M), "tokens": mb * seq,
+                       "seq": seq, "micro_batch": mb, "compile": compile, "recompute": recompute},
+            "results": {"time_s": seconds, "activation_bytes": kept}}
+
+
+def test_block_scale_recovers_a_known_elementwise_factor():
+    gpu = _gpu()
+    t = calibrate_pieces.block_terms(M, gpu, tokens=4096, seq=2048, recompute="none")
+    kept = float(calibrate_pieces.memory.layer_activation_bytes(
+        M, seq_len=2048, micro_batch=2, tp=1, cp=1, recompute=0, sequence_parallel=False))
+    meas_c = t["matmul"] + t["attention"] + 1.7 * t["elementwise"]
+    meas_e = t["matmul"] + t["attention"] + 4.0 * t["elementwise"]
+    scales, checks = calibrate_pieces.fit(
+        {"block": [_block(meas_c, 0.8 * kept), _block(meas_e, 1.3 * kept, compile=False)]}, gpu)
+    assert scales["elementwise_scale"] == pytest.approx(1.7, rel=1e-3)
+    assert scales["eager_elementwise_scale"] == pytest.approx(4.0, rel=1e-3)
+    assert scales["activation_scales"] == [[False, "none", 1.3], [True, "none", 0.8]]
+    for row in checks:  # with the scales applied, each block predicts itself
+        assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=1e-3)
+        assert row["predicted_mib"] == pytest.approx(row["measured_mib"], rel=1e-3)
+
+
+def test_scales_reach_the_cost_model():
+    gpu = _gpu()
+    L = Layouts.from_configs([ParallelConfig(dp=2, zero=2, micro_batch=8)])
+    base = evaluate(M, gpu, load_cluster("dgx-h100"), L, 2048).iloc[0]
+    scaled_gpu = calibrate_pieces.apply(gpu, {
+        "eager_elementwise_scale": 3.0, "optimizer_scale": 2.0, "overlap_exposed": 0.5,
+        "activation_scales": [[True, "none", 0.5], [False, "none", 1.0]]})
+    compiled = evaluate(M, scaled_gpu, load_cluster("dgx-h100"), L, 2048).iloc[0]
+    eager = evaluate(M, scaled_gpu, load_cluster("dgx-h100"), L, 2048, compiled=False).iloc[0]
+    assert compiled["activations_gib"] == pytest.approx(
+        0.5 * base["activations_gib"] + 0.5 * 10 * 8 * 2048 * M.vocab / 2**30, rel=1e-6)
+    assert compiled["optimizer_s"] == pytest.approx(2 * base["optimizer_s"])
+    assert compiled["exposed_comm_s"] > base["exposed_comm_s"]  # leak of hidden traffic
+    assert eager["compute_s"] > compiled["compute_s"] and eager["total_gib"] > compiled["total_gib"]
+
+
+def test_activation_scale_falls_back_to_the_mode_without_recompute():
+    gpu = calibrate_pieces.apply(_gpu(), {"activation_scales": [[True, "none", 0.7],
+                                                                 [True, "selective", 0.9]]})
+    got = calibrate_pieces.activation_scale(gpu, np.array([True, True, True, False]),
+                                            np.array([0, 1, 2, 0]))
+    assert got.tolist() == [0.7, 0.9, 0.7, 1.0]
+
+
+def test_bad_pieces_in_a_calibration_file_are_refused_in_one_line(tmp_path):
+    good = calibrate.load("h200-sxm")
+    path = tmp_path / "h200-sxm.yaml"
+    path.write_text(calibrate.yaml.safe_dump({**good, "pieces": {"overlap_exposed": 3.0}}))
+    with pytest.raises(calibrate.CalibrationError, match="pieces") as err:
+        calibrate.apply(_gpu(), calibrate.load("h200-sxm", path))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_two_rank_piece_benches_feed_a_calibration(tmp_path):
+    """Real torchrun, 2 gloo ranks: block/head/optimizer/hbm/overlap records, then calibrate."""
+    model = tmp_path / "tiny.yaml"
+    model.write_text("n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n")
+    out = tmp_path / "micro.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
+           "--benches", "matmul,attention,hbm,head,block,optimizer,overlap",
+           "--block-modes", "eager:none,eager:selective", "--tokens", "128", "--seq-len", "64",
+           "--warmup", "1", "--iters", "2", "--repeats", "6"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = records.load(out)
+    benches = [r["bench"] for r in got]
+    for bench in ("hbm", "head", "block", "optimizer", "overlap"):
+        assert bench in benches
+    blocks = [r for r in got if r["bench"] == "block"]
+    assert [r["config"]["recompute"] for r in blocks] == ["none", "selective"]
+    assert all(r["results"]["time_s"] > 0 for r in blocks)
+    cpu = dataclasses.replace(_gpu(), name="cpu", bf16_tflops=0.5, hbm_tbps=0.2)  # CPU scale
+    cal = calibrate.build([out], cpu)
+    assert {"eager_elementwise_scale", "head_scale", "optimizer_scale", "overlap_exposed",
+            "memory_efficiency"} <= set(cal["pieces"])
+    assert len(cal["block_checks"]) == 2
+    applied = calibrate.apply(cpu, cal)
+    got = cal["pieces"]["eager_elementwise_scale"]
+    assert applied.eager_elementwise_scale == pytest.approx(got)
