@@ -11,7 +11,9 @@
 2. Measurements: each config is launched `--launches` times, each a fresh
    `torchrun` of `trainplan.bench.train` appending a measurement record to
    DIR/measurements.jsonl; configs run in the suite's order, all launches of
-   one before the next, so that a budget cut leaves whole configs.
+   one before the next, so that a budget cut leaves whole configs. A launch
+   that fails (out of memory, say) is written to DIR/failed.jsonl with its
+   reason, and the series goes on with the next config.
 3. A short table (predicted vs measured step time, tokens/s/GPU, MFU, memory).
 
 NVLink multicast stays off in every launch (NCCL_NVLS_ENABLE=0 and friends).
@@ -22,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -90,7 +94,8 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     gpu = load_gpu(gpu_preset(card, suite))
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
     out = plan(load_model(suite["model"]), gpu, load_cluster(suite.get("cluster", "dgx-h100")),
-               gpus=cfg["gpus"], seq_len=seq, global_batch_tokens=tokens, pins=lay)
+               gpus=cfg["gpus"], seq_len=seq, global_batch_tokens=tokens, pins=lay,
+               compiled=bool(cfg.get("compile", False)))
     p = out["plans"][0]
     predicted = {k: p[k] for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "fits")}
     predicted["memory_gib"] = p["memory_gib"]
@@ -122,42 +127,129 @@ def train_command(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
 
 
 def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: float) -> list:
+    """Predict every selected config of the suite at `path`, then measure them within the budget."""
     suite = load_suite(path)
-    configs = [c for c in suite["configs"] if not only or c["tag"] in only]
+    jobs = [(suite, c) for c in suite["configs"] if not only or c["tag"] in only]
     out.mkdir(parents=True, exist_ok=True)
     card = card_name()
     run_id = f"{Path(path).stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    preds = predict_all(jobs, out, card, run_id)
+    rows, _ = measure(jobs, preds, out, run_id, launches, time.monotonic() + budget_s)
+    return rows
+
+
+def predict_all(jobs: list[tuple[dict, dict]], out: Path, card: str, run_id: str) -> dict:
+    """A prediction record per (suite, config), all appended before any launch; tag -> record."""
     preds = {}
-    for cfg in configs:  # every prediction is on disk before the first launch
+    for suite, cfg in jobs:
         preds[cfg["tag"]] = predict(suite, cfg, card, run_id)
         records.append(out / "predictions.jsonl", preds[cfg["tag"]])
+    return preds
+
+
+FIRST_LAUNCH_GUESS_S = 40.0  # before any launch has been timed (H200 x 2: 23-42 s a launch)
+
+
+def measure(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: float):
+    """Launch each config `launches` times, in order, until `deadline` (time.monotonic()).
+
+    A config starts only if all its launches fit, at the longest launch seen
+    so far (FIRST_LAUNCH_GUESS_S before the first); a launch still running at
+    the deadline is stopped. A failed launch (out of memory, layout error,
+    timeout) ends its config: a line goes to DIR/failed.jsonl with the reason
+    and the next config runs. Returns (rows of (tag, predicted, summaries),
+    outcomes: one dict per config with its status, `measured`, `failed` or
+    `not run`, and the reason).
+    """
     env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
-    start, rows = time.monotonic(), []
-    for i, cfg in enumerate(configs, 1):
-        done, first = [], None
+    rows, outcomes, longest = [], [], None
+    for i, (suite, cfg) in enumerate(jobs, 1):
+        done, status, reason = [], "not run", "time budget spent before it started"
         for launch in range(launches):
-            spent = time.monotonic() - start
-            if first is not None and spent + first * (launches - launch) > budget_s:
-                break
-            if first is None and spent > budget_s * 0.9:
+            left = deadline - time.monotonic()
+            need = (longest or FIRST_LAUNCH_GUESS_S) * ((launches - launch) if not done else 1)
+            if need > left:
+                if done:
+                    reason = f"time budget spent after {len(done)} launch(es)"
                 break
             t0 = time.monotonic()
-            proc = subprocess.run(train_command(suite, cfg, out, run_id), env=env,
-                                  capture_output=True, text=True)
-            first = first or time.monotonic() - t0
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-            if proc.returncode or not lines:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-                print(f"[{i}/{len(configs)}] {cfg['tag']} launch {launch + 1}: FAILED "
-                      f"rc={proc.returncode} {' | '.join(tail)}", flush=True)
+            summary, failure = launch_once(train_command(suite, cfg, out, run_id), env, left)
+            took = time.monotonic() - t0
+            longest = max(longest or 0.0, took)
+            if failure:
+                status, reason = ("measured" if done else "failed"), failure
+                print(f"[{i}/{len(jobs)}] {cfg['tag']} launch {launch + 1}: FAILED ({failure})",
+                      flush=True)
+                record_failure(out, suite, cfg, launch + 1, failure, run_id)
                 break
-            done.append(json.loads(lines[-1]))
-            s = done[-1]
-            print(f"[{i}/{len(configs)}] {cfg['tag']} launch {launch + 1}/{launches}: "
-                  f"{s.get('tokens_per_s_per_gpu', 0):,.0f} tok/s/GPU "
-                  f"({time.monotonic() - t0:.0f} s)", flush=True)
+            done.append(summary)
+            status, reason = "measured", None
+            print(f"[{i}/{len(jobs)}] {cfg['tag']} launch {launch + 1}/{launches}: "
+                  f"{summary.get('tokens_per_s_per_gpu', 0):,.0f} tok/s/GPU ({took:.0f} s)",
+                  flush=True)
         rows.append((cfg["tag"], preds[cfg["tag"]]["predicted"], done))
-    return rows
+        outcomes.append({"tag": cfg["tag"], "gpus": cfg["gpus"], "layout": full_layout(cfg),
+                         "compile": bool(cfg.get("compile", False)), "status": status,
+                         "launches": len(done), "reason": reason})
+    return rows, outcomes
+
+
+def launch_once(cmd: list[str], env: dict, timeout_s: float) -> tuple[dict | None, str | None]:
+    """One torchrun launch: (rank 0's summary, None), or (None, why it failed)."""
+    rc, stdout, stderr = run_group(cmd, env, timeout_s)
+    if rc is None:
+        return None, f"stopped at the time budget after {timeout_s:.0f} s"
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if rc == 0 and lines:
+        return json.loads(lines[-1]), None
+    return None, failure_reason(rc, stderr or stdout)
+
+
+def run_group(cmd: list[str], env: dict, timeout_s: float, capture: bool = True):
+    """Run `cmd` in its own process group: (exit code, stdout, stderr), or (None, ...) when it
+    ran past `timeout_s` and was killed, workers and all. Without `capture`, its stdout goes
+    to this process's stderr and its stderr passes through (progress bars stay visible)."""
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, env=env, stdout=pipe if capture else _stderr_fd(), stderr=pipe,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=max(timeout_s, 1.0))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return None, stdout or "", stderr or ""
+    return proc.returncode, stdout or "", stderr or ""
+
+
+def _stderr_fd() -> int | None:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test's capture: inherit
+        return None
+
+
+def failure_reason(returncode: int, text: str) -> str:
+    """One line: out of memory where the run says so, else the run's own last error line."""
+    low = text.lower()
+    if "out of memory" in low or "outofmemoryerror" in low:
+        line = next((ln.strip() for ln in text.splitlines() if "out of memory" in ln.lower()), "")
+        return f"out of memory (rc={returncode}): {line[:200]}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    ours = [ln for ln in lines if ln.lower().startswith("error:")]  # train.py's one line
+    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln)]
+    why = (ours or raised or lines or ["no output"])[0]
+    return f"rc={returncode}: {why[:240]}"
+
+
+def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
+                   run_id: str) -> None:
+    """A failed launch, as one JSON line in DIR/failed.jsonl (not a measurement record)."""
+    line = {"kind": "failed_launch", "recorded_at": records.utc_now(), "run_id": run_id,
+            "tag": cfg["tag"], "model": suite["model"], "gpus": cfg["gpus"],
+            "layout": full_layout(cfg), "compile": bool(cfg.get("compile", False)),
+            "launch": launch, "reason": reason}
+    with open(out / "failed.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def print_table(rows) -> None:
@@ -170,10 +262,10 @@ def print_table(rows) -> None:
         step = sorted(s["step_time_s"] for s in done)[len(done) // 2]
         rate = sorted(s["tokens_per_s_per_gpu"] for s in done)[len(done) // 2]
         mfu = sorted(s["mfu"] for s in done)[len(done) // 2]
-        rsv = max(s["peak_mem_reserved_gib"] for s in done)
+        rsv = max((s["peak_mem_reserved_gib"] or 0.0) for s in done)  # 0 on CPU
         err = pred["step_time_s"] / step - 1
         print(f"{tag:<24}{len(done):>2}{pred['step_time_s']:>9.3f}{step:>9.3f}{err:>+7.1%}"
-              f"{rate:>11,.0f}{mfu:>7.1%}{pred['memory_gib']['total']:>9.1f}{rsv:>9.1f}")
+              f"{rate:>11,.0f}{mfu or 0.0:>7.1%}{pred['memory_gib']['total']:>9.1f}{rsv:>9.1f}")
 
 
 def main(argv=None) -> int:

@@ -73,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--pin-memory", action="store_true")
     a("--cpu", action="store_true", help="run on CPU with gloo even if a GPU is present")
     a("--records", default=None, help="append a measurement record to this JSON-lines file")
+    a("--peak-tflops", type=float, default=None,
+      help="peak MFU is quoted against (default: the GPU's bf16 dense peak); on CPU it "
+           "allows --records, for tests of the record path")
     a("--run-id", default=None, help="shared by the configs of one launch series")
     a("--no-progress", action="store_true")
     a("--json", action="store_true", help="no progress bar: only the summary JSON line")
@@ -95,9 +98,13 @@ def check_args(args) -> None:
             raise TrainplanError(f"--{name.replace('_', '-')} = {getattr(args, name)} must be >= 1")
     if not 0 <= args.warmup < args.steps:
         raise TrainplanError(f"--warmup = {args.warmup} must be >= 0 and < --steps = {args.steps}")
-    if args.records and (args.cpu or not torch.cuda.is_available()):
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise TrainplanError(f"--peak-tflops = {args.peak_tflops} must be > 0")
+    cpu = args.cpu or not torch.cuda.is_available()
+    if args.records and cpu and args.peak_tflops is None:
         raise TrainplanError(f"--records {args.records}: measurement records are for GPU runs "
-                             "(MFU needs a GPU peak); leave --records out on CPU")
+                             "(MFU needs a GPU peak); leave --records out on CPU, or give "
+                             "--peak-tflops (tests)")
     ckpt.check_args(args)
     monitor.check_args(args)
 
@@ -271,7 +278,7 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
     measured = times[min(args.warmup, len(times) - 1):] if times else []  # resumed: >= 1 kept
     tokens_per_step = _tokens_per_step(cfg, args)
     rate = tokens_per_step * len(measured) / sum(measured) / world if measured else 0.0
-    peak = peak_flops(device)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     flops_per_token = model_flops_per_token(spec, args.seq_len)
     mfu = rate * flops_per_token / peak if peak else None
     mem = [0.0, 0.0]
@@ -316,7 +323,8 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
                                      "notes")}
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],
-        gpus=summary["gpus"], card=summary["card"], run_id=run_id or "adhoc",
+        gpus=summary["gpus"] or summary["ranks"], card=summary["card"],
+        run_id=run_id or "adhoc",
         step_times_s=summary["step_times_s"], tokens_per_step=summary["tokens_per_step"],
         flops_per_token=summary["flops_per_token"], peak_tflops=summary["peak_tflops"],
         peak_mem_reserved_gib=summary["peak_mem_reserved_gib"],

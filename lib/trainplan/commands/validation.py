@@ -2,17 +2,26 @@
 
     trainplan compare [--records FILE ...] [--no-repredict] --json
     trainplan calibrate --records FILE ... --gpu PRESET [--out PATH] --json
+    trainplan validate --gpus N --suite FILE [FILE ...] --out DIR [--budget-s S]
+        [--launches 3] [--only TAG ...] [--skip-micro] [--calibration FILE]
+        [--continue-from DIR] --json
 
 `compare` reads prediction and measurement records (default: the committed
 data/measurements/*.jsonl) and prints the error table (`trainplan.compare`).
 `calibrate` fits the card's efficiency constants to microbenchmark records
 only and writes data/hardware/calibration/<gpu>.yaml (or --out); the
-planner then uses them for that card (`trainplan.calibrate`).
+planner then uses them for that card (`trainplan.calibrate`). `validate`
+runs microbenchmarks, calibration, a suite (predictions first) and the
+comparison in one command, everything under DIR (`trainplan.validate`).
+`compare` adds weak-scaling efficiency where the records allow
+(`trainplan.scaling`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from trainplan.commands.args import positive_float, positive_int
 
 
 def register(verbs) -> None:
@@ -33,10 +42,46 @@ def register(verbs) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(run=cmd_calibrate, fmt=format_calibrate)
 
+    p = verbs.add_parser("validate", help="microbenchmarks, calibration, a suite and the "
+                         "comparison on this machine, in one command")
+    p.add_argument("--gpus", type=positive_int, required=True,
+                   help="GPUs (CPU ranks without GPUs) for the microbenchmarks; the most a "
+                        "config may use")
+    p.add_argument("--suite", nargs="+", required=True, metavar="FILE",
+                   help="suite files (data/suites/*.yaml), run in this order")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new folder for every file")
+    p.add_argument("--budget-s", type=positive_float, default=530.0,
+                   help="wall time of the whole command, seconds (default 530)")
+    p.add_argument("--launches", type=positive_int, default=3, help="launches per config")
+    p.add_argument("--only", nargs="+", default=None, metavar="TAG", help="these configs only")
+    p.add_argument("--skip-micro", action="store_true",
+                   help="no microbenchmarks: the card's committed calibration, else datasheet")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a calibration of this card made before (no microbenchmarks)")
+    p.add_argument("--continue-from", default=None, metavar="DIR",
+                   help="an earlier --out: its calibration (same card) is used and the "
+                        "configs it measured or saw fail are not run again")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(run=cmd_validate, fmt=format_validate)
+
 
 def cmd_compare(args) -> dict:
     from trainplan.compare import compare
-    return compare(args.records, repredictions=args.repredict)
+    from trainplan.scaling import weak_scaling
+
+    out = compare(args.records, repredictions=args.repredict)
+    out["scaling"] = weak_scaling(out["rows"])
+    return out
+
+
+def cmd_validate(args) -> dict:
+    from trainplan.validate import validate
+    return validate(args)
+
+
+def format_validate(out: dict) -> str:
+    from trainplan.validate import format_report
+    return format_report(out)
 
 
 def cmd_calibrate(args) -> dict:
@@ -80,6 +125,9 @@ def format_compare(out: dict) -> str:
                      f"{_pct(rp['datasheet']['step_time_error']['median'])[1:]} median, "
                      f"calibrated [{rp['calibration']}] "
                      f"{_pct(rp['calibrated']['step_time_error']['median'])[1:]} median")
+    if out.get("scaling", {}).get("series"):
+        from trainplan.scaling import format_scaling
+        lines.append(format_scaling(out["scaling"]))
     return "\n".join(lines)
 
 

@@ -91,3 +91,27 @@ def validation_split(rows) -> plt.Figure:
                fontsize=8)
     fig.tight_layout(rect=(0, 0.55 / (0.9 + 0.5 * n), 1, 1))
     return fig
+
+
+def weak_scaling_figure(scaling: dict) -> plt.Figure:
+    """Weak-scaling efficiency against GPU count, one line a layout (`trainplan.scaling`).
+
+    Each point carries its 95% interval; the dashed line is the target.
+    """
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    gpus = sorted({p["gpus"] for s in scaling["series"] for p in s["points"]}) or [1]
+    for s in scaling["series"]:
+        x = np.array([p["gpus"] for p in s["points"]], dtype=float)
+        y = np.array([p["efficiency"] for p in s["points"]])
+        ci = np.array([p["efficiency_ci"] for p in s["points"]])
+        ax.errorbar(x, y * 100, yerr=[(y - ci[:, 0]) * 100, (ci[:, 1] - y) * 100], marker="o",
+                    capsize=3, label=f"{s['name']} ({s['card']})")
+    ax.axhline(scaling["target"] * 100, color=HIGHLIGHT, ls="--", lw=1,
+               label=f"target {scaling['target']:.0%}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(gpus, [str(g) for g in gpus])
+    ax.set(xlabel="GPUs (same micro-batch per GPU)", ylabel="weak-scaling efficiency, %",
+           ylim=(min(80.0, ax.get_ylim()[0]), 105.0))
+    ax.legend(loc="lower left", frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig

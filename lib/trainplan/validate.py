@@ -1,0 +1,323 @@
+"""`trainplan validate`: the proof rerun on new hardware in one command (issue 4, item 6).
+
+    trainplan validate --gpus N --suite FILE [FILE ...] --out DIR [--budget-s S]
+        [--launches 3] [--only TAG ...] [--skip-micro] [--calibration FILE]
+        [--continue-from DIR]
+
+Stages, everything written under DIR:
+1. microbenchmarks (`trainplan.bench.micro` under torchrun, N processes):
+   GEMMs of the suite's model, attention, collectives 64 KiB - 1 GiB on GPUs
+   (small sizes on CPU) -> DIR/micro.jsonl;
+2. calibration of the card from those records only (`trainplan.calibrate`,
+   what `trainplan calibrate` does) -> DIR/calibration/<gpu preset>.yaml,
+   used by this run's predictions and re-predictions. Instead of 1-2:
+   `--calibration FILE` (a calibration of this card made before),
+   `--continue-from DIR0` (DIR0's, if it is of this card), or `--skip-micro`
+   (the committed calibration of the card, else the datasheet);
+3. the suites (`trainplan.bench.suite`): a prediction of every selected config
+   recorded first (DIR/predictions.jsonl), then `--launches` launches of each
+   in order (DIR/measurements.jsonl), a failed launch -> DIR/failed.jsonl;
+   `--continue-from DIR0` skips the configs DIR0 measured or saw fail;
+4. comparison over DIR's records (`trainplan.compare`, with weak scaling,
+   `trainplan.scaling`) -> DIR/compare.json; DIR/validate.json holds the run.
+
+`--budget-s` is the wall time of the whole command: a config starts only if
+its launches fit, a launch is stopped at the limit, and COMPARE_RESERVE_S is
+kept back for the comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from trainplan.commands.args import UsageError
+from trainplan.errors import TrainplanError
+
+COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the report
+GPU_MICRO = ["--block-modes", "compiled:none,eager:none,compiled:selective"]
+MICRO_LIMIT_S = 200.0  # the microbenchmarks take ~40 s on 2-4 GPUs (H200 x 2: 52 records in 6 s)
+CPU_MICRO = ["--benches", "matmul,attention,collectives", "--tokens", "64", "--seq-len", "32",
+             "--sizes", "4K,1M,16M", "--warmup", "1", "--iters", "3", "--repeats", "6"]  # seconds
+RECORD_FILES = ("micro.jsonl", "predictions.jsonl", "measurements.jsonl", "failed.jsonl")
+
+
+class Clock:
+    """Seconds since the start, the deadline, and progress lines on stderr (rich)."""
+
+    def __init__(self, budget_s: float):
+        from rich.console import Console
+
+        self.start = time.monotonic()
+        self.deadline = self.start + budget_s
+        self.console = Console(stderr=True, highlight=False)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[bold]validate[/bold] [{time.monotonic() - self.start:6.1f} s] {text}")
+
+
+# ---------------------------------------------------------------- checks (before any write)
+
+
+def select_jobs(paths: list[str], only: list[str], gpus: int) -> list[tuple[dict, dict]]:
+    """(suite, config) pairs to run, in the order given; bad input raises one line."""
+    from trainplan.bench import suite as suite_mod
+
+    jobs, seen = [], {}
+    for path in paths:
+        loaded = suite_mod.load_suite(path)
+        for cfg in loaded["configs"]:
+            tag = cfg["tag"]
+            if tag in seen:
+                if (seen[tag][0]["model"], seen[tag][1].get("layout"), seen[tag][1]["gpus"]) != (
+                        loaded["model"], cfg.get("layout"), cfg["gpus"]):
+                    raise UsageError(f"config {tag!r} of {path} differs from the one of that tag "
+                                     "in an earlier suite; tags must name one config")
+                continue
+            seen[tag] = (loaded, cfg)
+            jobs.append((loaded, cfg))
+    unknown = [t for t in only if t not in seen]
+    if unknown:
+        raise UsageError(f"--only {unknown[0]!r} is not a config of {paths}; tags: {list(seen)}")
+    jobs = [j for j in jobs if not only or j[1]["tag"] in only]
+    big = [c["tag"] for _, c in jobs if c["gpus"] > gpus]
+    if big:
+        raise UsageError(f"configs {big} need more than --gpus {gpus}; pick others with --only")
+    return jobs
+
+
+def check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file; name a folder")
+    held = [f for f in RECORD_FILES if (out / f).exists()]
+    if held:
+        raise UsageError(f"--out {str(out)!r} already holds {held}; records are appended, so "
+                         "use a new folder")
+
+
+def read_previous(path: str | None, launches: int) -> tuple[dict, dict]:
+    """--continue-from: (its validate.json, tag -> outcome of the configs it measured in full
+    or saw fail: those are not run again)."""
+    if path is None:
+        return {}, {}
+    try:
+        prev = json.loads((Path(path) / "validate.json").read_text())
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--continue-from {path!r}: no readable validate.json "
+                         f"({type(err).__name__}); name the --out of an earlier run") from None
+    skip = {o["tag"]: o for o in prev.get("configs", [])
+            if o["status"] == "failed" or (o["status"] == "measured" and o["launches"] >= launches)}
+    return prev, skip
+
+
+def gpu_count_check(gpus: int, cuda: bool) -> None:
+    if cuda:
+        import torch
+        if torch.cuda.device_count() < gpus:
+            raise UsageError(f"--gpus {gpus}: this machine has {torch.cuda.device_count()} GPUs")
+
+
+# ---------------------------------------------------------------- stages
+
+
+def run_micro(out: Path, gpus: int, model: str, cuda: bool, clock: Clock) -> Path:
+    """Stage 1: microbenchmarks under torchrun with `gpus` processes -> DIR/micro.jsonl."""
+    from trainplan.bench.suite import NO_MULTICAST, run_group
+
+    path = out / "micro.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={gpus}", "-m", "trainplan.bench.micro", "--out", str(path),
+           "--model", model, *(GPU_MICRO if cuda else CPU_MICRO)]
+    env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
+    limit = min(MICRO_LIMIT_S, clock.left() - COMPARE_RESERVE_S)
+    rc, _, _ = run_group(cmd, env, limit, capture=False)
+    if rc != 0 or not path.is_file():
+        why = "ran past its time limit" if rc is None else f"exited with code {rc}"
+        raise TrainplanError(f"microbenchmarks {why} (command: {' '.join(cmd)}); nothing "
+                             "calibrated or measured")
+    return path
+
+
+def calibration_file(args, preset: str, prev: dict) -> str | None:
+    """The calibration file to take instead of measuring one (checked), or None."""
+    from trainplan import calibrate
+
+    given = args.calibration
+    if given is None and prev:
+        old = Path(args.continue_from) / "calibration" / f"{preset}.yaml"
+        return str(old) if old.is_file() else None  # another card: measure or --skip-micro
+    if given is None:
+        return None
+    cal = calibrate.load(preset, given)
+    if cal is None:
+        raise UsageError(f"--calibration {given!r}: no such file")
+    if cal["gpu"] != preset:
+        raise UsageError(f"--calibration {given!r} is for {cal['gpu']}, this card is {preset}; "
+                         "leave it out to measure one")
+    return given
+
+
+def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
+                clock: Clock) -> dict:
+    """Stage 2: the calibration of `gpu` (a GPUSpec) this run uses: {"source", "path", "label"}."""
+    from trainplan import calibrate
+
+    preset = gpu.name
+    target = out / "calibration" / f"{preset}.yaml"
+    if given is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(given, target)
+        return {"source": f"file {given}", "path": str(target),
+                "label": calibrate.load(preset, target)["label"]}
+    if args.skip_micro:
+        committed = calibrate.load(preset)
+        return {"source": "committed" if committed else "datasheet",
+                "path": str(calibrate.path_for(preset)) if committed else None,
+                "label": committed["label"] if committed else "datasheet"}
+    t0 = time.monotonic()
+    clock.say(f"microbenchmarks on {args.gpus} {'GPUs' if cuda else 'CPU ranks'}")
+    micro = run_micro(out, args.gpus, model, cuda, clock)
+    cal = calibrate.build([micro], gpu)
+    calibrate.write(cal, target)
+    clock.say(f"calibrated {preset} from {micro.name} ({time.monotonic() - t0:.0f} s): "
+              f"matmul {cal['matmul_efficiency']:.3f}, attention {cal['attention_efficiency']:.3f}"
+              f" of peak -> {target}")
+    return {"source": "measured", "path": str(target), "label": cal["label"]}
+
+
+@contextlib.contextmanager
+def calibration_in(cal: dict, out: Path):
+    """Predictions and re-predictions of this run use DIR's calibration of the card.
+
+    `specs.load_gpu` reads `calibrate.CALIBRATION_DIR`; for the run it points
+    at DIR/calibration (where the measured or given file was put), so the
+    repository's committed calibrations are neither used nor overwritten.
+    """
+    from trainplan import calibrate
+
+    if cal["path"] is None or cal["source"] == "committed":
+        yield
+        return
+    saved = calibrate.CALIBRATION_DIR
+    calibrate.CALIBRATION_DIR = out / "calibration"
+    try:
+        yield
+    finally:
+        calibrate.CALIBRATION_DIR = saved
+
+
+def compare_records(out: Path, repredict: bool) -> dict:
+    """Stage 4: `trainplan compare` over DIR's records, with weak scaling.
+
+    Re-predictions look the GPU up by preset name, so a GPU given as a YAML
+    file (CPU tests) goes without them."""
+    from trainplan.compare import compare, error_summary
+    from trainplan.scaling import weak_scaling
+
+    files = [out / f for f in ("predictions.jsonl", "measurements.jsonl") if (out / f).is_file()]
+    if files:
+        result = compare(files, repredictions=repredict)
+    else:  # nothing predicted (all done before): compare() would read the committed records
+        none = error_summary([])
+        result = {"configs": 0, "step_time_error": none, "memory_error": none, "rows": [],
+                  "refused": [], "measured_configs": 0, "flagged_configs": 0,
+                  "predicted_not_measured": [], "files": []}
+    result["scaling"] = weak_scaling(result["rows"])
+    failed = out / "failed.jsonl"
+    result["failed_launches"] = ([json.loads(ln) for ln in failed.read_text().splitlines()]
+                                 if failed.is_file() else [])
+    return result
+
+
+# ---------------------------------------------------------------- the command
+
+
+def validate(args) -> dict:
+    from trainplan.bench import suite as suite_mod
+    from trainplan.specs import load_gpu
+
+    out = Path(args.out)
+    jobs = select_jobs(args.suite, args.only or [], args.gpus)
+    prev, skip = read_previous(args.continue_from, args.launches)
+    check_out(out)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gpu_count_check(args.gpus, cuda)
+    clock = Clock(args.budget_s)
+    card = suite_mod.card_name()
+    gpu_source = suite_mod.gpu_preset(card, jobs[0][0])
+    gpu = load_gpu(gpu_source, calibrated=False)
+    preset = gpu.name
+    model = jobs[0][0]["model"]
+    if prev and prev.get("card") != card:  # another card: its runs say nothing of this one
+        clock.say(f"{args.continue_from} ran on {prev.get('card')}, this is {card}: "
+                  "measuring everything again")
+        skip = {}
+    given = calibration_file(args, preset, prev)
+    out.mkdir(parents=True, exist_ok=True)
+    cal = calibration(args, out, gpu, given, cuda, model, clock)
+    clock.say(f"card {card} -> preset {preset}; calibration: {cal['label']} ({cal['source']})")
+
+    def done_before(cfg):
+        o = skip.get(cfg["tag"])
+        return o is not None and (o["gpus"], o["layout"], o["compile"]) == (
+            cfg["gpus"], suite_mod.full_layout(cfg), bool(cfg.get("compile", False)))
+
+    skipped = [c["tag"] for _, c in jobs if done_before(c)]
+    jobs = [j for j in jobs if not done_before(j[1])]
+    if skipped:
+        clock.say(f"skipped, done in {args.continue_from}: {', '.join(skipped)}")
+    run_id = f"validate-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    with calibration_in(cal, out):
+        preds = suite_mod.predict_all(jobs, out, card, run_id)
+        clock.say(f"{len(preds)} predictions recorded -> {out / 'predictions.jsonl'}; measuring "
+                  f"{len(jobs)} configs x {args.launches} launches, "
+                  f"{clock.left() - COMPARE_RESERVE_S:.0f} s left for them")
+        with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
+            rows, outcomes = suite_mod.measure(jobs, preds, out, run_id, args.launches,
+                                               clock.deadline - COMPARE_RESERVE_S)
+        report = {"out": str(out), "card": card, "gpu_preset": preset, "gpus": args.gpus,
+                  "run_id": run_id, "suites": args.suite, "launches": args.launches,
+                  "budget_s": args.budget_s, "calibration": cal, "skipped": skipped,
+                  "configs": outcomes, "compare": None}
+        write_json(out / "validate.json", report)  # already enough for --continue-from
+        clock.say("comparing predicted with measured")
+        result = compare_records(out, repredict=Path(gpu_source).suffix not in (".yaml", ".yml"))
+    write_json(out / "compare.json", result)
+    report.update(compare=result, elapsed_s=round(time.monotonic() - clock.start, 1))
+    write_json(out / "validate.json", report)
+    clock.say(f"done in {report['elapsed_s']:.0f} s -> {out / 'compare.json'}")
+    return report
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def format_report(report: dict) -> str:
+    """The configs' outcomes, then the comparison table (last), then weak scaling."""
+    from trainplan.commands.validation import format_compare
+
+    lines = [f"{report['card']} x {report['gpus']} ({report['gpu_preset']}), calibration "
+             f"{report['calibration']['label']} ({report['calibration']['source']}); "
+             f"{report['elapsed_s']:.0f} s of {report['budget_s']:.0f}; records in {report['out']}"]
+    for o in report["configs"]:
+        why = f"  {o['reason']}" if o["reason"] else ""
+        lines.append(f"  {o['tag']:<26}{o['status']:<10}{o['launches']} launch(es){why}")
+    for tag in report["skipped"]:
+        lines.append(f"  {tag:<26}{'skipped':<10}done in the run continued from")
+    return "\n".join(lines) + "\n" + format_compare(report["compare"])
+
+
+__all__ = ["validate", "format_report", "COMPARE_RESERVE_S"]

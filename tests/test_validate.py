@@ -1,0 +1,168 @@
+"""`trainplan validate` end to end on CPU: microbenchmarks -> calibration -> predictions ->
+measurements -> comparison, all under --out, with 2 gloo ranks and a tiny model.
+
+The tiny suite has one good config (2 launches) and one that the harness
+refuses (--steps 0), which must be recorded as failed while the series goes
+on. A second run continues from the first: it takes the first run's
+calibration and runs nothing again. The GPU is a YAML file with a CPU-sized
+peak, so that the calibrated fractions are in (0, 1].
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+import yaml
+
+from conftest import trainplan_cli
+from trainplan import calibrate, cli, records
+
+TINY_MODEL = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n"
+CPU_GPU = ("name: cpu-test\nbf16_tflops: 0.5\nmemory_gib: 64\nhbm_tbps: 0.05\n"
+           "matmul_efficiency: 0.5\nattention_efficiency: 0.1\nmemory_efficiency: 0.5\n")
+
+
+@pytest.fixture(scope="module")
+def tiny_suite(tmp_path_factory):
+    d = tmp_path_factory.mktemp("validate")
+    model, gpu = d / "tiny.yaml", d / "cpu-test.yaml"
+    # micro records the model by its name and calibrate loads it by that name: the path
+    model.write_text(TINY_MODEL + f"name: {model}\n")
+    gpu.write_text(CPU_GPU)
+    suite = {"model": str(model), "gpu": str(gpu), "cluster": "dgx-h100", "seq_len": 32,
+             "steps": 4, "warmup": 1,
+             "extra_args": ["--synthetic", "--cpu", "--peak-tflops", "0.5"],
+             "configs": [{"tag": "fsdp-z2", "gpus": 2, "layout": {"dp": 2, "zero": 2,
+                                                                  "micro_batch": 2}},
+                         {"tag": "broken", "gpus": 2, "steps": 0,
+                          "layout": {"dp": 2, "micro_batch": 2}}]}
+    path = d / "suite.yaml"
+    path.write_text(yaml.safe_dump(suite))
+    return d, path
+
+
+@pytest.fixture(scope="module")
+def first_run(tiny_suite):
+    d, suite = tiny_suite
+    out = d / "run1"
+    proc = trainplan_cli(["validate", "--gpus", "2", "--suite", suite, "--out", out,
+                          "--launches", "2", "--budget-s", "240", "--json"], cwd=d, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads(proc.stdout), proc.stderr
+
+
+def _stamps(path):
+    return [datetime.fromisoformat(r["recorded_at"]) for r in records.load(path)]
+
+
+def test_every_stage_wrote_its_files_in_order(first_run):
+    out, report, stderr = first_run
+    micro = records.load(out / "micro.jsonl")
+    assert {r["bench"] for r in micro} >= {"matmul", "attention", "all_reduce"}
+    cal = calibrate.load("cpu-test", out / "calibration" / "cpu-test.yaml")
+    assert cal["sources"][0]["path"] == str(out / "micro.jsonl")
+    assert report["calibration"]["source"] == "measured"
+    assert report["calibration"]["label"] == cal["label"]
+    assert 0 < cal["matmul_efficiency"] <= 1 and cal["collectives"]
+    preds = records.load(out / "predictions.jsonl")
+    meas = records.load(out / "measurements.jsonl")
+    assert [p["config"]["tag"] for p in preds] == ["fsdp-z2", "broken"]
+    assert len(meas) == 2 and {m["card"] for m in meas} == {"cpu"} and meas[0]["gpus"] == 2
+    assert max(_stamps(out / "predictions.jsonl")) < min(_stamps(out / "measurements.jsonl"))
+    assert max(_stamps(out / "micro.jsonl")) < min(_stamps(out / "predictions.jsonl"))
+    assert "calibrated cpu-test" in stderr and "fsdp-z2 launch 2/2" in stderr  # progress
+
+
+def test_the_failed_config_is_recorded_and_the_series_goes_on(first_run):
+    out, report, _ = first_run
+    status = {o["tag"]: (o["status"], o["launches"]) for o in report["configs"]}
+    assert status == {"fsdp-z2": ("measured", 2), "broken": ("failed", 0)}
+    failed = [json.loads(ln) for ln in (out / "failed.jsonl").read_text().splitlines()]
+    assert [f["tag"] for f in failed] == ["broken"] and "--steps" in failed[0]["reason"]
+
+
+def test_compare_json_matches_the_records(first_run):
+    out, report, _ = first_run
+    result = json.loads((out / "compare.json").read_text())
+    assert result == report["compare"]
+    assert result["configs"] == 1 and not result["refused"]
+    row = result["rows"][0]
+    pred = records.load(out / "predictions.jsonl")[0]
+    combined = records.combine_launches(records.load(out / "measurements.jsonl"))
+    assert row["config"] == "fsdp-z2" and row["launches"] == 2 and row["flagged"]
+    assert row["prediction"] == f"{out / 'predictions.jsonl'}:1"
+    assert row["predicted_step_time_s"] == pred["predicted"]["step_time_s"]
+    assert row["measured_step_time_s"] == pytest.approx(combined["step_time_s"])
+    assert row["step_time_error"] == pytest.approx(
+        pred["predicted"]["step_time_s"] / combined["step_time_s"] - 1)
+    assert result["predicted_not_measured"] == ["broken"]
+    assert [f["tag"] for f in result["failed_launches"]] == ["broken"]
+    assert "scaling" in result
+
+
+def test_predictions_used_the_run_s_calibration(first_run, tiny_suite):
+    """The same config priced on the datasheet GPU gives another step time."""
+    from trainplan.plan import plan
+    from trainplan.specs import load_cluster, load_gpu, load_model
+
+    out, _, _ = first_run
+    d, _ = tiny_suite
+    pred = records.load(out / "predictions.jsonl")[0]
+    lay = pred["config"]["full_layout"]
+    datasheet = plan(load_model(str(d / "tiny.yaml")),
+                     load_gpu(str(d / "cpu-test.yaml"), calibrated=False),
+                     load_cluster("dgx-h100"), gpus=2, seq_len=32,
+                     global_batch_tokens=2 * 2 * 32, pins=lay)["plans"][0]["step_time_s"]
+    assert pred["predicted"]["step_time_s"] != pytest.approx(datasheet, rel=1e-3)
+
+
+def test_continue_from_reuses_the_calibration_and_skips_what_was_done(first_run, tiny_suite):
+    out, _, _ = first_run
+    d, suite = tiny_suite
+    proc = trainplan_cli(["validate", "--gpus", "2", "--suite", suite, "--out", d / "run2",
+                          "--launches", "2", "--continue-from", out, "--json"], cwd=d,
+                         timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["calibration"]["source"].startswith("file ")
+    assert sorted(report["skipped"]) == ["broken", "fsdp-z2"] and report["configs"] == []
+    assert not (d / "run2" / "micro.jsonl").exists()
+    assert (d / "run2" / "calibration" / "cpu-test.yaml").read_text() == (
+        out / "calibration" / "cpu-test.yaml").read_text()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--gpus", "0"], "--gpus"),
+    (["--gpus", "1"], "need more than --gpus 1"),
+    (["--gpus", "2", "--only", "nope"], "'nope' is not a config"),
+    (["--gpus", "2", "--launches", "x"], "--launches"),
+    (["--gpus", "2", "--continue-from", "/nonexistent"], "validate.json"),
+    (["--gpus", "2", "--calibration", "/nonexistent.yaml"], "no such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(tiny_suite, tmp_path, capsys, extra, message):
+    _, suite = tiny_suite
+    code = cli.main(["validate", "--suite", str(suite), "--out", str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_failure_reasons_and_the_deadline_kill():
+    import sys
+    import time
+
+    from trainplan.bench import suite
+
+    oom = ("Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of "
+           "memory. Tried to allocate 2.00 GiB\nChildFailedError: ...")
+    assert suite.failure_reason(1, oom).startswith("out of memory (rc=1): torch.OutOfMemoryError")
+    assert suite.failure_reason(1, "W warn\nerror: tp = 3 does not divide\nChildFailedError: x") \
+        == "rc=1: error: tp = 3 does not divide"
+    t0 = time.monotonic()
+    summary, why = suite.launch_once(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"],
+        {}, timeout_s=1.0)
+    assert summary is None and why.startswith("stopped at the time budget")
+    assert time.monotonic() - t0 < 10  # the child's child went with it
