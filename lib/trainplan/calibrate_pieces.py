@@ -74,7 +74,7 @@ def _elementwise_scale(record: dict, gpu: GPUSpec) -> float:
     c = record["config"]
     t = block_terms(_spec(record), gpu, tokens=c["tokens"], seq=c["seq"], recompute=c["recompute"])
     rest = record["results"]["time_s"] - t["matmul"] - t["attention"]
-    return max(rest / t["elementwise"], MIN_SCALE)
+    return float(max(rest / t["elementwise"], MIN_SCALE))
 
 
 def _activation_scale(record: dict) -> float:
@@ -82,14 +82,14 @@ def _activation_scale(record: dict) -> float:
     analytic = memory.layer_activation_bytes(
         _spec(record), seq_len=c["seq"], micro_batch=c["micro_batch"], tp=1, cp=1,
         recompute=RECOMPUTE.index(c["recompute"]), sequence_parallel=False)
-    return record["results"]["activation_bytes"] / float(analytic)
+    return float(record["results"]["activation_bytes"] / float(analytic))
 
 
 def head_time(m: ModelSpec, gpu: GPUSpec, tokens: float) -> float:
     """Analytic seconds of the output layer (3 passes of 2 V h) and the loss, tp = 1."""
     mm_rate, _, mem_rate = _rates(gpu)
-    return tokens * (3.0 * 2.0 * m.vocab * m.hidden / mm_rate
-                     + float(compute.loss_bytes_per_token(m, 1)) / mem_rate)
+    return float(tokens * (3.0 * 2.0 * m.vocab * m.hidden / mm_rate
+                           + float(compute.loss_bytes_per_token(m, 1)) / mem_rate))
 
 
 def _median(values) -> float:
@@ -145,9 +145,9 @@ def block_checks(blocks: list[dict], gpu: GPUSpec) -> list[dict]:
         kept *= activation_scale(gpu, c["compile"], RECOMPUTE.index(c["recompute"]))
         rows.append({"model": m.name, "micro_batch": c["micro_batch"], "compile": c["compile"],
                      "recompute": c["recompute"], "measured_s": r["results"]["time_s"],
-                     "predicted_s": round(predicted, 6),
-                     "measured_mib": r["results"]["activation_bytes"] / 2**20,
-                     "predicted_mib": round(kept / 2**20, 2)})
+                     "predicted_s": round(float(predicted), 6),
+                     "measured_mib": round(r["results"]["activation_bytes"] / 2**20, 2),
+                     "predicted_mib": round(float(kept) / 2**20, 2)})
     return rows
 
 

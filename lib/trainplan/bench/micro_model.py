@@ -208,7 +208,9 @@ def bench_overlap(gemm: int = 8192, gemms: int = 24, size_bytes: int = 2**28, *,
     _sync(dev)
     t_gemm = _events_time(gemm_loop, dev)
     t_one = _events_time(lambda: reduce_loop(4), dev) / 4
-    k = max(1, round(0.5 * t_gemm / t_one))
+    k = torch.tensor([max(1, round(0.5 * t_gemm / t_one))], device=dev)
+    dist.all_reduce(k, op=dist.ReduceOp.MAX)  # every rank must issue the same collectives
+    k = int(k.item())
     rows = []
     for _ in range(repeats):
         dist.barrier()
