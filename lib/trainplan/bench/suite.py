@@ -215,10 +215,45 @@ def run_group(cmd: list[str], env: dict, timeout_s: float, capture: bool = True)
     try:
         stdout, stderr = proc.communicate(timeout=max(timeout_s, 1.0))
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        stop_tree(proc)
         stdout, stderr = proc.communicate()
         return None, stdout or "", stderr or ""
     return proc.returncode, stdout or "", stderr or ""
+
+
+def stop_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """End `proc`, its process group and every descendant, whatever session it moved to.
+
+    torchrun starts each worker in a session of its own (start_new_session), so
+    killing torchrun's group leaves the workers running: a worker stuck in a
+    collective then spins its GPU at 100% under the next launch. SIGTERM first
+    (torchrun forwards it and reaps its workers), then SIGKILL to all that is left.
+    """
+    import psutil
+
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    with _quiet():
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    with _quiet():
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in family:
+        with _quiet():
+            child.kill()
+    psutil.wait_procs(family, timeout=grace_s)
+
+
+def _quiet():
+    import contextlib
+
+    import psutil
+    return contextlib.suppress(ProcessLookupError, PermissionError, psutil.NoSuchProcess)
 
 
 def _stderr_fd() -> int | None:
