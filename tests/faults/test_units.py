@@ -175,3 +175,21 @@ def test_a_non_tensor_entry_is_refused_not_unpickled(tmp_path, no_signal_handler
                               opt, rank=0, world=1, device=torch.device("cpu"))
     with pytest.raises(ckpt.CheckpointError, match="is not a tensor"):
         saver._load(folder, {"step": 1, "world_size": 1})
+
+
+def test_the_async_stager_survives_being_closed_after_each_stage_as_torch_2_11_does():
+    """torch 2.11's DefaultStager closes its inner stager after every stage; reused, the
+    second save failed with KeyError: <class 'type'> (seen on H200s). Ours keeps it."""
+    from trainplan.bench import dcp_io
+
+    stager = dcp_io.make_stager(torch.device("cpu"))
+    if stager is None:
+        pytest.skip("this torch has no DefaultStager")
+    state = {"model": {"w": torch.arange(4.0)}, "optim": {"state": {"w": {"step": torch.ones(())}}}}
+    for step in range(3):
+        state["model"]["w"] += step
+        staged = stager.stage(state)
+        stager._state_dict_stager.close()  # what torch 2.11's DefaultStager._stage does
+        assert torch.equal(staged["model"]["w"], state["model"]["w"])
+    stager.close()
+    assert not stager._state_dict_stager._deepcopy_dispatch, "close() must really close it"

@@ -1,7 +1,8 @@
 """Distributed checkpoints of the proxy run: save, verify, keep the last k, resume.
 
-(Files and hashes are in `manifest.py`; injected faults and preemption
-signals in `faults.py`.)
+(Saving and committing are in `ckpt_save.py`, DCP plumbing in `dcp_io.py`,
+files and hashes in `manifest.py`; injected faults and preemption signals in
+`faults.py`.)
 
 On disk, one directory per step, shared by every rank:
 
@@ -43,7 +44,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
 import time
 from datetime import timedelta
@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench import manifest as mf
+from trainplan.bench.ckpt_save import FORMAT, SaveMixin  # noqa: F401 (FORMAT: re-exported)
 from trainplan.bench.dcp_io import (
     CheckpointError,
     PendingSave,
@@ -61,13 +62,11 @@ from trainplan.bench.dcp_io import (
     one_line,
     one_process,
     process_start,
-    shard_writer,
     tensors_only_planner,
 )
 from trainplan.bench.faults import Faults, Signals, digest_steps
 
 EVENTS = "events.jsonl"
-FORMAT = 1
 GRACE_S = 30.0  # torchrun's SIGTERM-to-SIGKILL wait (and Slurm's default KillWait)
 
 
@@ -84,6 +83,8 @@ def add_arguments(p) -> None:
                    help="keep the last K complete checkpoints (K >= 2)")
     g.add_argument("--ckpt-async", action="store_true",
                    help="dcp.async_save: stage a CPU copy, write it on a background thread")
+    g.add_argument("--ckpt-threads", type=int, default=1,
+                   help="DCP writer threads per rank (one shard file each), written in parallel")
     g.add_argument("--resume", action="store_true",
                    help="continue from the newest verified checkpoint in --ckpt-dir, if any")
     g.add_argument("--collective-timeout-s", type=float, default=None,
@@ -98,6 +99,8 @@ def check_args(args) -> None:
         raise CheckpointError(f"--ckpt-every = {args.ckpt_every} must be >= 0 (0 = at the end)")
     if not args.ckpt_dir and (args.resume or args.ckpt_async or args.ckpt_every):
         raise CheckpointError("--resume, --ckpt-async and --ckpt-every need --ckpt-dir DIR")
+    if args.ckpt_threads < 1:
+        raise CheckpointError(f"--ckpt-threads = {args.ckpt_threads} must be >= 1")
     if args.collective_timeout_s is not None and args.collective_timeout_s <= 0:
         raise CheckpointError(f"--collective-timeout-s = {args.collective_timeout_s} must be > 0")
 
@@ -109,7 +112,7 @@ def timeout(args) -> timedelta | None:
 # ---------------------------------------------------------------- the run's checkpointer
 
 
-class Checkpointer:
+class Checkpointer(SaveMixin):
     """Checkpoints of one run: `resume()` once, `before_step`/`after_step` around every
     step, `finish()` at the end. Without --ckpt-dir only faults and digests act."""
 
@@ -117,6 +120,8 @@ class Checkpointer:
         self.root = Path(args.ckpt_dir) if args.ckpt_dir else None
         self.every, self.keep, self.use_async = args.ckpt_every, args.ckpt_keep, args.ckpt_async
         self.want_resume = args.resume
+        self.threads = args.ckpt_threads
+        self.timings: dict[int, dict] = {}  # step -> this rank's phases of its save (seconds)
         self.model, self.optimizer = par.parts[0], optimizer
         self.rank, self.world, self.device = rank, world, device
         self.faults = Faults(rank, world,
@@ -294,6 +299,7 @@ class Checkpointer:
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None
+            self.join_prune()
         if self.digest_on:
             self.stats["digest"] = self.log_digest(step, "end")
         return dict(self.stats, last_committed=self.last_committed)
@@ -311,134 +317,6 @@ class Checkpointer:
         self.say(f"{name}: emergency checkpoint {mf.step_name(step)} "
                  f"{'committed' if ok else 'FAILED'} in {took:.2f} s (grace {GRACE_S:.0f} s)"
                  + ("; stopping" if code == 2 else "; training goes on"))
-
-    # ------------------------------------------------------------ saving
-
-    def save(self, step: int, reason: str = "interval") -> None:
-        """Save `step` (every rank calls it); async for periodic saves with --ckpt-async."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        self._wait()
-        path = self.root / mf.step_name(step)
-        started = time.perf_counter()
-        error = None
-        if self.rank == 0:
-            try:  # a folder of this step left by a crashed attempt, or a corrupt one
-                shutil.rmtree(path, ignore_errors=True)
-                path.mkdir(parents=True)
-            except OSError as err:
-                error = err
-        if self._all(error is None):
-            try:
-                mf.write_json(path / f"rank-{self.rank:05d}.json",
-                           mf.rank_state(step, self.rank, self.world, self.device))
-                self.faults.at("save:staging", step)
-            except OSError as err:
-                error = err
-        if not self._all(error is None):
-            self.faults.restore()
-            return self._failed(step, path, error or RuntimeError("another rank failed"))
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": {"state": optim_sd["state"]}}
-        writer = shard_writer(path, rank=self.rank, step=step, faults=self.faults)
-        solo = not dist.is_initialized()
-        try:
-            with one_process():
-                if self.use_async and reason == "interval":
-                    stager = {"async_stager": self._stager} if self._stager else {}
-                    future = dcp.async_save(state, storage_writer=writer,
-                                            process_group=self.save_pg, no_dist=solo, **stager)
-                    future = getattr(future, "upload_completion", future)  # AsyncSaveResponse
-                    pending = PendingSave(step, path, future, started,
-                                       time.perf_counter() - started, reason)
-                    future.add_done_callback(  # timed where it ends, not at the next poll
-                        lambda _: setattr(pending, "written", time.perf_counter()))
-                    self.pending = pending
-                    return None
-                dcp.save(state, storage_writer=writer, process_group=self.save_pg,
-                         no_dist=solo)
-        except dcp_errors() as err:
-            self.faults.restore()
-            return self._failed(step, path, err)
-        self.faults.restore()
-        self._done(step, path, started, time.perf_counter() - started, reason)
-        return None
-
-    def _poll(self) -> None:
-        if self.pending is not None and self.pending.future.done():
-            self._wait()
-
-    def _wait(self) -> None:
-        """Finish the save in flight, if any: commit it, or report its failure."""
-        p, self.pending = self.pending, None
-        if p is None:
-            return
-        try:
-            p.future.result()
-        except dcp_errors() as err:
-            self.faults.restore()
-            return self._failed(p.step, p.path, err)
-        self.faults.restore()
-        self._done(p.step, p.path, p.started, p.stall_s, p.reason, p.written)
-        return None
-
-    def _done(self, step: int, path: Path, started: float, stall_s: float, reason: str,
-              written: float | None = None) -> None:
-        """DCP finished on every rank: rank 0 writes the manifest, the commit point.
-        persist_s: from the save's start to durable and committed (for an async save,
-        the background write's end plus the commit, not the time of the next poll)."""
-        commit_start, size = time.perf_counter(), None
-        if self.rank == 0:
-            try:
-                size = self._commit(step, path, reason)
-            except (OSError, CheckpointError) as err:
-                return self._failed(step, path, err)
-        now = time.perf_counter()
-        persist_s = (written or commit_start) - started + (now - commit_start)
-        self.last_committed = step
-        self.stats["saves"].append({"step": step, "reason": reason, "stall_s": stall_s,
-                                    "persist_s": persist_s})
-        self.event("saved", step=step, reason=reason, stall_s=stall_s, persist_s=persist_s,
-                   bytes=size)
-        return None
-
-    def _commit(self, step: int, path: Path, reason: str) -> int:
-        """Write the manifest (the commit point), prune; return the checkpoint's bytes."""
-        self.faults.at("save:metadata", step)
-        files = {}
-        for listing in sorted(path.glob("rank-*.files.json")):
-            files.update(json.loads(listing.read_text()))
-        small = [".metadata", *(p.name for p in sorted(path.glob("rank-*.json")))]
-        files.update({name: mf.file_entry(path / name) for name in small})
-        unlisted = [p.name for p in path.glob("*.distcp") if p.name not in files]
-        if unlisted:
-            raise CheckpointError(f"{path.name}: shard(s) {unlisted} were not hashed by any rank")
-        manifest = {"format": FORMAT, "step": step, "world_size": self.world,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "reason": reason, "async": self.use_async and reason == "interval",
-                    "param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                     for g in self.optimizer.param_groups],
-                    "files": files}
-        mf.write_json(path / mf.MANIFEST, manifest,
-                      before_rename=lambda: self.faults.at("save:manifest", step))
-        self.faults.at("save:committed", step)
-        removed = mf.prune(self.root, self.keep)
-        size = sum(e["bytes"] for e in files.values())
-        self.say(f"saved {path.name} ({len(files)} files, {size / 1e6:.2f} MB, {reason})"
-                 + (f"; removed {', '.join(removed)}" if removed else ""))
-        return size
-
-    def _failed(self, step: int, path: Path, err: BaseException) -> None:
-        """A save that did not commit: report it in one line, drop its folder, train on."""
-        line = one_line(err)
-        self.stats["failed"].append({"step": step, "error": line})
-        if self.rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
-            last = mf.step_name(self.last_committed) if self.last_committed is not None else "none"
-            self.say(f"save of {path.name} FAILED ({line}); training goes on, last committed "
-                     f"checkpoint: {last}")
-            self.event("save_failed", step=step, error=line, last_committed=self.last_committed)
 
     # ------------------------------------------------------------ digest
 

@@ -11,6 +11,7 @@ import contextlib
 import os
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,21 +27,31 @@ class CheckpointError(TrainplanError):
 # and sympy (about a second per process), which a run without --ckpt-dir skips.
 
 
-def shard_writer(path: Path, *, rank: int, step: int, faults: Faults):
-    """DCP's file writer, plus: hash this rank's shards, and the `save:writing` fault point."""
+def shard_writer(path: Path, *, rank: int, step: int, faults: Faults, threads: int = 1,
+                 timings: dict | None = None):
+    """DCP's file writer (`threads` files per rank, written in parallel), plus: hash this
+    rank's shards (in parallel threads: hashlib frees the GIL), the `save:writing` fault
+    point, and, into `timings`, the seconds spent writing (fsync included) and hashing."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     class Writer(FileSystemWriter):
         def write_data(self, plan, planner):
+            start = time.perf_counter()
             future = super().write_data(plan, planner)
             results = future.wait()
+            written = time.perf_counter()
             faults.at("save:writing", step)
             names = sorted({r.storage_data.relative_path for r in results})
-            mf.write_json(path / f"rank-{rank:05d}.files.json",
-                          {n: mf.file_entry(path / n) for n in names})
+            with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
+                entries = dict(zip(names, pool.map(lambda n: mf.file_entry(path / n), names),
+                                   strict=True))
+            mf.write_json(path / f"rank-{rank:05d}.files.json", entries)
+            if timings is not None:
+                timings.update(write_s=written - start, hash_s=time.perf_counter() - written,
+                               bytes=sum(e["bytes"] for e in entries.values()))
             return future
 
-    return Writer(str(path))
+    return Writer(str(path), thread_count=threads)
 
 
 def tensors_only_planner():
@@ -67,17 +78,79 @@ def make_stager(device):
     """One stager for the whole run, so its CPU copy (pinned on GPU) is allocated once
     and reused by every asynchronous save; None where this torch lacks DefaultStager
     (DCP then stages into fresh memory each time). Reuse is safe because a save
-    always waits for the previous one to finish writing first."""
+    always waits for the previous one to finish writing first (see `_kept_stager`)."""
     try:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     except ImportError:
         return None
     cuda = device.type == "cuda"
     try:
-        return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                            use_async_staging=False, use_non_blocking_copy=cuda))
+        return _kept_stager(DefaultStager)(StagingOptions(
+            use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+            use_non_blocking_copy=cuda))
     except (TypeError, AssertionError, RuntimeError):  # an older signature or no accelerator
         return None
+
+
+def _kept_stager(base):
+    """A DefaultStager that keeps its CPU copy between saves. torch 2.11's DefaultStager
+    closes its inner StateDictStager after every stage ("release reference cycle"), which
+    empties its copy table and cache, so a second save failed with `KeyError: <class
+    'type'>` (seen on 2 H200s, torch 2.11; 2.13 does not close it). That inner close is
+    made a no-op; `close()` of this stager, at the end of the run, closes it for real."""
+
+    class KeptStager(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            inner = getattr(self, "_state_dict_stager", None)
+            if inner is not None:
+                inner.close = lambda: None  # shadows the method on this instance only
+
+        def stage(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return super().stage(*args, **kwargs)
+            finally:
+                self.last_stage_s = time.perf_counter() - start  # the CPU copy, for timings
+
+        def close(self) -> None:
+            inner = getattr(self, "_state_dict_stager", None)
+            if inner is not None and "close" in vars(inner):
+                del inner.close
+            super().close()
+
+    return KeptStager
+
+
+def async_save(state, *, writer, process_group, no_dist: bool, stager):
+    """`dcp.async_save` with the options this torch version has (2.11 to 2.13 checked by
+    signature, not by version number); returns (future of the background write, options).
+
+    `options` says what was used and what fell back, for the benchmark's record:
+    `async_stager` (the reused stager, else DCP stages into fresh memory each save) and
+    `no_dist` (older versions infer it from the process group). An `AsyncSaveResponse`
+    (newer torch) is reduced to its `upload_completion` future.
+    """
+    import inspect
+
+    import torch.distributed.checkpoint as dcp
+
+    params = inspect.signature(dcp.async_save).parameters
+    kwargs = {"storage_writer": writer, "process_group": process_group}
+    options = {"stager": "none (DCP default: fresh CPU copy per save)", "fallbacks": []}
+    if "no_dist" in params:
+        kwargs["no_dist"] = no_dist
+    else:
+        options["fallbacks"].append("no_dist: not in this torch's async_save (inferred)")
+    if stager is not None and "async_stager" in params:
+        kwargs["async_stager"] = stager
+        options["stager"] = "DefaultStager, reused (pinned on CUDA)"
+    elif stager is not None:
+        options["fallbacks"].append("async_stager: not in this torch's async_save")
+    else:
+        options["fallbacks"].append("no reusable stager (DefaultStager missing or refused)")
+    future = dcp.async_save(state, **kwargs)
+    return getattr(future, "upload_completion", future), options
 
 
 def process_start() -> float:

@@ -116,18 +116,27 @@ def choose(root: Path) -> tuple[Path | None, dict | None, str]:
     return None, None, line + (f" (skipped {'; '.join(skipped)})" if skipped else "")
 
 
-def prune(root: Path, keep: int) -> list[str]:
-    """Delete complete checkpoints beyond the newest `keep`, and unfinished ones older than
-    the newest complete one (a save in flight is always newer, so it is never touched)."""
+def prunable(root: Path, keep: int) -> list[Path]:
+    """Complete checkpoints beyond the newest `keep`, and unfinished ones older than the
+    newest complete one (a save in flight is always newer, so it is never chosen)."""
     dirs = step_dirs(root)
     complete = [(s, d) for s, d in dirs if (d / MANIFEST).is_file()]
     if not complete:
         return []
     newest = complete[0][0]
     doomed = [d for s, d in complete[keep:]]
-    doomed += [d for s, d in dirs if s < newest and not (d / MANIFEST).is_file()]
-    for d in doomed:
+    return doomed + [d for s, d in dirs if s < newest and not (d / MANIFEST).is_file()]
+
+
+def remove(dirs: list[Path]) -> None:
+    for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def prune(root: Path, keep: int) -> list[str]:
+    """Delete what `prunable` names, now; return the names."""
+    doomed = prunable(root, keep)
+    remove(doomed)
     return [d.name for d in doomed]
 
 
