@@ -9,7 +9,8 @@ SCENARIO ?= llama-13b-32xh100
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: book test notebooks bench-search clean lint system-deps
+.PHONY: book pdf lab bench-book browser test notebooks bench-search clean lint system-deps \
+        validate fault-matrix
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,19 +18,41 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-## book: execute the notebooks for SCENARIO with papermill, then build the HTML strictly
-book: $(STAMP)
-	$(BIN)/python -m trainplan.book --scenario $(SCENARIO)
+## book: execute the notebooks for SCENARIO with papermill, build the HTML strictly, print the PDF
+book: browser $(STAMP)
+	@$(BIN)/python -m trainplan.book --scenario $(SCENARIO)
 	$(BIN)/jupyter-book build . --all --builder html -n -W --keep-going
-	@echo "runbook: $(CURDIR)/_build/html/index.html"
+	$(BIN)/python -m trainplan.book_pdf
+	@echo "runbook: $(CURDIR)/_build/html/index.html and $(CURDIR)/_build/pdf/trainplan-runbook.pdf"
 
-## system-deps: Slurm and munge for the launch tests (Debian; apt-get runs only when missing)
+## pdf: print the six runbook pages of the last `make book` to one PDF with headless Chromium
+pdf: browser $(STAMP)
+	$(BIN)/python -m trainplan.book_pdf
+
+## lab: JupyterLab on notebooks/ with the project's kernel (installs requirements-lab.txt once)
+lab: $(STAMP)
+	@test -x $(BIN)/jupyter-lab || $(BIN)/python -m pip install --quiet \
+	  --disable-pip-version-check -r requirements-lab.txt
+	$(BIN)/jupyter-lab --notebook-dir=notebooks $(if $(SUDO),,--allow-root)
+
+## bench-book: time `make book` for the default scenario (figure quoted in the README)
+bench-book: browser $(STAMP)
+	$(BIN)/python bench/book_speed.py
+
+## system-deps: Slurm and munge for the launch tests, Chromium for the book (Debian; apt-get
+## runs only when missing)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-system-deps:
+system-deps: browser
 	@if ! command -v sbatch >/dev/null || ! test -x /usr/sbin/slurmctld \
 	    || ! test -x /usr/sbin/slurmd || ! test -x /usr/sbin/munged; then \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
 	    -y -qq --no-install-recommends slurm-wlm munge >/dev/null; fi
+
+## browser: Debian's chromium, headless, for the PDF and the browser test (no downloaded browsers)
+browser:
+	@if ! command -v chromium >/dev/null; then \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
+	    -y -qq --no-install-recommends chromium >/dev/null; fi
 
 ## test: unit, property and CLI tests, then nbval over the committed notebooks
 test: system-deps $(STAMP)
@@ -39,6 +62,21 @@ test: system-deps $(STAMP)
 ## notebooks: re-execute the committed notebooks in place (default scenario) after a library change
 notebooks: $(STAMP)
 	$(BIN)/python -m trainplan.book --in-place
+
+## validate: rerun the proof on this machine's GPUs: microbenchmarks -> calibration ->
+## predictions -> measurements -> compare (VALIDATE_OUT, not OUT: the device sets $OUT)
+GPUS         ?= 4
+SUITE        ?= data/suites/proxy-4gpu.yaml
+VALIDATE_OUT ?= out/validate-$(shell date -u +%Y%m%dT%H%M%SZ)
+BUDGET_S     ?= 530
+validate: $(STAMP)
+	NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+	  $(BIN)/python -m trainplan.cli validate --gpus $(GPUS) --suite $(SUITE) \
+	  --out $(VALIDATE_OUT) --budget-s $(BUDGET_S) $(VALIDATE_ARGS)
+
+## fault-matrix: run tests/faults and write page 5's evidence table
+fault-matrix: $(STAMP)
+	$(BIN)/python -m trainplan.fault_matrix --out data/measurements/fault-matrix.json
 
 ## bench-search: time the full strategy search (figure quoted in the README)
 bench-search: $(STAMP)

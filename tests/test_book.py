@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import book
+from trainplan import book, bookinfo, pages
 from trainplan.book import (
     execute_all,
     notebook_paths,
@@ -22,13 +22,15 @@ from trainplan.book import (
     read_parameters,
 )
 from trainplan.pages import DEFAULT_SCENARIO, ParameterError, resolve_inputs
+from trainplan.specs import Scenario, preset_names
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = notebook_paths(ROOT / "notebooks")
 EXPECTED_PARAMETERS = ["scenario", "model", "gpu", "cluster", "gpus", "gpus_per_node", "seq_len",
                        "global_batch_tokens", "token_budget"]
 PAGES = ["01_strategy", "02_memory", "03_throughput", "04_validation", "05_checkpoint",
-         "06_launch", "07_recipe"]  # 07: the recipe appendix, framed like the six pages
+         "06_launch", "07_recipe", "08_gallery", "09_provenance"]  # 07-09: appendices, framed
+# like the six pages (recipe, scenario gallery, data provenance)
 
 
 def _cells(path: Path) -> list[dict]:
@@ -84,7 +86,8 @@ def test_page_opens_with_label_title_and_plain_words_box(path):
     first = _source(_cells(path)[0])
     assert re.match(r"\(page-[a-z]+\)=\n# \S", first), "label, then title"
     assert ":::{admonition} In plain words" in first
-    for part in ("**The decision.**", "**The number that matters.**", "**The risk.**"):
+    for part in ("**The decision.**", "**The number that matters.**", "**The risk.**",
+                 "{{ version }}"):  # the version: trainplan.bookinfo's Sphinx substitution
         assert part in first
 
 
@@ -256,3 +259,74 @@ def test_failed_notebook_leaves_the_destination_as_it_was(tmp_path, monkeypatch)
     assert err.value.ename == "SpecError"
     assert [p.name for p in dest.iterdir()] == ["old.ipynb"]
     assert not list(tmp_path.glob(".trainplan-book-*")), "temporary folder left behind"
+
+
+# ---------------------------------------------------------------- scenarios, version, records
+
+
+SCENARIOS = preset_names(Scenario)
+
+
+def test_the_issue_s_five_scenarios_are_there():
+    assert DEFAULT_SCENARIO in SCENARIOS and len(SCENARIOS) >= 5
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_scenario_has_a_plan_that_fits(name):
+    inputs = resolve_inputs(name)
+    _, chosen = pages.decide(inputs)
+    assert chosen["fits"] and chosen["tokens_per_s"] > 0
+    assert inputs.title and inputs.title != name, "a title in plain words"
+
+
+def test_the_gallery_has_every_scenario_and_marks_this_build():
+    current = resolve_inputs(DEFAULT_SCENARIO, gpus=64)
+    rows, decisions = pages.gallery(current)
+    assert len(rows) == len(SCENARIOS)
+    marked = [i for i in rows.index if i.endswith("(this build)")]
+    assert marked == [f"{DEFAULT_SCENARIO} (this build)"]
+    assert rows.loc[marked[0], "gpus"] == 64, "this build's row takes its overrides"
+    assert decisions.count("\n- ") == len(SCENARIOS) - 1
+    assert list(pages.gallery_table(rows).index) == list(rows.index)
+
+
+def test_records_note_says_so_when_the_card_was_not_measured():
+    a100 = resolve_inputs(DEFAULT_SCENARIO, gpu="a100-80gb")
+    assert "no proxy records for this card" in pages.records_note(a100, ["NVIDIA H200"], 2)
+    h200 = resolve_inputs(DEFAULT_SCENARIO, gpu="h200-sxm")
+    assert "the card of this scenario" in pages.records_note(h200, ["NVIDIA H200"], 2)
+
+
+def test_launch_note_says_when_the_launch_is_not_the_plan():
+    assert "the plan above" in pages.launch_note("HSDP", "HSDP")
+    assert "not the plan above" in pages.launch_note("EP8 x ZeRO-2 dp64", "PP8 x ZeRO-1 dp8")
+
+
+def test_version_is_package_plus_short_commit(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "9.8.7"\n')
+    assert bookinfo.version(tmp_path, environ={"TRAINPLAN_GIT_COMMIT": "0123456789abcdef"}) \
+        == "9.8.7+0123456"
+    assert bookinfo.version(tmp_path, environ={}) == "9.8.7+unknown", "no git here"
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*\+\S+", bookinfo.version())
+
+
+def test_provenance_table_names_every_record_file():
+    files = bookinfo.records_used()
+    assert files and all(f.is_file() for f in files)
+    table = bookinfo.provenance_table(files)
+    assert len(table) == len(files)
+    jsonl = table[[i.endswith(".jsonl") for i in table.index]]
+    assert (jsonl["records"] > 0).all() and (jsonl["card"] != "not recorded").all()
+
+
+def test_pdf_without_a_build_is_one_line_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "trainplan.book_pdf", "--html", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    _one_line_exit_2(proc, "make book")
+
+
+def test_the_gallery_adds_a_scenario_file_from_elsewhere(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text((ROOT / "data" / "scenarios" / f"{DEFAULT_SCENARIO}.yaml").read_text())
+    rows, _ = pages.gallery(resolve_inputs(str(path)))
+    assert len(rows) == len(SCENARIOS) + 1 and rows.index[-1] == f"{path} (this build)"

@@ -221,7 +221,8 @@ def describe_layout(row, inputs: Inputs) -> str:
     mb, ga = int(row["micro_batch"]), int(row["grad_accum"])
     who = "Each GPU" if cp == 1 else f"Each group of {cp} GPUs"
     batch = (f"{who} works on {mb} sequence{'s' if mb > 1 else ''} at a time, adds up "
-             f"{ga} such micro-batches before each optimizer step, and {recompute}.")
+             f"{ga} such micro-batch{'es' if ga > 1 else ''} before each optimizer step, "
+             f"and {recompute}.")
     how = "; ".join(parts) if parts else "run on a single GPU"
     return f"**{row['strategy']}**: {how}. {batch}"
 
@@ -270,3 +271,92 @@ def why_not(alternatives, card_gib: float) -> str:
         question = alt["question"][:1].upper() + alt["question"][1:]
         lines.append(f"- *{question}*: {compare_sentence(chosen, alt, card_gib)}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- across scenarios
+
+
+def decide(inputs: Inputs):
+    """Page 1's decision for `inputs`: the search table, best first, and its first row."""
+    from trainplan.search import search
+
+    table = search(inputs.model, inputs.gpu, inputs.cluster, gpus=inputs.gpus,
+                   seq_len=inputs.seq_len, global_batch_tokens=inputs.global_batch_tokens).table
+    return table, table.iloc[0]
+
+
+def gallery(current: Inputs):
+    """Page 1's decision for every scenario in data/scenarios/ (the gallery appendix).
+
+    The row of `current` (this build's scenario, added if it is a file elsewhere) uses
+    its parameters as given, overrides included. Returns (one row per scenario: raw numbers, pandas
+    DataFrame; a markdown list of the decisions in plain words).
+    """
+    import pandas as pd
+
+    from trainplan.perf import time_to_train
+    from trainplan.specs import Scenario, preset_names
+
+    rows, lines = [], []
+    names = preset_names(Scenario)
+    for name in names + ([] if current.scenario in names else [current.scenario]):
+        inputs = current if name == current.scenario else resolve_inputs(name)
+        _, chosen = decide(inputs)
+        train = time_to_train(inputs.token_budget, chosen["tokens_per_s"], inputs.gpus)
+        mark = " (this build)" if inputs is current else ""
+        rows.append({"scenario": f"{name}{mark}", "gpus": inputs.gpus, "gpu": inputs.gpu.name,
+                     "card_gib": inputs.gpu.memory_gib, "strategy": chosen["strategy"],
+                     "total_gib": chosen["total_gib"],
+                     "tokens_per_s_per_gpu": chosen["tokens_per_s_per_gpu"],
+                     "mfu": chosen["mfu"], "days": train["days"],
+                     "token_budget": inputs.token_budget})
+        lines.append(f"- *{inputs.title}*{mark}: {describe_layout(chosen, inputs)}")
+    return pd.DataFrame(rows).set_index("scenario"), "\n".join(lines)
+
+
+def gallery_sentence(rows) -> str:
+    """The gallery's decision in plain words (markdown): which strategies the scenarios get."""
+    strategies = sorted(set(rows["strategy"]))
+    return (f"The planner picks {len(strategies)} different strategies for the {len(rows)} "
+            "scenarios: " + ", ".join(f"**{s}**" for s in strategies)
+            + ". The table says which scenario gets which, and the list below it why, in "
+            "plain words.")
+
+
+def gallery_table(rows):
+    """The gallery's rows formatted for the page (pandas DataFrame of strings)."""
+    import pandas as pd
+
+    return pd.DataFrame({
+        "GPUs": [f"{n:,} x {g}" for n, g in zip(rows["gpus"], rows["gpu"], strict=True)],
+        "strategy": rows["strategy"],
+        "GiB per GPU": [f"{t:.1f} of {c:g}" for t, c in
+                        zip(rows["total_gib"], rows["card_gib"], strict=True)],
+        "tokens/s per GPU": [f"{v:,.0f}" for v in rows["tokens_per_s_per_gpu"]],
+        "MFU": [f"{v:.0%}" for v in rows["mfu"]],
+        "days to train": [f"{v:,.1f}" for v in rows["days"]],
+        "token budget": [f"{v:.3g}" for v in rows["token_budget"]],
+    }, index=rows.index)
+
+
+def records_note(inputs: Inputs, record_cards: list[str], record_gpus: int) -> str:
+    """Page 4 in plain words: how far the proxy records speak for this scenario (markdown)."""
+    from trainplan.calibrate import card_preset
+
+    cards = ", ".join(sorted(set(record_cards))) or "no card"
+    if inputs.gpu.name not in {card_preset(c) for c in record_cards}:
+        return (f"The proxy records were measured on {cards}, not on this scenario's "
+                f"{inputs.gpu.name}: there are no proxy records for this card yet. They test the "
+                "planner's cost model, not this card's constants, which stay the datasheet's "
+                "assumptions until the card is measured.")
+    return (f"The proxy records were measured on {cards}, the card of this scenario, on "
+            f"{record_gpus} GPUs against the scenario's {inputs.gpus:,}.")
+
+
+def launch_note(plan_strategy: str, launch_strategy: str) -> str:
+    """Page 6: whether the launched layout is the plan of page 1 (plain markdown)."""
+    if plan_strategy == launch_strategy:
+        return f"here it is **{launch_strategy}**, the plan above."
+    return (f"here it is **{launch_strategy}**, not the plan above (**{plan_strategy}**): "
+            "the harness cannot launch that plan yet, so the runbook launches the best plan it "
+            "can run, and its throughput is the one to expect.")

@@ -31,7 +31,13 @@ from trainplan.figures.planning import (  # noqa: F401
     tradeoff_table,
 )
 from trainplan.figures.resilience import (  # noqa: F401
+    checkpoint_bench_figure,
+    checkpoint_bench_note,
+    checkpoint_bench_table,
+    checkpoint_records,
     checkpoint_table,
+    fault_matrix_caption,
+    fault_matrix_table,
     lost_work_distribution,
     simulation_table,
 )
@@ -46,4 +52,5 @@ from trainplan.figures.validation import (  # noqa: F401
     predicted_vs_measured,
     validation_split,
     validation_table,
+    weak_scaling_figure,
 )

@@ -1,0 +1,232 @@
+"""The built runbook in a real browser: Debian's headless Chromium, driven over the DevTools
+protocol through a pipe (tests/book/cdp.py, stdlib only).
+
+One strict build per test session (`built_book`): the notebooks are executed with papermill
+only when book/_generated/ has none, then `jupyter-book build -n -W` must succeed with no
+warning. Every built page is then opened once (`visits`): it must log no console error and
+no uncaught exception, every file it loads must be there, every image must have rendered
+(naturalWidth > 0), and every internal link must reach an existing page and anchor. Page 1
+is saved as a screenshot, _build/browser/01_strategy.png.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from tests.book.cdp import Browser
+
+from trainplan.book import notebook_paths
+from trainplan.book_pdf import BROWSERS
+
+ROOT = Path(__file__).resolve().parents[2]
+HTML = ROOT / "_build" / "html"
+SHOTS = ROOT / "_build" / "browser"
+GENERATED = ROOT / "book" / "_generated"
+BUILD = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--all",
+         "--builder", "html", "-n", "-W", "--keep-going"]  # as `make book` runs it
+SKIP_PAGES = {"genindex.html", "search.html"}  # Sphinx's own, not runbook pages
+
+pytestmark = pytest.mark.skipif(not any(shutil.which(b) for b in BROWSERS),
+                                reason="no chromium: run `make system-deps` (make test does)")
+
+
+def _run(cmd, timeout):
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+@pytest.fixture(scope="session")
+def built_book():
+    """Build the HTML once per test run (xdist workers share it through a lock and a stamp)."""
+    HTML.parent.mkdir(exist_ok=True)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    stamp = HTML.parent / ".browser-test-build"
+    with open(HTML.parent / ".browser-test.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.is_file() and stamp.read_text().startswith(run_id + "\n"):
+            return stamp.read_text().split("\n", 1)[1]
+        pages = {p.name for p in notebook_paths(ROOT / "notebooks")}
+        if not pages <= {p.name for p in GENERATED.glob("*.ipynb")}:
+            proc = _run([sys.executable, "-m", "trainplan.book"], timeout=600)
+            assert proc.returncode == 0, proc.stderr
+        proc = _run(BUILD, timeout=600)
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, log[-3000:]
+        stamp.write_text(f"{run_id}\n{log}")
+        return log
+
+
+def test_strict_build_succeeds_without_warnings(built_book):
+    assert "build succeeded" in built_book
+    assert not re.search(r"WARNING|ERROR", built_book), built_book[-3000:]
+
+
+def test_every_page_shows_the_version(built_book):
+    from trainplan.bookinfo import version
+
+    pages = [HTML / "book" / f"{n}.html" for n in ("index", "methods", "changelog")]
+    pages += [HTML / "book" / "_generated" / f"{p.stem}.html"
+              for p in notebook_paths(ROOT / "notebooks")]
+    for page in pages:
+        assert f"version {version()}" in page.read_text(), page.name
+
+
+REFRESH = re.compile(r'<meta http-equiv="refresh" content="\d+;\s*url=([^"]+)"', re.I)
+
+
+def _pages() -> list[Path]:
+    """Every built page but Sphinx's own and the redirect at the top (checked apart)."""
+    return sorted(p for p in HTML.rglob("*.html") if p.name not in SKIP_PAGES
+                  and "_static" not in p.parts and not REFRESH.search(p.read_text()))
+
+
+def test_the_top_redirect_reaches_the_front_page(built_book):
+    found = REFRESH.search((HTML / "index.html").read_text())
+    assert found and (HTML / found[1]).resolve().is_file()
+
+
+IMAGES_JS = """(async () => {
+  for (const img of document.images) img.loading = "eager";
+  await Promise.all([...document.images].map(i => i.decode().catch(() => null)));
+  return [...document.images].filter(i => !i.complete || i.naturalWidth === 0)
+                             .map(i => i.getAttribute("src"));
+})()"""
+LINKS_JS = "[...document.querySelectorAll('a[href]')].map(a => a.href)"
+
+
+@pytest.fixture(scope="module")
+def visits(built_book):
+    """Open every built page once: {relative path: what went wrong}; and the screenshot."""
+    out = {}
+    t0 = time.monotonic()
+    with Browser() as browser:
+        for page in _pages():
+            report = browser.open(page.as_uri())
+            report["images"] = browser.evaluate(IMAGES_JS, await_promise=True)
+            report["links"] = browser.evaluate(LINKS_JS)
+            out[str(page.relative_to(HTML))] = report
+            if page.stem == "01_strategy":
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                browser.evaluate("window.scrollTo(0, 0)")
+                (SHOTS / "01_strategy.png").write_bytes(browser.screenshot())
+    out["_elapsed_s"] = time.monotonic() - t0
+    return out
+
+
+def _reports(visits):
+    return {k: v for k, v in visits.items() if not k.startswith("_")}
+
+
+def test_every_page_of_the_toc_was_built_and_opened(visits):
+    opened = set(_reports(visits))
+    for path in notebook_paths(ROOT / "notebooks"):
+        assert f"book/_generated/{path.stem}.html" in opened
+    for name in ("index", "methods", "changelog"):
+        assert f"book/{name}.html" in opened
+
+
+REMOTE_LOAD = re.compile(r"^Failed to load resource: net::\S+ https?://")
+
+
+def test_no_console_errors(visits):
+    """Offline, a remote script (MathJax from its CDN, on the methods page) cannot load; that
+    network error is no fault of the book. Everything else logged as an error fails."""
+    errors = {page: [c for c in r["console"] if not REMOTE_LOAD.match(c)]
+              for page, r in _reports(visits).items()}
+    assert not {k: v for k, v in errors.items() if v}
+
+
+def test_every_local_file_a_page_loads_is_there(visits):
+    """Files of the build must load; remote ones (MathJax from a CDN) cannot here, offline."""
+    failed = {page: [f for f in r["failed"] if f[0].startswith("file:")]
+              for page, r in _reports(visits).items()}
+    assert not {k: v for k, v in failed.items() if v}
+
+
+def test_every_image_rendered(visits):
+    broken = {page: r["images"] for page, r in _reports(visits).items() if r["images"]}
+    assert not broken
+    assert sum(1 for r in _reports(visits).values() if r["images"] == []) == len(_reports(visits))
+
+
+_IDS = {}
+
+
+def _ids(path: Path) -> set[str]:
+    if path not in _IDS:
+        _IDS[path] = set(re.findall(r'\sid="([^"]+)"', path.read_text(encoding="utf-8")))
+    return _IDS[path]
+
+
+def broken_links(page_links: dict[str, list[str]]) -> list[str]:
+    """Internal links (file:// into the build) whose file or #anchor does not exist."""
+    broken = []
+    for page, links in page_links.items():
+        for href in links:
+            parts = urlsplit(href)
+            if parts.scheme != "file":
+                continue
+            target = Path(unquote(parts.path))
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.is_file():
+                broken.append(f"{page}: {href}")
+            elif parts.fragment and target.suffix == ".html" \
+                    and unquote(parts.fragment) not in _ids(target):
+                broken.append(f"{page}: {href} (no such anchor)")
+    return broken
+
+
+def test_no_broken_internal_links(visits):
+    assert broken_links({p: r["links"] for p, r in _reports(visits).items()}) == []
+
+
+def test_screenshot_of_page_one(visits):
+    shot = SHOTS / "01_strategy.png"
+    data = shot.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 20_000  # a rendered page, not blank
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1280, 900)
+
+
+def test_the_browser_check_is_quick(visits):
+    assert visits["_elapsed_s"] < 120
+
+
+def test_the_checks_catch_a_broken_page(tmp_path):
+    """The same checks on a page made to fail: a console error, a missing image, a dead link."""
+    (tmp_path / "ok.html").write_text('<p id="here">ok</p>')
+    page = tmp_path / "bad.html"
+    page.write_text('<script>console.error("boom")</script><img src="missing.png">'
+                    '<a href="ok.html#here">fine</a><a href="ok.html#gone">no anchor</a>'
+                    '<a href="nope.html">dead</a><script>undefinedCall()</script>')
+    with Browser() as browser:
+        report = browser.open(page.as_uri())
+        images = browser.evaluate(IMAGES_JS, await_promise=True)
+        links = browser.evaluate(LINKS_JS)
+    assert any("boom" in c for c in report["console"])
+    assert any("undefinedCall" in c for c in report["console"])
+    assert images == ["missing.png"]
+    assert any("missing.png" in f[0] for f in report["failed"])
+    bad = broken_links({"bad.html": links})
+    assert len(bad) == 2 and any("no such anchor" in b for b in bad)
+
+
+def test_pdf_of_the_six_pages(built_book, tmp_path):
+    """About six printed pages, one PDF, the version in its title (and on every page)."""
+    from trainplan.book_pdf import pdf_pages, print_page, print_pdf
+    from trainplan.bookinfo import version
+
+    out = print_pdf(print_page(HTML), tmp_path / "runbook.pdf")
+    assert 5 <= pdf_pages(out) <= 9
+    assert f"trainplan runbook {version()}".encode() in out.read_bytes()
