@@ -53,7 +53,7 @@ def test_contract_on_committed_records(committed, capsys):
         assert low <= row["measured_step_time_s"] <= high
         assert row["flagged"] == (row["launches"] < compare.MIN_LAUNCHES)
     assert out["refused"] == []
-    assert out["repredicted"]["calibration"].startswith("h200-sxm (52 microbenchmark records")
+    assert out["repredicted"]["calibration"].startswith("h200-sxm (58 microbenchmark records")
     assert main(["compare", "--json", "--no-repredict"]) == 0
     cli = json.loads(capsys.readouterr().out)
     assert cli["configs"] == out["configs"] and cli["step_time_error"] == out["step_time_error"]
