@@ -206,3 +206,16 @@ def test_yaml_with_mixed_key_types_is_a_spec_error(tmp_path):
     path.write_text("{n_layers: 2, hidden: 64, n_heads: 4, ffn: 256, vocab: 100, 1: 2, foo: 3}\n")
     with pytest.raises(SpecError, match="unknown field"):
         load_model(str(path))
+
+
+def test_layer_slice_keeps_the_width_and_names_itself():
+    full, cut = load_model("llama-13b"), load_model("llama-13b:4-layers")
+    assert cut.n_layers == 4 and cut.name == "llama-13b:4-layers"
+    assert (cut.hidden, cut.n_heads, cut.ffn, cut.vocab) == (full.hidden, full.n_heads,
+                                                             full.ffn, full.vocab)
+
+
+@pytest.mark.parametrize("name", ["llama-13b:0-layers", "llama-13b:41-layers"])
+def test_layer_slice_out_of_range_is_refused(name):
+    with pytest.raises(SpecError, match="has 40 layers; slice 1..40"):
+        load_model(name)

@@ -166,3 +166,24 @@ def test_failure_reasons_and_the_deadline_kill():
         {}, timeout_s=1.0)
     assert summary is None and why.startswith("stopped at the time budget")
     assert time.monotonic() - t0 < 10  # the child's child went with it
+
+
+def test_a_layer_slice_config_predicts_and_launches_the_slice(tmp_path):
+    """`layers: N` reaches the prediction (the planner prices N blocks) and the launch."""
+    from trainplan.bench import suite as suite_mod
+
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama-13b\nseq_len: 4096\nconfigs:\n"
+                    "  - {tag: s, gpus: 4, layers: 4, layout: {dp: 4, zero: 3, micro_batch: 1}}\n")
+    s = suite_mod.load_suite(str(path))
+    cfg = s["configs"][0]
+    pred = suite_mod.predict(s, cfg, "NVIDIA H100 80GB HBM3", "r1")
+    full = dict(cfg, layers=None)
+    whole = suite_mod.predict(s, full, "NVIDIA H100 80GB HBM3", "r1")
+    assert pred["model"] == "llama-13b:4-layers" and whole["model"] == "llama-13b"
+    assert pred["predicted"]["step_time_s"] < whole["predicted"]["step_time_s"] / 5
+    cmd = suite_mod.train_command(s, cfg, tmp_path, "r1")
+    assert cmd[cmd.index("--layers") + 1] == "4" and cmd[cmd.index("--model") + 1] == "llama-13b"
+    path.write_text(path.read_text().replace("layers: 4", "layers: 0"))
+    with pytest.raises(suite_mod.SpecError, match="layers = 0"):
+        suite_mod.load_suite(str(path))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -345,7 +346,19 @@ def load(cls, name_or_path: str):
 
 
 def load_model(name: str) -> ModelSpec:
-    return load(ModelSpec, name)
+    """A model preset or YAML file; `NAME:N-layers` is its first N blocks (a layer slice).
+
+    A slice keeps the real width, so a few layers of a large model can be
+    measured on a few GPUs and set beside the planner's price for them.
+    """
+    sliced = re.fullmatch(r"(.+):(\d+)-layers", str(name))
+    if not sliced:
+        return load(ModelSpec, name)
+    spec, n = load(ModelSpec, sliced[1]), int(sliced[2])
+    if not 1 <= n <= spec.n_layers:
+        raise SpecError(f"model {name!r}: {spec.name!r} has {spec.n_layers} layers; "
+                        f"slice 1..{spec.n_layers} of them")
+    return dataclasses.replace(spec, n_layers=n, name=str(name))
 
 
 def load_gpu(name: str, calibrated: bool = True) -> GPUSpec:

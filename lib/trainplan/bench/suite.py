@@ -57,6 +57,10 @@ def load_suite(path: str) -> dict:
         if "tag" not in c or "gpus" not in c or unknown:
             raise SpecError(f"suite {path}: config {c!r} needs 'tag' and 'gpus'; "
                             f"layout keys are {list(LAYOUT_FLAGS)}")
+        layers = c.get("layers", 1)
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise SpecError(f"suite {path}: config {c['tag']!r} layers = {layers!r}; "
+                            "use a whole number >= 1 (a layer slice of the model)")
         if c.get("impl", "trainplan") not in IMPL_MODULES:
             raise SpecError(f"suite {path}: config {c['tag']!r} has impl = {c['impl']!r}; "
                             f"use one of {list(IMPL_MODULES)}")
@@ -93,7 +97,8 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     seq = suite.get("seq_len", 2048)
     gpu = load_gpu(gpu_preset(card, suite))
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
-    out = plan(load_model(suite["model"]), gpu, load_cluster(suite.get("cluster", "dgx-h100")),
+    cluster = load_cluster(suite.get("cluster", "dgx-h100"))
+    out = plan(load_model(model_name(suite, cfg)), gpu, cluster,
                gpus=cfg["gpus"], seq_len=seq, global_batch_tokens=tokens, pins=lay,
                compiled=bool(cfg.get("compile", False)))
     p = out["plans"][0]
@@ -104,7 +109,8 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
                                      "grad_accum", "recompute")},
               "compile": bool(cfg.get("compile", False))}
     return records.prediction_record(
-        model=suite["model"], layout=layout, gpus=cfg["gpus"], card=card, predicted=predicted,
+        model=model_name(suite, cfg), layout=layout, gpus=cfg["gpus"], card=card,
+        predicted=predicted,
         config={"tag": cfg["tag"], "gpu_preset": gpu.name, "seq_len": seq, "full_layout": lay,
                 "impl": cfg.get("impl", "trainplan")},
         run_id=run_id)
@@ -122,8 +128,16 @@ def train_command(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
         cmd += [f"--{k.replace('_', '-')}", str(lay[k])]
     if cfg.get("compile"):
         cmd.append("--compile")
+    if cfg.get("layers"):
+        cmd += ["--layers", str(cfg["layers"])]
     cmd += [str(a) for a in cfg.get("extra_args", suite.get("extra_args", []))]
     return cmd
+
+
+def model_name(suite: dict, cfg: dict) -> str:
+    """The model a config trains: the suite's, or its first `layers` blocks (`NAME:N-layers`,
+    the name train.py records and `specs.load_model` reads)."""
+    return f"{suite['model']}:{cfg['layers']}-layers" if cfg.get("layers") else suite["model"]
 
 
 def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: float) -> list:
