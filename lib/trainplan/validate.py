@@ -252,6 +252,8 @@ def validate(args) -> dict:
 
     cuda = torch.cuda.is_available()
     gpu_count_check(args.gpus, cuda)
+    if cuda and not args.allow_busy:
+        suite_mod.check_gpus_idle()
     clock = Clock(args.budget_s)
     card = suite_mod.card_name()
     gpu_source = suite_mod.gpu_preset(card, jobs[0][0])
@@ -279,6 +281,8 @@ def validate(args) -> dict:
     run_id = f"validate-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     with calibration_in(cal, out):
         preds = suite_mod.predict_all(jobs, out, card, run_id)
+        if cuda and not args.allow_busy:  # a microbenchmark killed at its limit leaves nothing
+            suite_mod.check_gpus_idle()
         clock.say(f"{len(preds)} predictions recorded -> {out / 'predictions.jsonl'}; measuring "
                   f"{len(jobs)} configs x {args.launches} launches, "
                   f"{clock.left() - COMPARE_RESERVE_S:.0f} s left for them")

@@ -32,3 +32,26 @@ def test_timed_out_torchrun_leaves_no_worker_behind(tmp_path):
              and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"workers {alive} outlived their launch"
     assert time.monotonic() - t0 < 60
+
+
+def test_gpu_process_lines_are_parsed():
+    from trainplan.bench.suite import gpu_processes
+
+    text = "1004, 11006\n1005, 3556\n[N/A], [N/A]\n\n"
+    assert gpu_processes(text) == [(1004, 11006), (1005, 3556)]
+
+
+def test_busy_gpus_refuse_to_be_measured(tmp_path, monkeypatch):
+    import pytest
+
+    from trainplan.bench.suite import check_gpus_idle
+    from trainplan.errors import TrainplanError
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '1004, 11006'\necho '1005, 3556'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(TrainplanError, match=r"GPUs busy: 2 other process\(es\).*pid 1004"):
+        check_gpus_idle()
+    smi.write_text("#!/bin/sh\n")  # idle: no compute apps
+    check_gpus_idle()

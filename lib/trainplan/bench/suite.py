@@ -263,6 +263,35 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     psutil.wait_procs(family, timeout=grace_s)
 
 
+def gpu_processes(csv_text: str) -> list[tuple[int, int]]:
+    """(pid, MiB) of each line of `nvidia-smi --query-compute-apps=pid,used_memory
+    --format=csv,noheader,nounits`; lines that are not two numbers are skipped."""
+    out = []
+    for line in csv_text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and all(p.isdigit() for p in parts):
+            out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+def check_gpus_idle() -> None:
+    """Refuse to measure on GPUs that other processes are using: their kernels would be timed
+    with ours. (A launch left running by an earlier kill spun 4 H200s at 100%.) No
+    nvidia-smi, no check."""
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return
+    busy = gpu_processes(text)
+    if busy:
+        listed = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in busy[:4])
+        raise TrainplanError(f"GPUs busy: {len(busy)} other process(es) hold GPU memory "
+                             f"({listed}); their kernels would be timed with ours. Stop them "
+                             "or pass --allow-busy")
+
+
 def _quiet():
     import contextlib
 

@@ -54,6 +54,8 @@ def register(verbs) -> None:
                    help="wall time of the whole command, seconds (default 530)")
     p.add_argument("--launches", type=positive_int, default=3, help="launches per config")
     p.add_argument("--only", nargs="+", default=None, metavar="TAG", help="these configs only")
+    p.add_argument("--allow-busy", action="store_true",
+                   help="measure even when other processes hold GPU memory (figures contended)")
     p.add_argument("--skip-micro", action="store_true",
                    help="no microbenchmarks: the card's committed calibration, else datasheet")
     p.add_argument("--calibration", default=None, metavar="FILE",
