@@ -301,6 +301,10 @@ def calibrated(gpu: GPUSpec) -> GPUSpec:
     return apply(gpu, load(gpu.name))
 
 
+def _fmt(value, spec: str) -> str:
+    return "not measured" if value is None else format(value, spec)
+
+
 def summary_table(cal: dict):
     """A calibration's constants beside the preset's, as a pandas table (runbook page 4)."""
     import pandas as pd
@@ -309,8 +313,14 @@ def summary_table(cal: dict):
              f"{cal['preset']['matmul_efficiency']:.2f}"),
             ("attention fraction of peak (dense-equivalent)",
              f"{cal['attention_efficiency']:.3f}", f"{cal['preset']['attention_efficiency']:.2f}"),
-            ("HBM streaming fraction", "not measured",
+            ("HBM streaming fraction", _fmt(cal.get("memory_efficiency"), ".3f"),
              f"{cal['preset']['memory_efficiency']:.2f}")]
+    pieces = cal.get("pieces") or {}
+    for key, (name, uncalibrated) in calibrate_pieces.SCALE_NAMES.items():
+        rows.append((name, _fmt(pieces.get(key), ".2f"), uncalibrated))
+    for compiled, recompute, scale in pieces.get("activation_scales", []):
+        rows.append((f"kept activations / analytic, {'compiled' if compiled else 'eager'}, "
+                     f"recompute {recompute}", f"{scale:.2f}", "1 (analytic)"))
     for op, f in cal["collectives"].items():
         rows.append((f"{op.replace('_', '-')}, {f['world']} GPUs: latency, bus bandwidth",
                      f"{f['latency_us']:.1f} us, {f['busbw_gbps']:.0f} GB/s", "cluster preset"))

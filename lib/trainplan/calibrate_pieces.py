@@ -38,6 +38,13 @@ from trainplan.layouts import RECOMPUTE
 from trainplan.specs import GPUSpec, ModelSpec
 
 PIECES = ("hbm", "head", "block", "optimizer", "overlap")
+SCALE_NAMES = {  # the scales as the runbook names them, and their uncalibrated value
+    "elementwise_scale": ("element-wise time / analytic, compiled blocks", "1 (analytic)"),
+    "eager_elementwise_scale": ("element-wise time / analytic, eager blocks", "1 (analytic)"),
+    "head_scale": ("output layer + loss time / analytic", "1 (analytic)"),
+    "optimizer_scale": ("clip + fused AdamW time / analytic", "1 (analytic)"),
+    "overlap_exposed": ("share of overlapped all-reduce time still exposed", "0 (all hidden)"),
+}
 MIN_SCALE = 0.05  # a residual below this is noise, not a speed-up
 
 
