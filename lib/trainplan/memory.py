@@ -22,7 +22,6 @@ from trainplan.specs import ModelSpec
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 ALLOCATOR_MARGIN = 0.08  # assumption: caching-allocator reserve over live tensors, until calibrated
 NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
-DDP_BUCKET_BYTES = 2 * 25 * 2**20  # DDP's default 25 MiB buckets, two in flight, fp32
 
 
 def shard_degree(zero, dp_shard, cp, active_stage):
@@ -126,12 +125,14 @@ def logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
 
 
 def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, cp, recompute,
-                     sequence_parallel, schedule_code, pp_virtual, scale=1.0, full_scale=1.0):
+                     sequence_parallel, schedule_code, pp_virtual, scale=1.0, full_scale=1.0,
+                     logits_scale=1.0):
     """Peak activation bytes on the worst stage: the first (most in flight) or the last (logits).
 
     Full recompute also rebuilds one block's complete activations during its
     backward, so one such block is added on top. `scale` (and `full_scale`
-    for the rebuilt block) are the measured kept / analytic bytes of a block
+    for the rebuilt block) are the measured kept / analytic bytes of a block,
+    `logits_scale` the head's measured peak / analytic logits bytes
     (`trainplan.calibrate_pieces`; 1 when uncalibrated).
     """
     layers = m.n_layers / np.asarray(pp)
@@ -141,29 +142,34 @@ def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, 
     rebuilt = np.where(np.asarray(recompute) == FULL,
                        full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
     in_flight = microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual)
-    logits = logits_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp)
+    logits = logits_scale * logits_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+                                         cp=cp)
     first = per_layer * layers * in_flight + rebuilt
     last = per_layer * layers + rebuilt + logits
     return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)
 
 
-def buffer_bytes(m: ModelSpec, *, tp, ep, zero, dp_shard, cp):
+def buffer_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp, dp_shard, cp):
     """Communication buffers, stated as such.
 
     ZeRO-3 gathers the current and the prefetched block in bf16 (2 x 2 bytes x
     block params) and reduce-scatters one block's fp32 gradient (4 bytes);
-    ZeRO-1/2 keep the fp32 reduce buffer of one block; DDP keeps two of its
-    25 MiB fp32 buckets in flight. A ZeRO stage over a group of one rank
+    ZeRO-1/2 keep the fp32 reduce buffer of one block. DDP's reducer copies
+    every fp32 gradient into its buckets (4 bytes x the stage's params: PyTorch
+    DDP with its default gradient_as_bucket_view=False; Li et al. 2020, sec.
+    4.2); one replica has no reducer. A ZeRO stage over a group of one rank
     shards nothing and is priced as DDP.
     """
     block = params.layer_params_per_rank(m, tp, ep)
+    stage = params.stage_params_per_rank(m, tp, pp, ep)
     zero = np.where(np.asarray(dp_shard) * np.asarray(cp) > 1, zero, 0)
-    return np.where(zero == 3, 8.0 * block, np.where(zero >= 1, 4.0 * block, DDP_BUCKET_BYTES))
+    ddp = np.where(np.asarray(dp) * np.asarray(cp) > 1, 4.0 * stage, 0.0)
+    return np.where(zero == 3, 8.0 * block, np.where(zero >= 1, 4.0 * block, ddp))
 
 
 def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_batch, grad_accum,
-              recompute, sequence_parallel, schedule_code, pp_virtual, activation_scale=1.0,
-              rebuilt_scale=1.0) -> dict:
+              recompute, sequence_parallel, schedule_code, pp_virtual, dp=None,
+              activation_scale=1.0, rebuilt_scale=1.0, logits_scale=1.0) -> dict:
     """Bytes per GPU by term: params, grads, optimizer, activations, other, total.
 
     `other` is the communication buffers plus ALLOCATOR_MARGIN of everything
@@ -179,9 +185,10 @@ def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_ba
             m, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, tp=tp, pp=pp,
             cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
             schedule_code=schedule_code, pp_virtual=pp_virtual, scale=activation_scale,
-            full_scale=rebuilt_scale),
+            full_scale=rebuilt_scale, logits_scale=logits_scale),
     }
-    buffers = buffer_bytes(m, tp=tp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
+    dp = dp_shard if dp is None else dp  # data-parallel ranks; the shard group unless told
+    buffers = buffer_bytes(m, tp=tp, pp=pp, ep=ep, zero=zero, dp=dp, dp_shard=dp_shard, cp=cp)
     live = sum(terms.values()) + buffers
     terms["other"] = buffers + ALLOCATOR_MARGIN * live
     terms["total"] = live + ALLOCATOR_MARGIN * live

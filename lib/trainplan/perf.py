@@ -61,11 +61,11 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     world = L.world
 
     mem = memory.breakdown(
-        m, seq_len=seq_len, dp_shard=L.dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, zero=L.zero,
+        m, seq_len=seq_len, dp=dp, dp_shard=L.dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, zero=L.zero,
         micro_batch=mb, grad_accum=ga, recompute=L.recompute, sequence_parallel=sp,
         schedule_code=L.pp_schedule, pp_virtual=v,
         activation_scale=activation_scale(gpu, compiled, L.recompute),
-        rebuilt_scale=activation_scale(gpu, compiled, 0))
+        rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale)
 
     # compute of one micro-batch on the slowest (last) stage
     compute_mb = compute.microbatch_compute_time(
