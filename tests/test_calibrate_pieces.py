@@ -107,3 +107,20 @@ def test_two_rank_piece_benches_feed_a_calibration(tmp_path):
     applied = calibrate.apply(cpu, cal)
     got = cal["pieces"]["eager_elementwise_scale"]
     assert applied.eager_elementwise_scale == pytest.approx(got)
+
+
+def test_head_peak_bytes_scale_the_logits_term():
+    gpu = _gpu()
+    analytic = float(calibrate_pieces.memory.logits_bytes(M, seq_len=2048, micro_batch=4, tp=1,
+                                                           cp=1))
+    head = {"config": {"model": M.name, "model_spec": dataclasses.asdict(M), "tokens": 8192,
+                       "seq": 2048, "micro_batch": 4},
+            "results": {"time_s": 0.01, "peak_bytes": 0.6 * analytic}}
+    scales, _ = calibrate_pieces.fit({"head": [head]}, gpu)
+    assert scales["logits_scale"] == pytest.approx(0.6)
+    L = Layouts.from_configs([ParallelConfig(micro_batch=4)])
+    base = evaluate(M, gpu, load_cluster("dgx-h100"), L, 2048).iloc[0]
+    cut = evaluate(M, calibrate_pieces.apply(gpu, scales), load_cluster("dgx-h100"), L,
+                   2048).iloc[0]
+    assert base["activations_gib"] - cut["activations_gib"] == pytest.approx(
+        0.4 * 10 * 4 * 2048 * M.vocab / 2**30)

@@ -17,6 +17,7 @@ against its measured time, and the ratio is kept as a scale:
 - activation_scales = kept bytes / `memory.layer_activation_bytes`, per
   (compiled, recompute) measured;
 - head_scale = t_head / (output GEMMs + `compute.loss_bytes_per_token`);
+- logits_scale = the head's peak bytes / `memory.logits_bytes` (GPU only);
 - optimizer_scale = t_per_param / (32 B / HBM rate), as
   `compute.optimizer_step_time` prices it;
 - overlap_exposed = median (t_both - t_gemm) / t_allreduce, clamped to [0, 1].
@@ -43,6 +44,7 @@ SCALE_NAMES = {  # the scales as the runbook names them, and their uncalibrated 
     "eager_elementwise_scale": ("element-wise time / analytic, eager blocks", "1 (analytic)"),
     "head_scale": ("output layer + loss time / analytic", "1 (analytic)"),
     "optimizer_scale": ("clip + fused AdamW time / analytic", "1 (analytic)"),
+    "logits_scale": ("output layer + loss peak bytes / analytic", "1 (analytic)"),
     "overlap_exposed": ("share of overlapped all-reduce time still exposed", "0 (all hidden)"),
 }
 MIN_SCALE = 0.05  # a residual below this is noise, not a speed-up
@@ -127,6 +129,12 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
         out["head_scale"] = round(_median(
             r["results"]["time_s"] / head_time(_spec(r), gpu, r["config"]["tokens"])
             for r in by_bench["head"]), 4)
+    heads = [r for r in by_bench.get("head", []) if r["results"].get("peak_bytes")]  # GPU only
+    if heads:
+        out["logits_scale"] = round(_median(
+            r["results"]["peak_bytes"] / float(memory.logits_bytes(
+                _spec(r), seq_len=r["config"]["seq"], micro_batch=r["config"]["micro_batch"],
+                tp=1, cp=1)) for r in heads), 4)
     if by_bench.get("optimizer"):
         per_param = 32.0 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
         out["optimizer_scale"] = round(_median(
@@ -178,7 +186,8 @@ def apply(gpu: GPUSpec, scales: dict) -> GPUSpec:
     """`gpu` with the piece scales of a calibration (missing ones keep the spec's)."""
     kw = {k: float(v) for k, v in scales.items()
           if k in ("memory_efficiency", "elementwise_scale", "eager_elementwise_scale",
-                   "head_scale", "optimizer_scale", "overlap_exposed") and v is not None}
+                   "head_scale", "optimizer_scale", "overlap_exposed", "logits_scale")
+          and v is not None}
     if scales.get("activation_scales"):
         kw["activation_scales"] = tuple((bool(c), str(rc), float(s))
                                         for c, rc, s in scales["activation_scales"])

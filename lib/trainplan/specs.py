@@ -195,13 +195,14 @@ class GPUSpec:
     head_scale: float = 1.0  # output layer + loss time / analytic
     optimizer_scale: float = 1.0  # clip + fused AdamW time / analytic 32 B per param
     overlap_exposed: float = 0.0  # fraction of overlapped collective time that still shows
+    logits_scale: float = 1.0  # output layer + loss peak bytes / analytic 10 B per logit
     activation_scales: tuple = ()  # (compiled, recompute, measured / analytic bytes kept)
 
     def __post_init__(self):
         _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
                                   "attention_efficiency", "memory_efficiency",
                                   "elementwise_scale", "eager_elementwise_scale", "head_scale",
-                                  "optimizer_scale"),
+                                  "optimizer_scale", "logits_scale"),
                   non_negative=("fp8_tflops", "overlap_exposed"))
         if self.overlap_exposed > 1:
             raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")

@@ -6,7 +6,9 @@
   and the activation bytes the block keeps for backward (allocated after the
   forward minus before, the output included: it is the next block's saved
   input).
-- head: final norm, output projection and cross-entropy, forward + backward.
+- head: final norm, output projection and cross-entropy, forward + backward,
+  and the peak bytes above what was allocated before (logits, their fp32
+  copy, their gradients: what `memory.logits_bytes` prices).
 - optimizer: gradient-norm clip and fused AdamW over fp32 parameters with the
   model's own shapes (a slice of its blocks), seconds per parameter.
 - hbm: a large device-to-device copy, the streaming bandwidth (read + write).
@@ -117,13 +119,25 @@ def bench_head(model: str, micro_batch: int, seq: int, *, dtype: str = "bfloat16
         cross_entropy(head(x), labels).backward()
 
     times = _time_blocks(step, dev, warmup, iters, repeats)
+    x.grad = None
+    for p in head.parameters():
+        p.grad = None
+    _sync(dev)
+    before = _allocated(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    step()
+    _sync(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - before if dev.type == "cuda" else 0
     tokens = micro_batch * seq
+    results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+    results["peak_bytes"] = peak  # logits, their fp32 copy and gradients at the worst moment
+    results["peak_bytes_per_token"] = peak / tokens
     config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
               "micro_batch": micro_batch, "seq": seq, "dtype": dtype,
               "device": dev.type, "tokens": tokens, "warmup": warmup, "iters": iters,
               "repeats": repeats}
-    return _record("head", config, _timed_results(times, tokens, "tokens_per_s", 1.0), dev, 1,
-                   run_id, extra)
+    return _record("head", config, results, dev, 1, run_id, extra)
 
 
 def bench_optimizer(model: str, layers: int = 4, *, device: str | None = None, warmup: int = 2,
