@@ -20,8 +20,10 @@ From `microbenchmark` records (`trainplan.bench.micro`) this module derives:
   squares on relative error, so 64 KiB and 1 GiB weigh alike; B is then the
   large-message bus bandwidth.
 
-HBM streaming efficiency has no microbenchmark yet: it keeps the preset's
-value, and the calibration file says so. A calibration is written to
+HBM streaming efficiency and the scales on the element-wise, head,
+optimizer, activation and overlap terms come from the model-piece records
+(`trainplan.calibrate_pieces`); where a piece was not measured the preset's
+value stays, and the calibration file says so. A calibration is written to
 data/hardware/calibration/<gpu preset>.yaml with the records it came from;
 `specs.load_gpu` applies it when one exists for the card.
 """

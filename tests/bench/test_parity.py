@@ -92,17 +92,14 @@ def _micro_batches(args: list[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def tiny_yaml(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("parity") / "tiny.yaml"
-    path.write_text(TINY)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def tiny8_yaml(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("parity8") / "tiny8.yaml"
-    path.write_text(TINY8)
-    return str(path)
+def models(tmp_path_factory) -> dict[str, str]:
+    """The tiny model files by name: TINY (4 heads, 2 key/value) and TINY8 (8 and 8)."""
+    root = tmp_path_factory.mktemp("parity")
+    out = {}
+    for name, text in (("tiny", TINY), ("tiny8", TINY8)):
+        (root / f"{name}.yaml").write_text(text)
+        out[name] = str(root / f"{name}.yaml")
+    return out
 
 
 def _reference(tiny_yaml: str, micro: int) -> dict:
@@ -151,25 +148,12 @@ def _check(tiny_yaml: str, layouts: dict[str, str], ranks: int, tmp: Path) -> No
 
 
 @pytest.mark.slow
-def test_two_rank_data_parallel_layouts_match_single_process(tiny_yaml, tmp_path):
-    _check(tiny_yaml, DATA_PARALLEL_2, 2, tmp_path)
-
-
-@pytest.mark.slow
-def test_two_rank_tensor_and_pipeline_layouts_match_single_process(tiny_yaml, tmp_path):
-    _check(tiny_yaml, MODEL_PARALLEL_2, 2, tmp_path)
-
-
-@pytest.mark.slow
-def test_four_rank_compositions_match_single_process(tiny_yaml, tmp_path):
-    _check(tiny_yaml, LAYOUTS_4, 4, tmp_path)
-
-
-@pytest.mark.slow
-def test_four_rank_layouts_of_the_4gpu_suite_match_single_process(tiny8_yaml, tmp_path):
-    _check(tiny8_yaml, LAYOUTS_4_WIDE, 4, tmp_path)
-
-
-@pytest.mark.slow
-def test_eight_rank_full_node_layouts_match_single_process(tiny8_yaml, tmp_path):
-    _check(tiny8_yaml, LAYOUTS_8, 8, tmp_path)
+@pytest.mark.parametrize("model, layouts, ranks", [
+    ("tiny", DATA_PARALLEL_2, 2),  # data parallel on two ranks
+    ("tiny", MODEL_PARALLEL_2, 2),  # tensor and pipeline parallel on two ranks
+    ("tiny", LAYOUTS_4, 4),  # compositions on four ranks
+    ("tiny8", LAYOUTS_4_WIDE, 4),  # the layouts of the 4-GPU suite
+    ("tiny8", LAYOUTS_8, 8),  # the full node's layouts
+], ids=["dp-2", "tp-pp-2", "compositions-4", "suite-4", "full-node-8"])
+def test_layouts_match_single_process(models, model, layouts, ranks, tmp_path):
+    _check(models[model], layouts, ranks, tmp_path)
