@@ -187,3 +187,27 @@ def test_a_layer_slice_config_predicts_and_launches_the_slice(tmp_path):
     path.write_text(path.read_text().replace("layers: 4", "layers: 0"))
     with pytest.raises(suite_mod.SpecError, match="layers = 0"):
         suite_mod.load_suite(str(path))
+
+
+def test_a_micro_run_cut_short_calibrates_from_what_it_recorded(tmp_path, monkeypatch):
+    """The overlap benchmark runs last; if the run is stopped there, the GEMM and attention
+    records already appended still calibrate the card. Without them it is an error."""
+    from trainplan import validate as v
+    from trainplan.bench import suite as suite_mod
+    from trainplan.errors import TrainplanError
+
+    path = tmp_path / "micro.jsonl"
+    lines = [json.dumps({"kind": "microbenchmark", "bench": b}) for b in ("matmul", "attention")]
+
+    def cut(cmd, env, limit, capture):
+        path.write_text("\n".join(lines) + '\n{"kind": "microbench')  # killed mid-line
+        return None, "", ""
+
+    monkeypatch.setattr(suite_mod, "run_group", cut)
+    clock = v.Clock(100)
+    assert v.run_micro(tmp_path, 2, "llama-1.3b", False, clock) == path
+    assert path.read_text().endswith("}\n")  # the part line is gone: records.load reads it
+    assert v.micro_kinds(path) == {"matmul", "attention"}
+    lines.pop()
+    with pytest.raises(TrainplanError, match="ran past its time limit"):
+        v.run_micro(tmp_path, 2, "llama-1.3b", False, clock)

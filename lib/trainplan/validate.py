@@ -139,11 +139,32 @@ def run_micro(out: Path, gpus: int, model: str, cuda: bool, clock: Clock) -> Pat
     env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
     limit = min(MICRO_LIMIT_S, clock.left() - COMPARE_RESERVE_S)
     rc, _, _ = run_group(cmd, env, limit, capture=False)
-    if rc != 0 or not path.is_file():
-        why = "ran past its time limit" if rc is None else f"exited with code {rc}"
+    if rc == 0 and path.is_file():
+        return path
+    why = "ran past its time limit" if rc is None else f"exited with code {rc}"
+    kinds = micro_kinds(path)
+    if not {"matmul", "attention"} <= kinds:
         raise TrainplanError(f"microbenchmarks {why} (command: {' '.join(cmd)}); nothing "
                              "calibrated or measured")
+    # rank 0 appends each benchmark's record as it finishes: the ones done still calibrate
+    text = path.read_text()
+    if not text.endswith("\n"):  # stopped while writing a record: drop that part line
+        path.write_text(text[:text.rfind("\n") + 1])
+    clock.say(f"microbenchmarks {why}; calibrating from the {len(kinds)} kinds recorded "
+              f"({', '.join(sorted(kinds))}); the rest keep their defaults")
     return path
+
+
+def micro_kinds(path: Path) -> set[str]:
+    """The benchmark kinds a (possibly cut) micro.jsonl holds whole records of."""
+    kinds = set()
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                kinds.add(json.loads(line)["bench"])
+            except (ValueError, KeyError, TypeError):
+                continue  # the line being written when the run was stopped
+    return kinds
 
 
 def calibration_file(args, preset: str, prev: dict) -> str | None:
