@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from trainplan import knobs, tune, tune_report
+from trainplan import knobs, tune, tune_loop, tune_report
 from trainplan.specs import load_gpu
 from trainplan.tune_launch import HEARTBEAT_S
 
@@ -284,7 +284,7 @@ def test_study_loop_promotes_few_configs_to_a_second_launch(tmp_path, monkeypatc
     suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
     suite.update(max_launches=2, reduction_factor=3,
                  space={**SPACE, "micro_batch": {"low": 1, "high": 16}})
-    out = tune.run_study(suite, storage=str(tmp_path / "s.journal"), name="loop",
+    out = tune_loop.run_study(suite, storage=str(tmp_path / "s.journal"), name="loop",
                          gpu_hours=1.0, trials=12, cpu=True, progress=False)
     assert out["stopped"] == "trials" and out["trials"] == 12
     study = tune_report.load(str(tmp_path / "s.journal"))
@@ -298,7 +298,7 @@ def test_study_loop_stops_at_the_budget_before_overrunning_it(tmp_path, monkeypa
 
     monkeypatch.setattr(tune_launch, "run_launch", _fake_launch(10.0))
     suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
-    out = tune.run_study(suite, storage=str(tmp_path / "s.journal"), name="loop",
+    out = tune_loop.run_study(suite, storage=str(tmp_path / "s.journal"), name="loop",
                          gpu_hours=35 / 3600, trials=12, cpu=True, progress=False)
     assert out["stopped"] == "budget" and out["trials"] == 3  # a 4th would end at 40 s > 35 s
     assert out["gpu_hours"] * 3600 == pytest.approx(30.0)
@@ -311,3 +311,76 @@ def test_recipe_sentences_say_only_what_was_measured(tmp_path):
     assert "keep the defaults" in words["decision"]  # no level beats its default
     assert "Avoid: `nccl_proto` LL (-30" in words["decision"]
     assert "Leave alone" in words["decision"] and "`num_workers`" in words["decision"]
+
+
+# ---------------------------------------------------------------- concurrent workers
+
+
+def test_device_groups_split_the_visible_gpus_and_refuse_too_few(monkeypatch):
+    from trainplan import tune_launch
+    from trainplan.errors import TrainplanError
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert tune_launch.device_groups(2, 2, cpu=False) == ["0,1", "2,3"]
+    assert tune_launch.device_groups(4, 1, cpu=False) == ["0", "1", "2", "3"]
+    assert tune_launch.device_groups(2, 2, cpu=True) == [None, None]
+    with pytest.raises(TrainplanError, match="--workers 3: 3 x 2 GPUs needed.*shows 4"):
+        tune_launch.device_groups(3, 2, cpu=False)
+
+
+def _slow_fake_launch(seconds: float, spans: list):
+    """`_fake_launch` that takes real time, and notes when each launch ran."""
+    fast = _fake_launch(seconds)
+
+    def run(cmd, env, *, tick, deadline_s):
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        out = fast(cmd, env, tick=tick, deadline_s=deadline_s)
+        spans.append((t0, time.monotonic()))
+        return out
+    return run
+
+
+def test_two_workers_launch_at_once_and_share_one_budget(tmp_path, monkeypatch):
+    from trainplan import tune_launch
+
+    spans = []
+    monkeypatch.setattr(tune_launch, "run_launch", _slow_fake_launch(10.0, spans))
+    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
+    suite.update(space={**SPACE, "micro_batch": {"low": 1, "high": 16}})
+    out = tune_loop.run_study(suite, storage=str(tmp_path / "s.journal"), name="two",
+                              gpu_hours=65 / 3600, trials=12, cpu=True, progress=False,
+                              workers=2)
+    # 10 s a launch: six fit in 65 s; a seventh would overrun, counting the one under way
+    assert out["stopped"] == "budget" and out["trials"] == 6 and out["workers"] == 2
+    assert out["gpu_hours"] * 3600 == pytest.approx(60.0)
+    overlapping = sum(a0 < b1 and b0 < a1 for i, (a0, a1) in enumerate(spans)
+                      for b0, b1 in spans[i + 1:])
+    assert overlapping >= 2  # launches ran at the same time, not one after another
+    study = tune_report.load(str(tmp_path / "s.journal"))
+    assert study.user_attrs["workers"] == 2
+
+
+def test_two_workers_stop_at_the_trial_count(tmp_path, monkeypatch):
+    from trainplan import tune_launch
+
+    monkeypatch.setattr(tune_launch, "run_launch", _slow_fake_launch(10.0, []))
+    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
+    suite.update(space={**SPACE, "micro_batch": {"low": 1, "high": 16}})
+    out = tune_loop.run_study(suite, storage=str(tmp_path / "s.journal"), name="two",
+                              gpu_hours=1.0, trials=5, cpu=True, progress=False, workers=2)
+    assert out["stopped"] == "trials" and out["trials"] == 5  # not 6: the count is shared
+
+
+def test_two_real_torchrun_workers_on_cpu(tmp_path):
+    """Two concurrent launches under torchrun --standalone (each its own rendezvous port)."""
+    suite, storage = _suite(tmp_path, gpus=1), tmp_path / "s.journal"
+    proc = _tune("--suite", suite, "--cpu", "--storage", storage, "--gpu-hours", 1,
+                 "--trials", 2, "--workers", 2, "--no-progress", "--json")
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 0, stderr[-2000:]
+    out = json.loads(stdout)
+    assert out["trials"] == 2 and out["workers"] == 2
+    launches = [json.loads(ln) for ln in storage.with_name("s.log").read_text().splitlines()
+                if '"launch"' in ln]
+    assert len(launches) >= 2 and all(r["error"] is None for r in launches)

@@ -46,36 +46,31 @@ harness itself, so its provenance carries the launch's own NCCL
 environment); its run_id `STUDY/trial-N/launch-K` points to the trial,
 whose user attrs hold the full knob config.
 
-The GPU study (2 GPUs). A device command may run 10 minutes, so the study is
-one command that stops itself at `--stop-after-s` and resumes from its
-storage on the next call; two calls spend the 0.5 GPU-hour budget (about
-35-40 launches of ~25 s: ~30 configurations plus replicates of the best):
+The GPU study (2 GPUs a launch). On a 4-GPU host `--workers 2` runs two
+launches at once on GPUs 0-1 and 2-3 (`trainplan.tune_loop`), so one 10-minute
+device command spends the 0.5 GPU-hour budget (~25 s launches: ~35 configs
+plus replicates of the best):
 
-    mkdir -p $OUT/tune /tmp/site && (cp data/measurements/tune-2gpu/* $OUT/tune/ \
-      2>/dev/null; true) && cp -r .venv/lib/python3.11/site-packages/optuna \
+    mkdir -p $OUT/tune /tmp/site && cp -r .venv/lib/python3.11/site-packages/optuna \
       .venv/lib/python3.11/site-packages/colorlog /tmp/site/ && export \
       PYTHONPATH=$PWD/lib:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
       TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 && python3 -m trainplan.cli \
       tune --suite data/suites/tune-2gpu.yaml --storage $OUT/tune/study.journal \
-      --records $OUT/tune/measurements.jsonl --gpu-hours 0.5 --trials 48 \
-      --stop-after-s 530 --json
+      --records $OUT/tune/measurements.jsonl --gpu-hours 0.5 --trials 48 --workers 2 \
+      --stop-after-s 540 --json
 
-run with kind nvidia-h100-x2 (or nvidia-h200-x2), timeout_s 600, carry
+run with kind nvidia-h100-x4 (or nvidia-h200-x4), timeout_s 600, carry
 [".venv/lib/python3.11/site-packages/optuna",
 ".venv/lib/python3.11/site-packages/colorlog"] (optuna and colorlog are pure
-Python and absent there; the journal storage needs no SQLAlchemy). After each
-call copy the returned tune/* files into data/measurements/tune-2gpu/, then
-call again until it prints "stopped: GPU-hour budget spent" or "done".
+Python and absent there; the journal storage needs no SQLAlchemy). Copy the
+returned tune/* files into data/measurements/tune-2gpu/; if it stopped at
+--stop-after-s, put them back under $OUT/tune/ and call again to resume.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
-import statistics
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -222,169 +217,3 @@ def recover(study) -> int:
 
 
 # ---------------------------------------------------------------- the study
-
-
-def _duplicate(study, cfg: dict, number: int):
-    for t in measured(study):
-        if t.user_attrs.get("config") == cfg and t.number != number:
-            return t
-    return None
-
-
-def _log(path: Path, **fields) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields})
-                + "\n")
-
-
-def run_study(suite: dict, *, storage: str, name: str, gpu_hours: float, trials: int,
-              cpu: bool = False, records_path: str | None = None,
-              stop_after_s: float | None = None, progress: bool = True) -> dict:
-    """Run (or resume) the study until `trials` configs are measured or a limit stops it."""
-    from optuna.trial import TrialState
-    from tqdm import tqdm
-
-    from trainplan import tune_launch as tl
-
-    card = tl.card_name(cpu)  # before the storage: a bad request writes nothing
-    gpu = tl.gpu_for(card, suite)
-    store, path = open_storage(storage, must_exist=False)
-    budget_s = gpu_hours * 3600.0
-    start = time.monotonic()
-    log = path.with_name(path.stem + ".log")
-    with exclusive(path):
-        study = load_study(store, name, suite, create=True)
-        recovered = recover(study)
-        sp = knobs.space(suite["space"])
-        rec_path = Path(records_path) if records_path else path.with_name(
-            path.stem + "-measurements.jsonl")
-        study.set_user_attr("budget_gpu_hours", gpu_hours)
-        study.set_user_attr("card", card)
-        first = len(measured(study))
-        bar = tqdm(total=trials, initial=min(first, trials), desc=f"tune {name}",
-                   file=sys.stderr, disable=not progress, unit="config")
-        stopped, proposals = None, 0
-        dp = suite["layout"].get("dp", 1)
-        while stopped is None:
-            spent = gpu_seconds(study)
-            costs = [c for t in study.get_trials(deepcopy=False)
-                     for c in t.user_attrs.get("launch_gpu_seconds", [])]
-            expected = statistics.median(costs) if costs else 0.0
-            wall = expected / suite["gpus"]
-            if len(measured(study)) >= trials:
-                stopped = "trials"
-            elif spent >= budget_s or spent + expected > budget_s:
-                stopped = "budget"
-            elif stop_after_s and time.monotonic() - start + wall > stop_after_s:
-                stopped = "time"
-            elif proposals >= 20 * trials:
-                stopped = "space"
-            if stopped:
-                break
-            proposals += 1
-            trial = study.ask()
-            cfg = knobs.suggest(trial, sp, world=suite["gpus"], dp=dp)
-            trial.set_user_attr("config", cfg)
-            reason = knobs.skip_reason(cfg, suite, gpu)
-            if reason:
-                trial.set_user_attr("skipped", reason)
-                trial.set_constraint("runnable", 1.0)  # infeasible: TPE learns to avoid it
-                study.tell(trial, state=TrialState.PRUNED)
-                _log(log, trial=trial.number, skipped=reason)
-                continue
-            dup = _duplicate(study, cfg, trial.number)
-            if dup is not None:
-                trial.set_user_attr("duplicate_of", dup.number)
-                study.tell(trial, dup.value)
-                continue
-            outcome = _measure(study, trial, suite, cfg, tl, cpu=cpu, budget_s=budget_s,
-                               spent=spent, start=start, stop_after_s=stop_after_s,
-                               rec_path=rec_path, log=log, name=name)
-            if outcome in ("budget", "time"):
-                stopped = outcome
-            bar.n = min(len(measured(study)), trials)
-            best = max((t.value for t in measured(study)), default=None)
-            bar.set_postfix(best=f"{best:,.0f}" if best else "-",
-                            gpu_h=f"{gpu_seconds(study) / 3600:.3f}/{gpu_hours:g}")
-            bar.refresh()
-        bar.close()
-        done = measured(study)
-        spent_h = gpu_seconds(study) / 3600.0
-    messages = {
-        "trials": f"done: {len(done)} configurations measured (target {trials})",
-        "budget": f"stopped: GPU-hour budget spent ({spent_h:.3f} of {gpu_hours:g} GPU-hours; "
-                  "the next launch would overrun it)",
-        "time": f"stopped: --stop-after-s {stop_after_s:g} reached; rerun the same command to "
-                "resume" if stop_after_s else "",
-        "space": "stopped: the sampler keeps proposing skipped or measured configs; the space "
-                 "is exhausted",
-    }
-    best = max(done, key=lambda t: t.value, default=None)
-    return {"study": name, "storage": str(path), "stopped": stopped, "message": messages[stopped],
-            "trials": len(done), "new_trials": len(done) - first, "recovered": recovered,
-            "gpu_hours": spent_h, "budget_gpu_hours": gpu_hours, "card": card,
-            "best": None if best is None else {
-                "trial": best.number, "config": best.user_attrs["config"],
-                "tokens_per_s_per_gpu": best.value, "ci": best.user_attrs["ci"]}}
-
-
-def _measure(study, trial, suite, cfg, tl, *, cpu, budget_s, spent, start, stop_after_s,
-             rec_path, log, name) -> str:
-    """Launch the config (successive halving decides on a second launch); tell the study."""
-    from optuna.trial import TrialState
-
-    gpus = suite["gpus"]
-    summaries, launch_costs, used, result = [], [], 0.0, "ok"
-    env = tl.launch_env(cfg)
-    cmd = tl.launch_command(suite, cfg, cpu)
-
-    for launch in range(suite["max_launches"]):
-        if launch:  # a replicate only where budget and time allow: else keep the figure so far
-            nxt = statistics.median(launch_costs)
-            late = stop_after_s and time.monotonic() - start + nxt / gpus > stop_after_s
-            if spent + used + nxt > budget_s or late:
-                break
-
-        def tick(elapsed, used=used):
-            cost = used + elapsed * gpus
-            trial.set_user_attr("gpu_seconds", cost)
-            if spent + cost > budget_s:
-                return "budget"
-            if stop_after_s and time.monotonic() - start > stop_after_s:
-                return "time"
-            return None
-
-        run_cmd = cmd if cpu else [*cmd, "--records", str(rec_path),
-                                     "--run-id", f"{name}/trial-{trial.number}/launch-{launch}"]
-        summary, error, seconds = tl.run_launch(run_cmd, env, tick=tick,
-                                                deadline_s=suite["launch_timeout_s"])
-        used += seconds * gpus
-        launch_costs.append(seconds * gpus)
-        trial.set_user_attr("gpu_seconds", used)
-        trial.set_user_attr("launch_gpu_seconds", launch_costs)
-        _log(log, trial=trial.number, launch=launch, seconds=round(seconds, 2), config=cfg,
-             rate=summary and summary["tokens_per_s_per_gpu"], error=error or None)
-        if summary is None:
-            if summaries:  # a replicate cut short or crashed: keep the first launch's figure
-                trial.set_user_attr("replicate_error", error)
-                result = error.split(": ")[1] if error.startswith("stopped") else "ok"
-                break
-            if error.startswith("stopped"):
-                trial.set_user_attr("interrupted", error)
-                study.tell(trial, state=TrialState.FAIL)
-                return error.split(": ")[1]
-            trial.set_user_attr("failed", error)
-            trial.set_constraint("runnable", 1.0)
-            study.tell(trial, state=TrialState.PRUNED)
-            return "failed"
-        summaries.append(summary)
-        figure = tl.pooled(summaries)
-        trial.report(figure["tokens_per_s_per_gpu"], launch + 1)  # resource: launches done
-        if launch + 1 < suite["max_launches"] and trial.should_prune():
-            break  # not promoted: one launch is its figure
-    for key, value in figure.items():
-        trial.set_user_attr(key, value)
-    trial.set_user_attr("launches", len(summaries))
-    trial.set_user_attr("measured", True)
-    study.tell(trial, figure["tokens_per_s_per_gpu"])
-    return result

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trainplan import knobs
 from trainplan.errors import TrainplanError
+from trainplan.proctree import stop_tree
 
 CARD_PRESETS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}
 HEARTBEAT_S = 2.0  # seconds between spend updates: what a killed study can leave uncounted
@@ -68,7 +69,7 @@ def run_launch(cmd, env, *, tick, deadline_s: float) -> tuple[dict | None, str, 
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=_die_with_parent, start_new_session=True)
         stop = None
         while True:
             try:
@@ -78,12 +79,7 @@ def run_launch(cmd, env, *, tick, deadline_s: float) -> tuple[dict | None, str, 
                 elapsed = time.monotonic() - start
                 stop = tick(elapsed) or ("timeout" if elapsed > deadline_s else None)
                 if stop:
-                    proc.terminate()  # torchrun forwards it to its workers
-                    try:
-                        proc.wait(timeout=15)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                    stop_tree(proc)  # torchrun, and its workers in their own sessions
                     break
         seconds = time.monotonic() - start
         out.seek(0), err.seek(0)
@@ -126,6 +122,27 @@ def card_name(cpu: bool) -> str:
     if not out:
         raise TrainplanError("no GPU found (nvidia-smi lists none); pass --cpu for the CPU proxy")
     return out[0].strip()
+
+
+def device_groups(workers: int, gpus: int, cpu: bool) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each of `workers` concurrent launches, `gpus` devices each,
+    disjoint; [None] * workers on CPU. Too few devices raises one line."""
+    if cpu:
+        return [None] * workers
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            out = []
+        ids = [d for d in out if d.isdigit()]
+    if workers * gpus > len(ids):
+        raise TrainplanError(f"--workers {workers}: {workers} x {gpus} GPUs needed, this machine "
+                             f"shows {len(ids)}; use --workers {max(1, len(ids) // gpus)}")
+    return [",".join(ids[w * gpus:(w + 1) * gpus]) for w in range(workers)]
 
 
 def gpu_for(card: str, suite: dict):

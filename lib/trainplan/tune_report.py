@@ -184,6 +184,7 @@ def analyse(study) -> dict:
         "card": study.user_attrs.get("card"), "trials": len(trials),
         "gpu_hours": gpu_seconds(study) / 3600.0,
         "budget_gpu_hours": study.user_attrs.get("budget_gpu_hours"),
+        "workers": study.user_attrs.get("workers", 1),
         "top_knobs": knob_rows[:3], "knobs": knob_rows,
         "no_measurable_effect": [r["knob"] for r in knob_rows
                                  if r["verdict"] == "no measurable effect"],
@@ -210,6 +211,9 @@ def format_report(out: dict) -> str:
              f"{out['trials']} configurations measured, {out['gpu_hours']:.3f} GPU-hours "
              f"(skipped {out['skipped']}, failed {out['failed']}, "
              f"interrupted {out['interrupted']})"]
+    if out.get("workers", 1) > 1:
+        lines.append(f"  {out['workers']} launches at a time, each on its own "
+                     f"{out['gpus']} GPUs of one host")
     for r in out["top_knobs"]:
         imp = f"importance {r['importance']:.2f}, " if r["importance"] is not None else ""
         lines.append(f"  {r['knob']}: {imp}{r['verdict']}")

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import yaml
 
 from trainplan import records
 from trainplan.errors import SpecError, TrainplanError
+from trainplan.proctree import stop_tree
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
@@ -235,34 +235,6 @@ def run_group(cmd: list[str], env: dict, timeout_s: float, capture: bool = True)
     return proc.returncode, stdout or "", stderr or ""
 
 
-def stop_tree(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """End `proc`, its process group and every descendant, whatever session it moved to.
-
-    torchrun starts each worker in a session of its own (start_new_session), so
-    killing torchrun's group leaves the workers running: a worker stuck in a
-    collective then spins its GPU at 100% under the next launch. SIGTERM first
-    (torchrun forwards it and reaps its workers), then SIGKILL to all that is left.
-    """
-    import psutil
-
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    with _quiet():
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    with _quiet():
-        os.killpg(proc.pid, signal.SIGKILL)
-    for child in family:
-        with _quiet():
-            child.kill()
-    psutil.wait_procs(family, timeout=grace_s)
-
-
 def gpu_processes(csv_text: str) -> list[tuple[int, int]]:
     """(pid, MiB) of each line of `nvidia-smi --query-compute-apps=pid,used_memory
     --format=csv,noheader,nounits`; lines that are not two numbers are skipped."""
@@ -291,12 +263,6 @@ def check_gpus_idle() -> None:
                              f"({listed}); their kernels would be timed with ours. Stop them "
                              "or pass --allow-busy")
 
-
-def _quiet():
-    import contextlib
-
-    import psutil
-    return contextlib.suppress(ProcessLookupError, PermissionError, psutil.NoSuchProcess)
 
 
 def _stderr_fd() -> int | None:

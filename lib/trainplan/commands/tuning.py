@@ -26,6 +26,8 @@ def register(verbs) -> None:
                    "STORAGE-measurements.jsonl beside the storage")
     p.add_argument("--stop-after-s", type=positive_float, default=None,
                    help="start no launch that would end after this many seconds of this run")
+    p.add_argument("--workers", type=positive_int, default=1,
+                   help="launches at once, each on its own --suite gpus of the machine's GPUs")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--report", action="store_true", help="analyse the stored study instead")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -54,7 +56,8 @@ def cmd_tune(args) -> dict:
         raise UsageError("--gpu-hours is required to run a study (or pass --report)")
     if bool(args.suite) == bool(args.model):
         raise UsageError("give exactly one of --suite FILE or --model M")
-    from trainplan.tune import make_suite, run_study
+    from trainplan.tune import make_suite
+    from trainplan.tune_loop import run_study
     suite = make_suite(suite_path=args.suite, model=args.model, gpus=args.gpus,
                        seq_len=args.seq_len)
     if args.cpu and "compile" not in suite["space"]:
@@ -64,7 +67,8 @@ def cmd_tune(args) -> dict:
     name = args.study_name or Path(args.suite or args.model).stem
     return run_study(suite, storage=args.storage, name=name, gpu_hours=args.gpu_hours,
                      trials=args.trials, cpu=args.cpu, records_path=args.records,
-                     stop_after_s=args.stop_after_s, progress=not args.no_progress)
+                     stop_after_s=args.stop_after_s, progress=not args.no_progress,
+                     workers=args.workers)
 
 
 def format_tune(out: dict) -> str:
