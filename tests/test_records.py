@@ -180,3 +180,13 @@ def test_builders_validate():
         measurement(step_times_s=[])
     with pytest.raises(RecordError, match="bench"):
         records.microbenchmark_record(bench="gemm", config={}, results={}, gpus=1, card="cpu")
+
+
+def test_a_commit_the_run_is_told_wins_over_a_stale_git(monkeypatch):
+    """The GPU machines' copy of the tree carries a .git stuck at an older commit."""
+    monkeypatch.delenv("TRAINPLAN_GIT_COMMIT", raising=False)
+    here = records.provenance()
+    assert here["git_commit"] and here["git_dirty"] is not None  # this checkout's own git
+    monkeypatch.setenv("TRAINPLAN_GIT_COMMIT", "0123abc")
+    told = records.provenance()
+    assert told["git_commit"] == "0123abc" and told["git_dirty"] is None

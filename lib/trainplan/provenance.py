@@ -70,11 +70,13 @@ def provenance() -> dict:
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda_ok else None
     except (AttributeError, RuntimeError, TypeError):
         nccl = None
-    commit = _run("git", "rev-parse", "HEAD")
+    # A copy of the tree on another machine may carry a stale .git (the GPU machines' copy
+    # reported the session's first commit, tree "dirty"): a commit it is told wins.
+    told = os.environ.get("TRAINPLAN_GIT_COMMIT") or None
+    commit = None if told else _run("git", "rev-parse", "HEAD")
     dirty = _run("git", "status", "--porcelain", "--untracked-files=no") if commit else None
     return {
-        # A copy without .git (a GPU machine) can be told its commit: TRAINPLAN_GIT_COMMIT.
-        "git_commit": commit or os.environ.get("TRAINPLAN_GIT_COMMIT") or None,
+        "git_commit": told or commit,
         "git_dirty": bool(dirty) if commit else None,
         "date": utc_now(),
         "host_sha256": hashlib.sha256(socket.gethostname().encode()).hexdigest(),
