@@ -53,7 +53,8 @@ def test_contract_on_committed_records(committed, capsys):
         assert low <= row["measured_step_time_s"] <= high
         assert row["flagged"] == (row["launches"] < compare.MIN_LAUNCHES)
     assert out["refused"] == []
-    assert out["repredicted"]["calibration"].startswith("h200-sxm (58 microbenchmark records")
+    from trainplan import calibrate
+    assert out["repredicted"]["calibration"] == calibrate.load("h200-sxm")["label"]
     assert main(["compare", "--json", "--no-repredict"]) == 0
     cli = json.loads(capsys.readouterr().out)
     assert cli["configs"] == out["configs"] and cli["step_time_error"] == out["step_time_error"]
@@ -145,3 +146,20 @@ def test_throughput_band_spans_the_errors(committed):
     factors = [1 + r["step_time_error"] for r in committed["rows"]]
     assert (band["low"], band["high"]) == (min(factors), max(factors))
     assert band["low"] <= band["median"] <= band["high"]
+
+
+def test_one_config_on_two_kinds_of_host_is_two_rows_largest_host_first(tmp_path):
+    """The 2-GPU TP config measured again on a 4-GPU host: its launches are not pooled with
+    the 2-GPU host's, and the 4-GPU host heads `hosts` (the runbook's headline)."""
+    pred, meas = tp2_records()
+    other = copy.deepcopy(meas)
+    for m in other:
+        m["provenance"]["gpu_count"] = 4
+        m["recorded_at"] = m["recorded_at"].replace("2026-11-26", "2026-11-27")
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, *other])],
+                          repredictions=False)
+    assert [r["host"] for r in out["rows"]] == ["2 x NVIDIA H200", "4 x NVIDIA H200"]
+    assert [r["launches"] for r in out["rows"]] == [3, 3]
+    assert list(out["hosts"]) == ["4 x NVIDIA H200", "2 x NVIDIA H200"]
+    assert out["headline_host"] == "4 x NVIDIA H200" and out["hosts"][out["headline_host"]][
+        "configs"] == 1

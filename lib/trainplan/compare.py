@@ -108,12 +108,21 @@ def same_config(pred: dict, meas: dict) -> bool:
     return all(pe[k] == me[k] for k in pe.keys() & me.keys())
 
 
+def host(rec: dict) -> str:
+    """The kind of machine a measurement ran on: its GPU count and card ("4 x NVIDIA H200").
+    A 2-GPU config run on a 4-GPU host is another machine than on a 2-GPU host; figures are
+    compared within one."""
+    n = (rec.get("provenance") or {}).get("gpu_count")
+    return f"{n} x {rec['card']}" if n else rec["card"]
+
+
 def group_measurements(measurements: list[dict]) -> list[list[dict]]:
-    """Launches of one config (and implementation) together, in order of first launch."""
+    """Launches of one config (and implementation) on one kind of host together, in order of
+    first launch."""
     groups = defaultdict(list)
     for m in measurements:
         extras = tuple(sorted(_extras(m).items()))
-        groups[(config_key(m), m["layout"]["compile"], m["impl"], extras)].append(m)
+        groups[(config_key(m), m["layout"]["compile"], m["impl"], extras, host(m))].append(m)
     out = [sorted(g, key=stamp) for g in groups.values()]
     return sorted(out, key=lambda g: stamp(g[0]))
 
@@ -182,7 +191,8 @@ def make_row(launches: list[dict], pred: dict | None) -> dict:
     p_mem = (p.get("memory_gib") or {}).get("total")
     return {
         "config": label(launches, pred), "model": first["model"], "impl": first["impl"],
-        "gpus": first["gpus"], "card": first["card"], "layout": first["layout"],
+        "gpus": first["gpus"], "card": first["card"], "host": host(first),
+        "layout": first["layout"],
         "launches": comb["launches"], "steps": comb["steps"],
         "flagged": comb["launches"] < MIN_LAUNCHES,
         "predicted_step_time_s": p_step, "measured_step_time_s": comb["step_time_s"],
@@ -282,6 +292,8 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         "signed_step_time_error_median": statistics.median(
             [r["step_time_error"] for r in compared]) if compared else None,
     }
+    out["hosts"] = by_host(compared)
+    out["headline_host"] = next(iter(out["hosts"]), None)
     out["meets_targets"] = bool(compared) and all(
         out[k][q] <= TARGETS[q] for k in ("step_time_error", "memory_error") for q in TARGETS
         if out[k][q] is not None)
@@ -289,6 +301,23 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         out["repredicted"] = repredicted(compared, kinds["prediction"])
     out["end_to_end_fit"] = leave_one_out_scale(compared)
     return out
+
+
+def by_host(rows: list[dict]) -> dict:
+    """{host: {"configs", "step_time_error", "memory_error"}}, the host with the most GPUs
+    first (the runbook's headline: the proxy on the largest machine measured), then by
+    configs."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[r["host"]].append(r)
+
+    def size(h):
+        n = h.split(" x ", 1)[0]
+        return (int(n) if n.isdigit() else 0, len(groups[h]))
+    return {h: {"configs": len(groups[h]),
+                "step_time_error": error_summary(r["step_time_error"] for r in groups[h]),
+                "memory_error": error_summary(r["memory_error"] for r in groups[h])}
+            for h in sorted(groups, key=size, reverse=True)}
 
 
 def repredicted(rows: list[dict], predictions: list[dict]) -> dict:

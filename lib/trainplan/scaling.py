@@ -8,7 +8,8 @@ efficiency at n GPUs is
 
 (issue 9's target: at least 0.95 at 4 GPUs). A series is one data-parallel
 layout (ZeRO stage, micro-batch, accumulation, recompute, compile, model,
-card, implementation; tp = pp = 1) over GPU counts. Its 1-GPU point is the
+kind of host, implementation; tp = pp = 1) over GPU counts (a host: its GPU count and
+card, `compare.host`; points from different hosts are never put in one series). Its 1-GPU point is the
 1-GPU measurement of the same layout; where none was run with the same ZeRO
 stage, the plain one (zero 0, no sharding to do on one rank) stands in, and
 the series says so. The interval of E is the ratio of the two rates'
@@ -28,7 +29,8 @@ SERIES_KEYS = ("micro_batch", "grad_accum", "recompute", "compile")
 
 def _family(row: dict) -> tuple:
     lay = row["layout"]
-    return (row["model"], row["card"], row["impl"], *(lay.get(k) for k in SERIES_KEYS))
+    return (row["model"], row.get("host", row["card"]), row["impl"],
+            *(lay.get(k) for k in SERIES_KEYS))
 
 
 def _data_parallel(row: dict) -> bool:
@@ -77,14 +79,15 @@ def weak_scaling(rows: list[dict], target: float = TARGET) -> dict:
         last = points[-1]
         series.append({
             "name": _name({**by_gpus[max(by_gpus)]["layout"], "zero": zero}),
-            "model": family[0], "card": family[1], "impl": family[2], "zero": zero,
+            "model": family[0], "card": base["card"], "host": family[1], "impl": family[2],
+            "zero": zero,
             "baseline": base["config"],
             "baseline_note": None if base["layout"]["zero"] == zero else
             "1-GPU point run without sharding (zero 0): nothing to shard on one rank",
             "points": points, "gpus_max": last["gpus"], "efficiency_at_max": last["efficiency"],
             "meets_target": last["efficiency"] >= target,
         })
-    series.sort(key=lambda s: (s["model"], s["card"], s["zero"], s["name"]))
+    series.sort(key=lambda s: (s["model"], s["host"], s["zero"], s["name"]))
     return {"definition": "tokens/s/GPU at n GPUs over tokens/s/GPU at 1 GPU, same per-GPU "
                           "micro-batch (weak scaling)", "target": target, "series": series}
 
@@ -98,6 +101,6 @@ def format_scaling(out: dict) -> str:
         pts = ", ".join(f"{p['gpus']} GPU {p['efficiency']:.1%} ({p['efficiency_ci'][0]:.1%}-"
                         f"{p['efficiency_ci'][1]:.1%})" for p in s["points"][1:])
         mark = "meets" if s["meets_target"] else "misses"
-        lines.append(f"  {s['name']} on {s['card']}: {pts}; {mark} the target"
+        lines.append(f"  {s['name']} on {s['host']}: {pts}; {mark} the target"
                      + (" [1-GPU point: zero 0]" if s["baseline_note"] else ""))
     return "\n".join(lines)
