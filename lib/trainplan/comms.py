@@ -114,15 +114,30 @@ def dp_step_time(cluster: ClusterSpec, *, stage_params, zero, dp, dp_shard, cp, 
 # ---------------------------------------------------------------- model parallel
 
 
-def tp_microbatch_time(cluster: ClusterSpec, *, act_bytes, tp, layers, recompute_full):
+def tp_pair_time(cluster: ClusterSpec, *, act_bytes, tp, sequence_parallel=False):
+    """Seconds of one tensor-parallel exchange of the b s h activation.
+
+    Without sequence parallel an all-reduce; with it an all-gather before the
+    block's column-parallel linears and a reduce-scatter after its
+    row-parallel one (Korthikanti et al. 2022, sec. 4.2.2): the same ring
+    bytes, but two collectives, each with its own latency and its own
+    calibrated bus bandwidth (`collective_time`; alpha-beta fits per op).
+    """
+    ar = collective_time(cluster, "all_reduce", act_bytes, tp, tp)
+    ag_rs = (collective_time(cluster, "all_gather", act_bytes, tp, tp)
+             + collective_time(cluster, "reduce_scatter", act_bytes, tp, tp))
+    return np.where(np.asarray(sequence_parallel), ag_rs, ar)
+
+
+def tp_microbatch_time(cluster: ClusterSpec, *, act_bytes, tp, layers, recompute_full,
+                       sequence_parallel=False):
     """Tensor-parallel traffic of one micro-batch on one stage, never overlapped.
 
-    Per block forward: two all-gathers and two reduce-scatters of the b s h
-    activation with sequence parallel, or two all-reduces without it: the
-    same ring bytes (Korthikanti et al. 2022, sec. 4.2.2). Backward repeats
+    Per block forward: two exchanges (`tp_pair_time`), one for attention and
+    one for the MLP (Korthikanti et al. 2022, sec. 4.2.2). Backward repeats
     them; full recompute repeats the forward's.
     """
-    one = collective_time(cluster, "all_reduce", act_bytes, tp, tp)
+    one = tp_pair_time(cluster, act_bytes=act_bytes, tp=tp, sequence_parallel=sequence_parallel)
     per_block = (2.0 + 2.0 + np.where(recompute_full, 2.0, 0.0)) * one
     return per_block * layers
 

@@ -135,3 +135,38 @@ def optimizer_step_time(gpu: GPUSpec, params_held):
     """
     return gpu.optimizer_scale * 32.0 * np.asarray(params_held) / (
         gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
+
+
+def dp_copy_bytes_per_param(zero, shard_ranks, dp_ranks):
+    """HBM bytes per stage parameter that data parallelism's own copy kernels move.
+
+    (per micro-batch, per step). FSDP2 (`torch.distributed.fsdp`,
+    `_fsdp_collectives.py`), n = shard_ranks > 1:
+    - all-gather copy-in: the fp32 shard cast into the bf16 send buffer,
+      read 4 / n + write 2 / n;
+    - all-gather copy-out (`split_with_sizes_copy` into each parameter):
+      read 2 + write 2 of the whole unsharded block;
+    - reduce-scatter copy-in (`_chunk_cat` of the bf16 gradients into the
+      fp32 reduce buffer): read 2 + write 4.
+    ZeRO-3 gathers twice and reduces once per micro-batch, ZeRO-2 gathers and
+    reduces once (as `comms.dp_microbatch_time`); ZeRO-1 does the same once
+    per step. DDP (zero 0, dp_ranks > 1) copies every fp32 gradient into its
+    bucket and the reduced bucket back (gradient_as_bucket_view=False, the
+    default; Li et al. 2020, sec. 4.2.1): 4 x 4 = 16 bytes per step.
+    """
+    n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
+    zero = np.where(n > 1, np.asarray(zero), 0)
+    gather, reduce = 4.0 + 6.0 / n, 6.0
+    per_mb = np.where(zero == 3, 2 * gather + reduce, np.where(zero == 2, gather + reduce, 0.0))
+    ddp = np.where(np.asarray(dp_ranks) > 1, 16.0, 0.0)
+    per_step = np.where(zero == 1, gather + reduce, np.where(zero == 0, ddp, 0.0))
+    return per_mb, per_step
+
+
+def dp_copy_time(gpu: GPUSpec, stage_params, *, zero, shard_ranks, dp_ranks):
+    """(per micro-batch, per step) seconds of `dp_copy_bytes_per_param` at the achieved HBM rate
+    (`memory_efficiency` x datasheet bandwidth, from the copy microbenchmark)."""
+    per_mb, per_step = dp_copy_bytes_per_param(zero, shard_ranks, dp_ranks)
+    rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
+    p = np.asarray(stage_params, dtype=float)
+    return per_mb * p / rate, per_step * p / rate

@@ -66,24 +66,32 @@ def activation_elements_per_token_per_layer(m: ModelSpec, *, tp, recompute, sequ
 
     Flash attention (no s x s scores kept), SwiGLU and GQA; the tensors, after
     Korthikanti et al. 2022 (sec. 4) re-derived for this block:
-    - norms: the two norm inputs and the two norm outputs that feed linears,
-      4 h (split over tp only with sequence parallel, as Megatron-SP does);
+    - norms: the two norm inputs, 2 h (split over tp with sequence parallel),
+      and the two norm outputs that feed linears, 2 h whole: with sequence
+      parallel the column-parallel linears save their all-gathered input, as
+      PyTorch's DTensor `SequenceParallel` + `PrepareModuleInput` do (the
+      launch path, torchtitan); Megatron's re-gather in backward (Korthikanti
+      sec. 4.2.2, which would make these 2 h / t too) is not assumed;
     - attention: q, k, v and the output o that flash attention saves,
       2 h + 2 h_kv, heads split over tp;
     - MLP: gate, up, act(gate) and the product, 4 f per routed expert (GELU:
       2 f), split over tp; MoE adds the permuted input and output, 2 h top_k.
     Selective recompute keeps the two block inputs, q, k, v, o and the gate
-    and up outputs, redoing norms and the activation. Full recompute keeps
-    only the block input, h.
+    and up outputs, redoing norms and the activation; with sequence parallel
+    it also keeps the two all-gathered norm outputs (collective outputs are
+    saved, `bench.parallelize._SAVE_OPS`). Full recompute keeps only the
+    block input, h.
     """
     h, kv, f = m.hidden, m.kv_dim, m.ffn
     tp = np.asarray(tp)
-    sp_div = np.where(sequence_parallel, tp, 1)
+    sp = np.asarray(sequence_parallel) & (tp > 1)
+    sp_div = np.where(sp, tp, 1)
     mlp_per_f = 4.0 if m.mlp == "swiglu" else 2.0
     moe = 2.0 * h * m.top_k / tp if m.is_moe else 0.0
     attn = (2.0 * h + 2.0 * kv) / tp
-    none = 4.0 * h / sp_div + attn + mlp_per_f * f * m.top_k / tp + moe
-    selective = 2.0 * h / sp_div + attn + 2.0 * f * m.top_k / tp + moe
+    none = 2.0 * h / sp_div + 2.0 * h + attn + mlp_per_f * f * m.top_k / tp + moe
+    selective = 2.0 * h / sp_div + np.where(sp, 2.0 * h, 0.0) + attn \
+        + 2.0 * f * m.top_k / tp + moe
     full = 1.0 * h / sp_div
     recompute = np.asarray(recompute)
     return np.where(recompute == FULL, full, np.where(recompute == SELECTIVE, selective, none))
@@ -124,16 +132,41 @@ def logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
     return 10.0 * tokens * m.vocab / np.asarray(tp)
 
 
+def compiled_logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
+    """Output logits and loss on the last stage when the loss is compiled: 4 bytes per logit.
+
+    Inductor fuses `F.cross_entropy(logits.float())` (the harness compiles it:
+    `bench.train.loss_function`) into one forward reduction (per-row fp32
+    log-sum-exp, b s / cp x 4 bytes: negligible) and one backward kernel that
+    writes the gradient in the logits' dtype. What is live at the head's peak
+    is then the bf16 logits saved for backward (2) and their bf16 gradient (2),
+    for b s / cp tokens x V / tp columns; the fp32 copy, softmax and fp32
+    gradient of the unfused path (`logits_bytes`) never reach HBM.
+    """
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    return 4.0 * tokens * m.vocab / np.asarray(tp)
+
+
+def head_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, compiled_loss,
+                    logits_scale=1.0):
+    """The head's peak bytes: `compiled_logits_bytes` if the loss is compiled, else
+    `logits_scale` x `logits_bytes` (the scale is measured on the unfused, eager head)."""
+    kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp)
+    return np.where(compiled_loss, compiled_logits_bytes(m, **kw),
+                    logits_scale * logits_bytes(m, **kw))
+
+
 def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, cp, recompute,
                      sequence_parallel, schedule_code, pp_virtual, scale=1.0, full_scale=1.0,
-                     logits_scale=1.0):
+                     logits_scale=1.0, compiled_loss=False):
     """Peak activation bytes on the worst stage: the first (most in flight) or the last (logits).
 
     Full recompute also rebuilds one block's complete activations during its
     backward, so one such block is added on top. `scale` (and `full_scale`
     for the rebuilt block) are the measured kept / analytic bytes of a block,
-    `logits_scale` the head's measured peak / analytic logits bytes
-    (`trainplan.calibrate_pieces`; 1 when uncalibrated).
+    `logits_scale` the eager head's measured peak / analytic logits bytes
+    (`trainplan.calibrate_pieces`; 1 when uncalibrated); a compiled loss is
+    priced by `compiled_logits_bytes` instead (`head_peak_bytes`).
     """
     layers = m.n_layers / np.asarray(pp)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
@@ -142,8 +175,8 @@ def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, 
     rebuilt = np.where(np.asarray(recompute) == FULL,
                        full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
     in_flight = microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual)
-    logits = logits_scale * logits_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
-                                         cp=cp)
+    logits = head_peak_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
+                             compiled_loss=compiled_loss, logits_scale=logits_scale)
     first = per_layer * layers * in_flight + rebuilt
     last = per_layer * layers + rebuilt + logits
     return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)
@@ -167,25 +200,46 @@ def buffer_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp, dp_shard, cp):
     return np.where(zero == 3, 8.0 * block, np.where(zero >= 1, 4.0 * block, ddp))
 
 
+def grads_at_peak(grads, activations, *, grad_accum, pp):
+    """Gradient bytes live at the step's memory peak.
+
+    They outlive a micro-batch where gradients accumulate (grad_accum > 1) or
+    a pipeline interleaves forwards with backwards (pp > 1): all of them
+    count. Otherwise the step starts with none (the harness's
+    `zero_grad(set_to_none=True)`), and backward creates them block by block
+    as it frees that block's activations, so the peak is at one end of
+    backward: activations with no gradients, or gradients with no
+    activations; what gradients add over the activations is max(0, G - A).
+    """
+    accumulates = (np.asarray(grad_accum) > 1) | (np.asarray(pp) > 1)
+    return np.where(accumulates, grads, np.maximum(grads - activations, 0.0))
+
+
 def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_batch, grad_accum,
               recompute, sequence_parallel, schedule_code, pp_virtual, dp=None,
-              activation_scale=1.0, rebuilt_scale=1.0, logits_scale=1.0) -> dict:
-    """Bytes per GPU by term: params, grads, optimizer, activations, other, total.
+              activation_scale=1.0, rebuilt_scale=1.0, logits_scale=1.0,
+              compiled_loss=False) -> dict:
+    """Bytes per GPU at the step's peak by term: params, grads, optimizer, activations, other,
+    total.
 
-    `other` is the communication buffers plus ALLOCATOR_MARGIN of everything
-    live, the caching allocator's reserve; memory outside PyTorch's allocator
-    (NON_ALLOCATOR_GIB) is subtracted from the card instead, in `fits`.
+    `grads` are those live at the peak (`grads_at_peak`; `grads_bytes` holds
+    them all). `other` is the communication buffers plus ALLOCATOR_MARGIN of
+    everything live, the caching allocator's reserve; memory outside
+    PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
+    instead, in `fits`.
     """
     sharding = dict(tp=tp, pp=pp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
+    activations = activation_bytes(
+        m, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, tp=tp, pp=pp,
+        cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
+        schedule_code=schedule_code, pp_virtual=pp_virtual, scale=activation_scale,
+        full_scale=rebuilt_scale, logits_scale=logits_scale, compiled_loss=compiled_loss)
     terms = {
         "params": weights_bytes(m, **sharding),
-        "grads": grads_bytes(m, **sharding),
+        "grads": grads_at_peak(grads_bytes(m, **sharding), activations, grad_accum=grad_accum,
+                               pp=pp),
         "optimizer": optimizer_bytes(m, **sharding),
-        "activations": activation_bytes(
-            m, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, tp=tp, pp=pp,
-            cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
-            schedule_code=schedule_code, pp_virtual=pp_virtual, scale=activation_scale,
-            full_scale=rebuilt_scale, logits_scale=logits_scale),
+        "activations": activations,
     }
     dp = dp_shard if dp is None else dp  # data-parallel ranks; the shard group unless told
     buffers = buffer_bytes(m, tp=tp, pp=pp, ep=ep, zero=zero, dp=dp, dp_shard=dp_shard, cp=cp)

@@ -8,6 +8,10 @@ with m = grad_accum micro-batches per step. The pipeline bubble of 1F1B is
 (p - 1) / v micro-batch slots (Narayanan et al. 2021, eq. for interleaved
 1F1B: bubble fraction (p - 1) / (v m + p - 1)).
 
+Data-parallel traffic includes the copy kernels its collectives need
+(`compute.dp_copy_time`: FSDP2's copy-in/copy-out, DDP's bucket copies),
+memory-bound work on the critical path.
+
 Overlap: data-parallel traffic hides under the compute of the pass it runs
 in, except the first block's gather (or last block's reduce), which has no
 compute to hide under (Zhao et al. 2023, PyTorch FSDP, sec. 3.4). Tensor- and
@@ -65,7 +69,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         micro_batch=mb, grad_accum=ga, recompute=L.recompute, sequence_parallel=sp,
         schedule_code=L.pp_schedule, pp_virtual=v,
         activation_scale=activation_scale(gpu, compiled, L.recompute),
-        rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale)
+        rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale,
+        compiled_loss=compiled)
 
     # compute of one micro-batch on the slowest (last) stage
     compute_mb = compute.microbatch_compute_time(
@@ -78,7 +83,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     # communication of one micro-batch
     act_bytes = compute.BF16 * tokens_mb * m.hidden
     tp_mb = comms.tp_microbatch_time(cluster, act_bytes=act_bytes, tp=tp, layers=layers,
-                                     recompute_full=full)
+                                     recompute_full=full, sequence_parallel=sp)
     ep_mb = comms.ep_microbatch_time(cluster, token_bytes=act_bytes * m.top_k, ep=ep, tp=tp,
                                      layers=layers) if m.is_moe else 0.0
     kv_chunk = 2 * compute.BF16 * tokens_mb * m.kv_dim / tp
@@ -88,7 +93,9 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     dp_mb = comms.dp_microbatch_time(cluster, stage_params=stage_params, zero=L.zero,
                                      dp_shard=L.dp_shard, cp=cp, tp=tp)
     leak = gpu.overlap_exposed
-    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb / layers, leak)
+    copy_mb, copy_step = compute.dp_copy_time(gpu, stage_params, zero=L.zero,
+                                              shard_ranks=L.dp_shard * cp, dp_ranks=dp * cp)
+    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb / layers, leak) + copy_mb
     t_mb = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
 
     # once per step
@@ -98,7 +105,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
                                      n_transfers=ga * v + pp - 1, stage_span=tp * cp * dp)
     overlappable, blocking = comms.dp_step_time(cluster, stage_params=stage_params, zero=L.zero,
                                                 dp=dp, dp_shard=L.dp_shard, cp=cp, tp=tp)
-    dp_step = _exposed(overlappable, 2.0 / 3.0 * compute_mb, overlappable / layers, leak) + blocking
+    dp_step = _exposed(overlappable, 2.0 / 3.0 * compute_mb, overlappable / layers, leak) \
+        + blocking + copy_step
     held = stage_params / memory.shard_degree(L.zero, L.dp_shard, cp, 1)
     optimizer = compute.optimizer_step_time(gpu, held)
 

@@ -8,9 +8,9 @@ efficiency at n GPUs is
 
 (issue 9's target: at least 0.95 at 4 GPUs). A series is one data-parallel
 layout (ZeRO stage, micro-batch, accumulation, recompute, compile, model,
-kind of host, implementation; tp = pp = 1) over GPU counts (a host: its GPU count and
-card, `compare.host`; points from different hosts are never put in one series). Its 1-GPU point is the
-1-GPU measurement of the same layout; where none was run with the same ZeRO
+kind of host, implementation; tp = pp = 1) over GPU counts (a host: its GPU
+count and card, `compare.host`; points from different hosts are never put in
+one series). Its 1-GPU point is the 1-GPU measurement of the same layout; where none was run with the same ZeRO
 stage, the plain one (zero 0, no sharding to do on one rank) stands in, and
 the series says so. The interval of E is the ratio of the two rates'
 95% intervals taken end against end (low / high, high / low): conservative,
