@@ -389,3 +389,11 @@ def test_two_real_torchrun_workers_on_cpu(tmp_path):
     launches = [json.loads(ln) for ln in storage.with_name("s.log").read_text().splitlines()
                 if '"launch"' in ln]
     assert len(launches) >= 2 and all(r["error"] is None for r in launches)
+
+
+def test_the_report_reads_a_committed_study_without_writing_to_it():
+    path = ROOT / "data" / "measurements" / "tune-2gpu" / "study.journal"
+    before = path.read_bytes()
+    out = tune_report.report(str(path))
+    assert out["trials"] >= 15 and out["card"] == "NVIDIA H200"
+    assert path.read_bytes() == before

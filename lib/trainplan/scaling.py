@@ -11,10 +11,10 @@ layout (ZeRO stage, micro-batch, accumulation, recompute, compile, model,
 kind of host, implementation; tp = pp = 1) over GPU counts (a host: its GPU
 count and card, `compare.host`; points from different hosts are never put in
 one series). Its 1-GPU point is the 1-GPU measurement of the same layout;
-where none was run with the same ZeRO stage, the plain one (zero 0, no sharding to do on one rank) stands in, and
-the series says so. The interval of E is the ratio of the two rates'
-95% intervals taken end against end (low / high, high / low): conservative,
-as the two runs are independent.
+where none was run with the same ZeRO stage, the plain one (zero 0, no
+sharding to do on one rank) stands in, and the series says so. The interval
+of E is the ratio of the two rates' 95% intervals taken end against end
+(low / high, high / low): conservative, as the two runs are independent.
 
 Input: the rows of `trainplan.compare.compare` (one per measured config).
 """

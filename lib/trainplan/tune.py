@@ -174,8 +174,12 @@ def load_study(storage, name: str, suite: dict | None, create: bool):
         names = [s.study_name for s in storage.get_all_studies()]
         if name not in names:
             raise StudyError(f"--study-name {name!r} is not in the storage; studies: {names}")
-    study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
-                                sampler=sampler, pruner=pruner, load_if_exists=True)
+    if create:
+        study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
+                                    sampler=sampler, pruner=pruner, load_if_exists=True)
+    else:  # reading a study (the report, a committed journal) must not write to it
+        study = optuna.load_study(storage=storage, study_name=name, sampler=sampler,
+                                  pruner=pruner)
     if suite is not None:
         stored = study.user_attrs.get("suite")
         if stored is None:
