@@ -34,10 +34,14 @@ def _record(device="cuda", sync_stall=14.0, async_stall=0.3, raw=2.0, p_sync=1.6
     return records.validate(rec)
 
 
-def test_without_gpu_records_the_figure_is_none_and_the_note_says_so():
-    assert fig.checkpoint_bench_figure([]) is None
-    assert fig.checkpoint_bench_figure([_record(device="cpu")]) is None
-    assert fig.checkpoint_bench_note([_record(device="cpu")]).startswith("No GPU checkpoint")
+def test_without_gpu_records_the_figure_says_so_and_the_verdict_too():
+    for recs in ([], [_record(device="cpu")]):
+        figure = fig.checkpoint_bench_figure(recs)
+        assert "no GPU checkpoint benchmark" in figure.axes[0].texts[0].get_text()
+        assert fig.checkpoint_verdict(recs).startswith("No GPU checkpoint")
+        assert "not yet recorded" in fig.checkpoint_verdict_short(recs)
+        assert fig.checkpoint_cards(recs) == "no GPU launch recorded yet"
+        assert fig.checkpoint_targets_table(recs).empty
     assert fig.checkpoint_bench_table([]).shape == (11, 0)
 
 
@@ -56,13 +60,40 @@ def test_figure_draws_each_modes_stall_and_persist_against_raw():
         ax_stall.get_xticklabels()[0].get_text()
 
 
-def test_table_and_note_read_the_summary():
+def test_table_reads_the_summary():
     table = fig.checkpoint_bench_table([_record(), _record(device="cpu")])
     assert table.shape == (11, 1)
     col = table.iloc[:, 0]
     assert col["stall, asynchronous (s)"] == "0.30" and col["persist / raw, synchronous"] == "80%"
-    note = fig.checkpoint_bench_note([_record()])
-    assert "asynchronous stall 0.30 s against 14.0 s" in note and "80% (sync)" in note
+
+
+def test_targets_say_which_is_met_against_the_newest_gpu_launch():
+    old = _record(async_stall=2.0, p_async=1.9)
+    new = _record()  # stall 0.3 s: met; persist 60% async, 80% sync
+    new["recorded_at"] = "2026-11-27T00:00:00+00:00"
+    table = fig.checkpoint_targets_table([new, old, _record(device="cpu")])
+    assert table["result"].tolist() == ["met", "not met", "met"]
+    assert table.loc["persist, asynchronous save", "measured"] == "60% (1.20 of 2.00 GB/s)"
+    assert [c.met for c in fig.checkpoint_targets(old)] == [False, True, True]
+    assert fig.checkpoint_cards([old, new]) == "NVIDIA H100 80GB HBM3 x 2"
+
+
+def test_verdict_names_the_card_the_results_and_why_persist_falls_short():
+    rec = _record()
+    rec["saves"][-1]["phases"] = {"write_s": 7.5, "hash_s": 2.5}
+    text = fig.checkpoint_verdict([rec])
+    assert text.startswith("On NVIDIA H100 80GB HBM3 x 2 (llama-1.3b, ZeRO-2, 16.0 GB a save)")
+    assert "stall target is **met**" in text and "persist target" in text
+    assert "is **not met**: a save is durable at 60% (1.20 of 2.00 GB/s)" in text
+    assert "writing took 7.50 s and hashing then took 2.50 s more (25% of" in text
+    assert "first step after 5.0 s" in text
+    short = fig.checkpoint_verdict_short([rec])
+    assert "meets the stall target (0.30 s) and misses the persist target (60%" in short
+
+
+def test_verdict_gives_no_reason_when_persist_meets_its_target():
+    text = fig.checkpoint_verdict([_record(p_async=1.8)])
+    assert "target (at least 80% of raw write) is **met**" in text and "Why" not in text
 
 
 def test_checkpoint_records_skip_missing_files_and_refuse_a_malformed_one(tmp_path):

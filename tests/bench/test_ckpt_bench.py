@@ -78,6 +78,7 @@ def test_one_launch_measures_raw_write_stall_persist_and_restart(launched):
     assert 0 < r["load_s"] <= r["build_and_load_s"] < r["restart_to_first_step_s"]
     assert r["first_step_s"] > 0 and r["cold_start_s"] > 0
     assert rec["async_options"]["stager"]
+    assert rec["writer"]["hash"] == "while-writing"  # the default: no shard read back after
     out = proc.stdout.strip().splitlines()
     assert out[-1].startswith("record appended to") and "restart to first step" in out[-2]
     assert any(x.startswith("stall per save (s)") for x in out)

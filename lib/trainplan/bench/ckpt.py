@@ -85,6 +85,10 @@ def add_arguments(p) -> None:
                    help="dcp.async_save: stage a CPU copy, write it on a background thread")
     g.add_argument("--ckpt-threads", type=int, default=1,
                    help="DCP writer threads per rank (one shard file each), written in parallel")
+    g.add_argument("--ckpt-hash", choices=("while-writing", "after-writing"),
+                   default="while-writing",
+                   help="when each shard's sha256 for the manifest is taken: as its bytes are "
+                        "written (default), or by reading it back after all writing (to compare)")
     g.add_argument("--resume", action="store_true",
                    help="continue from the newest verified checkpoint in --ckpt-dir, if any")
     g.add_argument("--collective-timeout-s", type=float, default=None,
@@ -121,6 +125,7 @@ class Checkpointer(SaveMixin):
         self.every, self.keep, self.use_async = args.ckpt_every, args.ckpt_keep, args.ckpt_async
         self.want_resume = args.resume
         self.threads = args.ckpt_threads
+        self.hash_while_writing = args.ckpt_hash == "while-writing"
         self.timings: dict[int, dict] = {}  # step -> this rank's phases of its save (seconds)
         self.model, self.optimizer = par.parts[0], optimizer
         self.rank, self.world, self.device = rank, world, device

@@ -262,7 +262,9 @@ class Bench:
 
     def collect_write_timings(self) -> None:
         """Each save's phases (slowest rank): preparing the folder, get_state_dict, the
-        CPU copy (async), the async_save call in all, writing the shards, hashing them."""
+        CPU copy (async), the async_save call in all, writing the shards (hashed as they
+        are written, `dcp_io.shard_writer`), and the hashing left after writing (shards
+        read back: none unless a stream was not written front to back)."""
         keys = ("prepare_s", "state_dict_s", "stage_s", "async_call_s", "write_s", "hash_s")
         mine = [self.saver.timings.get(s["step"], {}).get(k) for s in self.saves for k in keys]
         worst = self.reduce([-1.0 if v is None else v for v in mine]) if mine else []

@@ -133,6 +133,7 @@ def record(bench, targs, b, *, raw: dict, restart: dict, async_options, state_by
         "run_id": bench.run_id or "adhoc", "seq_len": targs.seq_len,
         "synthetic": targs.synthetic, "ckpt_root": str(Path(bench.ckpt_root).resolve()),
         "every": bench.every, "steps_per_mode": bench.steps_per_mode, "keep": bench.keep,
+        "writer": {"threads": targs.ckpt_threads, "hash": targs.ckpt_hash},
         "state_bytes": state_bytes, "raw_write": raw, "saves": saves, "steps": b.steps,
         "restart": restart, "async_options": async_options or {},
         "summary": summarise(raw, saves, b.steps, restart),
@@ -175,7 +176,7 @@ def table(rec: dict) -> str:
         lines.append("last async save's stall: " + ", ".join(
             f"{k.removesuffix('_s').replace('_', ' ')} {_fmt(ph.get(k), '.2f')}"
             for k in ("prepare_s", "state_dict_s", "stage_s", "async_call_s"))
-            + f" s; then writing {_fmt(ph.get('write_s'), '.2f')}, hashing "
+            + f" s; then writing {_fmt(ph.get('write_s'), '.2f')}, hashing after it "
             f"{_fmt(ph.get('hash_s'), '.2f')} s")
     lines.append(f"restart to first step ({r['how'].split(':')[0]}): "
                  f"{r['restart_to_first_step_s']:.2f} s (build + load "

@@ -7,7 +7,8 @@ the small helpers (`event`, `say`, `_all`).
 
 A save, every rank: rank 0 makes the step folder, every rank writes its RNG
 and data position, then DCP writes the shards (each rank hashing its own as
-it writes them, `dcp_io.shard_writer`). Synchronous saves block until DCP is
+it writes them, `dcp_io.shard_writer`; `--ckpt-hash after-writing` reads them
+back instead, to compare). Synchronous saves block until DCP is
 done and then commit; asynchronous ones return once DCP has staged a CPU copy
 and are committed when the background write ends (`_poll` between steps,
 `_wait` before the next save or at the end). The commit is rank 0 writing
@@ -80,7 +81,8 @@ class SaveMixin:
         state = {"model": model_sd, "optim": {"state": optim_sd["state"]}}
         timings["state_dict_s"] = time.perf_counter() - started - timings["prepare_s"]
         writer = shard_writer(path, rank=self.rank, step=step, faults=self.faults,
-                              threads=self.threads, timings=timings)
+                              threads=self.threads, timings=timings,
+                              hash_while_writing=self.hash_while_writing)
         solo = not dist.is_initialized()
         try:
             with one_process():

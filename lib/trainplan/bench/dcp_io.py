@@ -8,6 +8,7 @@ saves, and the small helpers the checkpointer's error handling needs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 import warnings
@@ -28,13 +29,28 @@ class CheckpointError(TrainplanError):
 
 
 def shard_writer(path: Path, *, rank: int, step: int, faults: Faults, threads: int = 1,
-                 timings: dict | None = None):
-    """DCP's file writer (`threads` files per rank, written in parallel), plus: hash this
-    rank's shards (in parallel threads: hashlib frees the GIL), the `save:writing` fault
-    point, and, into `timings`, the seconds spent writing (fsync included) and hashing."""
+                 timings: dict | None = None, hash_while_writing: bool = True):
+    """DCP's file writer (`threads` files per rank, written in parallel), plus: the sha256
+    and size of this rank's shards in `rank-NNNNN.files.json`, the `save:writing` fault
+    point, and, into `timings`, the seconds spent writing (fsync included) and then
+    finishing the hashes.
+
+    With `hash_while_writing` each shard is hashed by the thread that writes it, as its
+    bytes pass (`_HashingStream`), so the hash is ready when the file is closed and the
+    disk never idles for it; a shard whose stream was not written front to back, or whose
+    size on disk disagrees, is read back and hashed after all writing (as every shard is
+    without it)."""
     from torch.distributed.checkpoint import FileSystemWriter
 
     class Writer(FileSystemWriter):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.hashed: dict[str, dict | None] = {}  # file name -> entry (None: unusable)
+            # DCP's writer keeps its FileSystem in `self.fs` (torch 2.2-2.13); on one that
+            # does not, every shard is read back and hashed after writing instead
+            if hash_while_writing and hasattr(getattr(self, "fs", None), "create_stream"):
+                self.fs = _hashing_fs(type(self.fs), self.hashed)()
+
         def write_data(self, plan, planner):
             start = time.perf_counter()
             future = super().write_data(plan, planner)
@@ -42,16 +58,106 @@ def shard_writer(path: Path, *, rank: int, step: int, faults: Faults, threads: i
             written = time.perf_counter()
             faults.at("save:writing", step)
             names = sorted({r.storage_data.relative_path for r in results})
-            with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:
-                entries = dict(zip(names, pool.map(lambda n: mf.file_entry(path / n), names),
-                                   strict=True))
+            entries = shard_entries(path, names, self.hashed)
             mf.write_json(path / f"rank-{rank:05d}.files.json", entries)
             if timings is not None:
                 timings.update(write_s=written - start, hash_s=time.perf_counter() - written,
-                               bytes=sum(e["bytes"] for e in entries.values()))
+                               bytes=sum(e["bytes"] for e in entries.values()),
+                               hashed_while_writing=sum(bool(self.hashed.get(n))
+                                                        for n in names))
             return future
 
     return Writer(str(path), thread_count=threads)
+
+
+def shard_entries(path: Path, names: list[str], hashed: dict) -> dict:
+    """sha256 and size of each shard `names` in `path`: the hash taken while it was
+    written where its byte count agrees with the file on disk, else read back (in
+    parallel threads: hashlib frees the GIL)."""
+    def usable(name: str) -> bool:
+        entry = hashed.get(name)
+        try:
+            return bool(entry) and entry["bytes"] == (path / name).stat().st_size
+        except OSError:
+            return False
+
+    ready = {n: hashed[n] for n in names if usable(n)}
+    rest = [n for n in names if n not in ready]
+    if rest:
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(rest)))) as pool:
+            ready.update(zip(rest, pool.map(lambda n: mf.file_entry(path / n), rest),
+                             strict=True))
+    return {n: ready[n] for n in names}
+
+
+class _HashingStream:
+    """A file opened for writing that hashes every byte written through it; on close it
+    leaves `{"sha256", "bytes"}` in `hashed[name]`, or None where the bytes did not go
+    to the file front to back (a seek, a short write, an error), so the hash cannot be
+    trusted. Everything else is the wrapped stream's (tell, flush, fileno for fsync)."""
+
+    def __init__(self, raw, name: str, hashed: dict):
+        self._raw, self._name, self._hashed = raw, name, hashed
+        self._sha, self._bytes, self._linear = hashlib.sha256(), 0, True
+
+    def write(self, b) -> int:
+        n = self._raw.write(b)
+        size = memoryview(b).nbytes
+        if n is not None and n != size:
+            self._linear = False
+        self._sha.update(b)  # releases the GIL for large buffers: other writers go on
+        self._bytes += size
+        return n
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def seek(self, *args) -> int:
+        pos = self._raw.seek(*args)
+        self._linear = self._linear and pos == self._bytes
+        return pos
+
+    def spoil(self) -> None:
+        """The write failed part way: no hash for this file."""
+        self._linear = False
+
+    def close(self) -> None:
+        if not self._raw.closed:
+            self._raw.close()
+        if self._name not in self._hashed:  # the first close decides
+            self._hashed[self._name] = ({"sha256": self._sha.hexdigest(), "bytes": self._bytes}
+                                        if self._linear else None)
+
+    @property
+    def closed(self) -> bool:
+        return self._raw.closed
+
+    def __getattr__(self, attr):
+        return getattr(self._raw, attr)
+
+
+def _hashing_fs(base: type, hashed: dict) -> type:
+    """DCP's FileSystem class `base` whose write streams hash as they write (into
+    `hashed`, keyed by file name); read streams are untouched."""
+
+    class HashingFileSystem(base):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):
+            with super().create_stream(path, mode) as raw:
+                if "w" not in mode:  # reads, and appends (not written from byte 0)
+                    yield raw
+                    return
+                stream = _HashingStream(raw, Path(path).name, hashed)
+                try:
+                    yield stream
+                except BaseException:
+                    stream.spoil()
+                    raise
+                finally:
+                    stream.close()
+
+    return HashingFileSystem
 
 
 def tensors_only_planner():

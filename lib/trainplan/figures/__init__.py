@@ -32,10 +32,14 @@ from trainplan.figures.planning import (  # noqa: F401
 )
 from trainplan.figures.resilience import (  # noqa: F401
     checkpoint_bench_figure,
-    checkpoint_bench_note,
     checkpoint_bench_table,
+    checkpoint_cards,
     checkpoint_records,
     checkpoint_table,
+    checkpoint_targets,
+    checkpoint_targets_table,
+    checkpoint_verdict,
+    checkpoint_verdict_short,
     fault_matrix_caption,
     fault_matrix_table,
     lost_work_distribution,
