@@ -397,3 +397,15 @@ def test_the_report_reads_a_committed_study_without_writing_to_it():
     out = tune_report.report(str(path))
     assert out["trials"] >= 15 and out["card"] == "NVIDIA H200"
     assert path.read_bytes() == before
+
+
+def test_recipe_sentences_of_a_study_too_small_for_intervals_claim_no_effect():
+    """The committed GPU study (15 configurations) estimates no effect yet: the page says so
+    and names its fastest measurement as a measurement."""
+    path = ROOT / "data" / "measurements" / "tune-2gpu" / "study.journal"
+    rep = tune_report.report(str(path))
+    assert not any(k["effects"] for k in rep["knobs"])
+    words = tune_report.recipe_sentences(rep)
+    assert "too small yet" in words["decision"] and "not a knob effect" in words["decision"]
+    assert f"{rep['best']['tokens_per_s_per_gpu']:,.0f}" in words["decision"]
+    assert "Set " not in words["decision"] and "Leave alone" not in words["decision"]

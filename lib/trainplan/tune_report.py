@@ -259,6 +259,17 @@ def recipe_sentences(rep: dict | None) -> dict[str, str]:
     status = (f"The committed study `{rep['study']}` measured {rep['trials']} configurations of "
               f"`{rep['model']}` on {rep['gpus']} x {rep['card']} in {rep['gpu_hours']:.2f} "
               "GPU-hours.")
+    if not any(k["effects"] for k in rep["knobs"]):  # too few trials for any interval
+        b = rep["best"]
+        fastest = ", ".join(f"{k} {v}" for k, v in b["config"].items() if v is not None)
+        decision = (f"The study is too small yet to estimate any knob's effect with an interval "
+                    f"({rep['trials']} configurations): keep the defaults until it is complete. "
+                    f"The fastest configuration measured so far ({fastest}) ran "
+                    f"{b['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU (95% interval "
+                    f"{b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}): one measurement, not a knob effect.")
+        return {"status": status, "decision": decision,
+                "risk": "With this few configurations, which knob matters is not known yet; the "
+                        "study resumes from its committed storage."}
     decision = ("Set " + "; ".join(gains) + "." if gains else
                 "No knob beat its default with an interval above zero: keep the defaults.")
     if avoid:
