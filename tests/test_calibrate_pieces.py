@@ -129,3 +129,115 @@ def test_head_peak_bytes_scale_the_logits_term():
     compiled = [evaluate(M, g, load_cluster("dgx-h100"), L, 2048).iloc[0]["activations_gib"]
                 for g in (gpu, calibrate_pieces.apply(gpu, scales))]
     assert compiled[0] == compiled[1]
+
+
+# ---------------------------------------------------------------- layouts other than FSDP2
+
+
+def _head(seconds, peak, *, compile=False, precision="pure", mb=4):
+    return {"config": {"model": M.name, "model_spec": dataclasses.asdict(M), "tokens": mb * 2048,
+                       "seq": 2048, "micro_batch": mb, "compile": compile,
+                       "precision": precision},
+            "results": {"time_s": seconds, "peak_bytes": peak}}
+
+
+def test_autocast_blocks_get_their_own_scales_and_leave_the_pure_ones():
+    gpu = _gpu()
+    t = calibrate_pieces.block_terms(M, gpu, tokens=4096, seq=2048, recompute="none")
+    kept = float(calibrate_pieces.memory.layer_activation_bytes(
+        M, seq_len=2048, micro_batch=2, tp=1, cp=1, recompute=0, sequence_parallel=False))
+    pure = _block(t["matmul"] + t["attention"] + 1.7 * t["elementwise"], 0.8 * kept)
+    amp = _block(t["matmul"] + t["attention"] + 2.5 * t["elementwise"], 1.6 * kept)
+    amp["config"]["precision"] = "autocast-fp32"
+    scales, checks = calibrate_pieces.fit({"block": [pure, amp]}, gpu)
+    assert scales["elementwise_scale"] == pytest.approx(1.7, rel=1e-3)
+    assert scales["autocast_elementwise_scale"] == pytest.approx(2.5, rel=1e-3)
+    assert scales["activation_scales"] == [[True, "none", 0.8]]
+    assert scales["autocast_activation_scales"] == [[True, "none", 1.6]]
+    assert [row["precision"] for row in checks] == ["pure", "autocast-fp32"]
+    for row in checks:
+        assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=1e-3)
+        assert row["predicted_mib"] == pytest.approx(row["measured_mib"], rel=1e-3)
+    # GPUSpec has no autocast fields yet: apply ignores them and keeps the pure ones
+    applied = calibrate_pieces.apply(gpu, scales)
+    assert applied.elementwise_scale == pytest.approx(1.7, rel=1e-3)
+    assert not hasattr(applied, "autocast_elementwise_scale")
+
+
+def test_compiled_head_is_scaled_against_the_compiled_logits_bytes():
+    gpu = _gpu()
+    t = calibrate_pieces.head_time(M, gpu, 8192)
+    kw = dict(seq_len=2048, micro_batch=4, tp=1, cp=1)
+    eager = _head(1.3 * t, 0.6 * float(calibrate_pieces.memory.logits_bytes(M, **kw)))
+    compiled = _head(0.8 * t, 0.9 * float(calibrate_pieces.memory.compiled_logits_bytes(M, **kw)),
+                     compile=True)
+    scales, _ = calibrate_pieces.fit({"head": [eager, compiled]}, gpu)
+    assert scales["head_scale"] == pytest.approx(1.3, rel=1e-3)
+    assert scales["logits_scale"] == pytest.approx(0.6, rel=1e-3)
+    assert scales["compiled_head_scale"] == pytest.approx(0.8, rel=1e-3)
+    assert scales["compiled_logits_scale"] == pytest.approx(0.9, rel=1e-3)
+    assert [row[:2] for row in scales["head_modes"]] == [[False, "pure"], [True, "pure"]]
+    alone, _ = calibrate_pieces.fit({"head": [eager]}, gpu)
+    assert "head_modes" not in alone and "compiled_head_scale" not in alone
+
+
+def _ddp(seconds, allreduce, *, on, kept=0):
+    r = _block(seconds, kept, mb=8)
+    r["config"].update({"precision": "autocast-fp32", "wrapper": "ddp", "optimize_ddp": on,
+                        "grad_bytes": 4 * 50_000_000})
+    r["results"]["allreduce_s"] = allreduce
+    return r
+
+
+def test_ddp_exposure_is_measured_against_the_block_alone_and_its_bucket_copies():
+    gpu = _gpu()
+    ref = _block(0.030, 0, mb=8)
+    ref["config"]["precision"] = "autocast-fp32"
+    copy = 16.0 * 50_000_000 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
+    scales, checks = calibrate_pieces.fit({"block": [
+        ref, _ddp(0.030 + copy + 0.3 * 0.004, 0.004, on=True),
+        _ddp(0.030 + copy + 0.9 * 0.004, 0.004, on=False)]}, gpu)
+    assert scales["ddp_exposed"] == pytest.approx(0.3, rel=1e-6)
+    assert scales["ddp_exposed_unsplit"] == pytest.approx(0.9, rel=1e-6)
+    assert len(checks) == 1  # the DDP rows are no block check
+    fast, _ = calibrate_pieces.fit({"block": [ref, _ddp(0.020, 0.004, on=True)]}, gpu)
+    assert fast["ddp_exposed"] == 0.0  # clamped
+    bare, _ = calibrate_pieces.fit({"block": [_ddp(0.05, 0.004, on=True)]}, gpu)
+    assert "ddp_exposed" not in bare  # no block alone to measure it against
+
+
+def _mm(m, n, k, tflops, base=True):
+    return {"config": {"m": m, "n": n, "k": k, "base": base}, "results": {"tflops": tflops}}
+
+
+def test_matmul_curve_interpolates_in_log_size_and_prices_a_block():
+    peak = 1000.0
+    recs = [_mm(4096, 2048, 2048, 600.0), _mm(16384, 2048, 2048, 800.0),
+            _mm(16384, 2048, 2048, 820.0), _mm(16384, 8192, 2048, 800.0, base=False)]
+    curve = calibrate_pieces.matmul_curve(recs, peak)
+    small, big = 2.0 * 4096 * 2048 * 2048, 2.0 * 16384 * 2048 * 2048
+    assert curve == [[small, 0.6], [big, 0.81], [4 * big, 0.8]]
+    at = calibrate_pieces.matmul_efficiency_at
+    assert at(curve, (small * big) ** 0.5, 0.5) == pytest.approx(0.705)  # log-size midpoint
+    assert at(curve, small / 100, 0.5) == 0.6 and at(curve, big * 100, 0.5) == 0.8  # flat ends
+    assert at([], big, 0.5) == 0.5
+    assert np.allclose(at(curve, np.array([small, big]), 0.5), [0.6, 0.81])
+    eff = calibrate_pieces.block_matmul_efficiency
+    assert eff(M, [], tokens=16384, tp=1, default=0.77) == pytest.approx(0.77)
+    flat = [[1.0, 0.7], [1e15, 0.7]]
+    assert eff(M, flat, tokens=np.array([4096, 16384]), tp=2, default=0.5) == pytest.approx(0.7)
+    rising = [[1e9, 0.3], [1e12, 0.8]]
+    tp1, tp2 = (eff(M, rising, tokens=16384, tp=t, default=0.5) for t in (1, 2))
+    assert 0.3 < tp2 < tp1 <= 0.8  # the tp shards are smaller GEMMs
+    scales, _ = calibrate_pieces.fit({"matmul": recs}, _gpu())
+    assert len(scales["matmul_curve"]) == 3
+    base_only, _ = calibrate_pieces.fit({"matmul": recs[:3]}, _gpu())
+    assert "matmul_curve" not in base_only
+
+
+def test_apply_passes_a_piece_only_to_an_existing_scale_field():
+    gpu = _gpu()
+    out = calibrate_pieces.apply(gpu, {"name": "other", "bf16_tflops": 1.0, "head_scale": 2.0,
+                                       "ddp_exposed": 0.4, "matmul_curve": [[1.0, 0.5]]})
+    assert out.name == gpu.name and out.bf16_tflops == gpu.bf16_tflops
+    assert out.head_scale == 2.0

@@ -8,8 +8,9 @@ From `microbenchmark` records (`trainplan.bench.micro`) this module derives:
   GEMM shapes, weighted as the cost model spends time on them: total FLOPs
   over total time, each shape counted as often as a forward pass runs it
   (per layer x layers, the output layer once). The per-shape fractions are
-  kept beside it. A curve in GEMM size needs shapes at several token counts;
-  records at one token count give one constant (the spread is reported).
+  kept beside it. Records of other shapes (`bench.micro --matmul-tp
+  --matmul-tokens`, config `base: false`) stay out of this constant and give
+  the curve in GEMM size (`calibrate_pieces.matmul_curve`).
 - attention fraction: the dense-equivalent rate of causal attention
   (forward + backward, 12 b a s^2 d FLOPs, twice the causal work done; the
   convention of `compute.attention_flops_per_token_per_layer`) over peak.
@@ -186,7 +187,8 @@ def build(paths, gpu: GPUSpec) -> dict:
             layers = load_model(models.pop()).n_layers
         except SpecError:
             pass
-    mm = matmul_fraction(by_bench["matmul"], gpu.bf16_tflops, layers)
+    base_mm = [r for r in by_bench["matmul"] if r["config"].get("base", True)]  # the model's own
+    mm = matmul_fraction(base_mm or by_bench["matmul"], gpu.bf16_tflops, layers)
     att = attention_fraction(by_bench["attention"], gpu.bf16_tflops)
     coll = {}
     for op in COLLECTIVES:
@@ -216,8 +218,10 @@ def build(paths, gpu: GPUSpec) -> dict:
                                      if "memory_efficiency" in scales else
                                      "no HBM microbenchmark record; the preset's value is used"),
             "pieces: " + (", ".join(sorted(scales)) or "none measured; analytic terms unscaled"),
-            f"matmul: forward GEMMs at {mm['token_counts']} tokens only; backward shapes and "
-            "other token counts are not measured",
+            f"matmul: forward GEMMs at {mm['token_counts']} tokens"
+            + ("; other sizes (tp shards, token counts) in pieces.matmul_curve"
+               if "matmul_curve" in scales else " only; other token counts are not measured")
+            + "; backward shapes are not measured",
             "collectives: fitted on the largest world recorded, inside one node (NVLink); "
             "the planner uses them for groups inside a node, the cluster's figures across",
         ],

@@ -22,6 +22,30 @@ against its measured time, and the ratio is kept as a scale:
   `compute.optimizer_step_time` prices it;
 - overlap_exposed = median (t_both - t_gemm) / t_allreduce, clamped to [0, 1].
 
+The layouts other than FSDP2 (DDP, TP, PP, one GPU) keep fp32 weights under
+`torch.autocast` and so an fp32 residual stream; their pieces are measured
+apart (`bench.micro_model.PRECISIONS`, `bench.micro_layouts`) and give:
+
+- autocast_elementwise_scale (compiled), eager_autocast_elementwise_scale
+  and autocast_activation_scales: as above, from the "autocast-fp32" blocks,
+  against the same analytic (bf16) terms;
+- compiled_head_scale and compiled_logits_scale: the head with its loss
+  compiled (as `--compile` runs it), the bytes against
+  `memory.compiled_logits_bytes`; head_modes lists every head variant;
+- ddp_exposed (DDPOptimizer on) and ddp_exposed_unsplit (off) =
+  (t_ddp_block - t_block - t_bucket_copies) / t_allreduce, clamped to [0, 1]:
+  the share of the block's gradient all-reduce (timed alone on the same
+  ranks) that still adds to a DDP-wrapped compiled block, t_block the same
+  block measured without DDP and t_bucket_copies `compute.dp_copy_time`'s
+  16 B per parameter; ddp_activation_scales: its kept bytes / analytic;
+- matmul_curve: [GEMM FLOPs, fraction of peak] at every GEMM size measured
+  (median per size), for `matmul_efficiency_at` (log-size interpolation);
+  written only where shapes beyond the model's own were measured
+  (`bench.micro --matmul-tp/--matmul-tokens`).
+
+GPUSpec has no field for these yet: `apply` passes a key on only where
+GPUSpec has a field of that name, so adding the field is all it takes.
+
 Every scale is a ratio of measured to modelled work on a microbenchmark, so
 it carries over to other widths only as far as the work's shape does; the
 calibration names the model it was measured on.
@@ -46,7 +70,19 @@ SCALE_NAMES = {  # the scales as the runbook names them, and their uncalibrated 
     "optimizer_scale": ("clip + fused AdamW time / analytic", "1 (analytic)"),
     "logits_scale": ("output layer + loss peak bytes / analytic", "1 (analytic)"),
     "overlap_exposed": ("share of overlapped all-reduce time still exposed", "0 (all hidden)"),
+    "autocast_elementwise_scale": ("element-wise time / analytic, compiled, fp32 weights "
+                                   "under autocast", "1 (analytic)"),
+    "eager_autocast_elementwise_scale": ("element-wise time / analytic, eager, fp32 weights "
+                                         "under autocast", "1 (analytic)"),
+    "compiled_head_scale": ("output layer + compiled loss time / analytic", "1 (analytic)"),
+    "compiled_logits_scale": ("output layer + compiled loss peak bytes / analytic",
+                              "1 (analytic)"),
+    "ddp_exposed": ("share of DDP's gradient all-reduce still exposed, DDPOptimizer on",
+                    "overlap_exposed"),
+    "ddp_exposed_unsplit": ("the same, DDPOptimizer off", "overlap_exposed"),
 }
+NOT_PIECES = {"name", "bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",  # GPUSpec
+              "attention_efficiency", "fp8_tflops", "source", "calibration", "collectives"}
 MIN_SCALE = 0.05  # a residual below this is noise, not a speed-up
 
 
@@ -77,6 +113,15 @@ def block_terms(m: ModelSpec, gpu: GPUSpec, *, tokens: float, seq: int, recomput
         "elementwise": tokens * (1.0 + float(compute.recompute_elementwise_factor(code)))
         * float(compute.elementwise_bytes_per_token_per_layer(m, 1, False)) / mem_rate,
     }
+
+
+def _precision(record: dict) -> str:
+    return record["config"].get("precision", "pure")
+
+
+def _plain(record: dict, precision: str = "pure") -> bool:
+    """A block or head record measured alone (no DDP wrapper) in `precision`."""
+    return _precision(record) == precision and record["config"].get("wrapper") is None
 
 
 def _elementwise_scale(record: dict, gpu: GPUSpec) -> float:
@@ -112,29 +157,28 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
         tbps = _median(r["results"]["tbps"] for r in by_bench["hbm"])
         out["memory_efficiency"] = round(min(1.0, tbps / gpu.hbm_tbps), 4)
         gpu = dataclasses.replace(gpu, memory_efficiency=out["memory_efficiency"])
-    blocks = by_bench.get("block", [])
-    for compiled, key in ((True, "elementwise_scale"), (False, "eager_elementwise_scale")):
-        base = [r for r in blocks if r["config"]["compile"] == compiled
-                and r["config"]["recompute"] == "none"]
-        if base:
-            out[key] = round(_median(_elementwise_scale(r, gpu) for r in base), 4)
-    scales = {}
-    for r in (r for r in blocks if r["results"]["activation_bytes"] > 0):  # 0: not on CPU
-        scales.setdefault((r["config"]["compile"], r["config"]["recompute"]), []).append(
-            _activation_scale(r))
-    if scales:
-        out["activation_scales"] = [[c, rc, round(_median(v), 4)]
-                                    for (c, rc), v in sorted(scales.items())]
-    if by_bench.get("head"):
-        out["head_scale"] = round(_median(
-            r["results"]["time_s"] / head_time(_spec(r), gpu, r["config"]["tokens"])
-            for r in by_bench["head"]), 4)
-    heads = [r for r in by_bench.get("head", []) if r["results"].get("peak_bytes")]  # GPU only
-    if heads:
-        out["logits_scale"] = round(_median(
-            r["results"]["peak_bytes"] / float(memory.logits_bytes(
-                _spec(r), seq_len=r["config"]["seq"], micro_batch=r["config"]["micro_batch"],
-                tp=1, cp=1)) for r in heads), 4)
+    every = by_bench.get("block", [])
+    blocks = [r for r in every if _plain(r)]
+    for prefix, precision in (("", "pure"), ("autocast_", "autocast-fp32")):
+        alone = [r for r in every if _plain(r, precision)]
+        for compiled, key in ((True, f"{prefix}elementwise_scale"),
+                              (False, f"eager_{prefix}elementwise_scale")):
+            base = [r for r in alone if r["config"]["compile"] == compiled
+                    and r["config"]["recompute"] == "none"]
+            if base:
+                out[key] = round(_median(_elementwise_scale(r, gpu) for r in base), 4)
+        scales = {}
+        for r in (r for r in alone if r["results"]["activation_bytes"] > 0):  # 0: not on CPU
+            scales.setdefault((r["config"]["compile"], r["config"]["recompute"]), []).append(
+                _activation_scale(r))
+        if scales:
+            out[f"{prefix}activation_scales"] = [[c, rc, round(_median(v), 4)]
+                                                 for (c, rc), v in sorted(scales.items())]
+    out.update(_head_scales(by_bench.get("head", []), gpu))
+    out.update(_ddp_scales(every, gpu))
+    mms = by_bench.get("matmul", [])
+    if any(not r["config"].get("base", True) for r in mms):  # shapes asked for beyond the model's
+        out["matmul_curve"] = matmul_curve(mms, gpu.bf16_tflops)
     if by_bench.get("optimizer"):
         per_param = 32.0 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
         out["optimizer_scale"] = round(_median(
@@ -143,7 +187,101 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     if by_bench.get("overlap"):
         out["overlap_exposed"] = round(min(1.0, max(0.0, _median(
             r["results"]["exposed_fraction"] for r in by_bench["overlap"]))), 4)
-    return out, block_checks(blocks, apply(gpu, out))
+    checks = block_checks(blocks, apply(gpu, out))
+    autocast = [r for r in every if _plain(r, "autocast-fp32")]
+    if autocast:  # the same checks with the autocast scales in the pure scales' places
+        renamed = {k.replace("autocast_", ""): v for k, v in out.items() if "autocast_" in k}
+        checks += block_checks(autocast, apply(gpu, renamed))
+    return out, checks
+
+
+def _head_scales(heads: list[dict], gpu: GPUSpec) -> dict:
+    """Time and peak-bytes scales of the head, per (compiled loss, precision) measured."""
+    out, rows = {}, []
+    modes = sorted({(r["config"].get("compile", False), _precision(r)) for r in heads})
+    for compiled, precision in modes:
+        recs = [r for r in heads if (r["config"].get("compile", False), _precision(r))
+                == (compiled, precision)]
+        t = round(_median(r["results"]["time_s"] / head_time(_spec(r), gpu,
+                                                             r["config"]["tokens"])
+                          for r in recs), 4)
+        analytic = memory.compiled_logits_bytes if compiled else memory.logits_bytes
+        peaks = [r["results"]["peak_bytes"] / float(analytic(
+            _spec(r), seq_len=r["config"]["seq"], micro_batch=r["config"]["micro_batch"],
+            tp=1, cp=1)) for r in recs if r["results"].get("peak_bytes")]  # GPU only
+        b = round(_median(peaks), 4) if peaks else None
+        rows.append([compiled, precision, t, b])
+        if precision == "pure":
+            prefix = "compiled_" if compiled else ""
+            out[f"{prefix}head_scale"] = t
+            if b is not None:
+                out[f"{prefix}logits_scale"] = b
+    if len(rows) > 1:
+        out["head_modes"] = rows
+    return out
+
+
+def _ddp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
+    """ddp_exposed(_unsplit) and ddp_activation_scales from DDP-wrapped block records."""
+    out, kept = {}, []
+    mem_rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
+    for on, key in ((True, "ddp_exposed"), (False, "ddp_exposed_unsplit")):
+        fractions = []
+        for r in (r for r in blocks if r["config"].get("wrapper") == "ddp"
+                  and r["config"]["optimize_ddp"] == on):
+            c = r["config"]
+            ref = [b["results"]["time_s"] for b in blocks if _plain(b, c["precision"])
+                   and b["config"]["compile"] == c["compile"]
+                   and b["config"]["recompute"] == "none"
+                   and (b["config"]["micro_batch"], b["config"]["seq"]) ==
+                   (c["micro_batch"], c["seq"]) and _spec(b) == _spec(r)]
+            if ref:
+                copy = 16.0 * c["grad_bytes"] / 4.0 / mem_rate  # compute.dp_copy_time, DDP
+                fractions.append((r["results"]["time_s"] - _median(ref) - copy)
+                                 / r["results"]["allreduce_s"])
+            if on and r["results"]["activation_bytes"] > 0:
+                kept.append(_activation_scale(r))
+        if fractions:
+            out[key] = round(min(1.0, max(0.0, _median(fractions))), 4)
+    if kept:
+        out["ddp_activation_scales"] = [[True, round(_median(kept), 4)]]
+    return out
+
+
+def matmul_curve(recs: list[dict], peak_tflops: float) -> list[list[float]]:
+    """[[2 m n k, median fraction of peak at that size], ...] in increasing size."""
+    by_size: dict[float, list[float]] = {}
+    for r in recs:
+        c = r["config"]
+        by_size.setdefault(2.0 * c["m"] * c["n"] * c["k"], []).append(
+            r["results"]["tflops"] / peak_tflops)
+    return [[size, round(_median(v), 4)] for size, v in sorted(by_size.items())]
+
+
+def matmul_efficiency_at(curve, flops, default: float):
+    """Fraction of peak of a GEMM of `flops` (2 m n k): `curve` interpolated in log size,
+    held flat beyond its ends; `default` (the single matmul fraction) without a curve."""
+    flops = np.asarray(flops, dtype=float)
+    if len(curve) < 2:
+        return np.full(flops.shape, default) if flops.shape else default
+    sizes, fractions = np.log(np.array([c[0] for c in curve])), np.array([c[1] for c in curve])
+    out = np.interp(np.log(flops), sizes, fractions)
+    return out if out.shape else float(out)
+
+
+def block_matmul_efficiency(m: ModelSpec, curve, *, tokens, tp, default: float):
+    """Effective fraction of one block's forward GEMMs on one rank at `tokens` rows and `tp`:
+    sum F / sum (F / e(F)) over q, k, v, out, gate/up, down (`bench.shapes.gemm_shapes`),
+    so that their summed FLOPs at peak x this fraction take the summed time. Vectorised."""
+    t, tp = np.asarray(tokens, dtype=float), np.asarray(tp, dtype=float)
+    h, kv, f = m.hidden, m.kv_dim, m.ffn
+    ups = m.top_k * (2 if m.mlp == "swiglu" else 1)
+    shapes = [(1, h / tp, h), (2, kv / tp, h), (1, h, h / tp), (ups, f / tp, h),
+              (m.top_k, h, f / tp)]  # (count, n, k) with m = tokens rows
+    flops = [count * 2.0 * t * n * k for count, n, k in shapes]
+    time = sum(fl / matmul_efficiency_at(curve, fl / count, default)
+               for fl, (count, _, _) in zip(flops, shapes, strict=True))
+    return sum(flops) / time
 
 
 def block_checks(blocks: list[dict], gpu: GPUSpec) -> list[dict]:
@@ -159,6 +297,7 @@ def block_checks(blocks: list[dict], gpu: GPUSpec) -> list[dict]:
             recompute=RECOMPUTE.index(c["recompute"]), sequence_parallel=False))
         kept *= activation_scale(gpu, c["compile"], RECOMPUTE.index(c["recompute"]))
         rows.append({"model": m.name, "micro_batch": c["micro_batch"], "compile": c["compile"],
+                     "precision": _precision(r),
                      "recompute": c["recompute"], "measured_s": r["results"]["time_s"],
                      "predicted_s": round(float(predicted), 6),
                      "measured_mib": round(r["results"]["activation_bytes"] / 2**20, 2),
@@ -183,12 +322,19 @@ def activation_scale(gpu: GPUSpec, compiled, recompute_code):
 
 
 def apply(gpu: GPUSpec, scales: dict) -> GPUSpec:
-    """`gpu` with the piece scales of a calibration (missing ones keep the spec's)."""
+    """`gpu` with the piece scales of a calibration (missing ones keep the spec's).
+
+    A scale is passed on only where GPUSpec has a field of its name: numbers
+    as floats, tables as tuples of tuples (activation scales typed).
+    """
+    fields = {f.name for f in dataclasses.fields(GPUSpec)} - NOT_PIECES
     kw = {k: float(v) for k, v in scales.items()
-          if k in ("memory_efficiency", "elementwise_scale", "eager_elementwise_scale",
-                   "head_scale", "optimizer_scale", "overlap_exposed", "logits_scale")
-          and v is not None}
-    if scales.get("activation_scales"):
-        kw["activation_scales"] = tuple((bool(c), str(rc), float(s))
-                                        for c, rc, s in scales["activation_scales"])
+          if k in fields and v is not None and not isinstance(v, (list, tuple))}
+    for key, table in scales.items():
+        if key in fields and isinstance(table, (list, tuple)) and table:
+            if key.endswith("activation_scales") and len(table[0]) == 3:
+                kw[key] = tuple((bool(c), str(rc), float(s)) for c, rc, s in table)
+            else:
+                kw[key] = tuple(tuple(row) if isinstance(row, (list, tuple)) else row
+                                for row in table)
     return dataclasses.replace(gpu, **kw)

@@ -34,7 +34,7 @@ from trainplan.bench.shapes import (
     KiB,
     attention_flops,
     bus_factor,
-    gemm_shapes,
+    gemm_shapes,  # noqa: F401  (re-exported: tests and notebooks use micro.gemm_shapes)
     parse_sizes,
     whole,
 )
@@ -44,7 +44,7 @@ from trainplan.specs import ModelSpec, load_model
 from trainplan.stats import median_ci
 
 MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
-BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap")
+BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap", "ddp")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -108,15 +108,22 @@ def _timed_results(times: list[float], work: float, unit: str, scale: float) -> 
 
 def bench_matmul(m: int, n: int, k: int, *, dtype: str = "bfloat16", device: str | None = None,
                  warmup: int = 10, iters: int = 20, repeats: int = 7, name: str = "",
-                 run_id: str | None = None, extra: dict | None = None) -> dict:
-    """TFLOP/s of y = x W^T, x (m, k), W (n, k): 2 m n k FLOPs a call."""
+                 tp: int = 1, base: bool = True, run_id: str | None = None,
+                 extra: dict | None = None) -> dict:
+    """TFLOP/s of y = x W^T, x (m, k), W (n, k): 2 m n k FLOPs a call.
+
+    `name` and `tp` say which GEMM of the model it is; `base` marks the shapes
+    of the launch's own --tp and --tokens, from which `trainplan.calibrate`
+    takes the single matmul fraction (the others only feed the size curve).
+    """
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     whole(m=m, n=n, k=k)
     x = torch.randn(m, k, device=dev, dtype=_dtype(dtype))
     w = torch.randn(n, k, device=dev, dtype=_dtype(dtype))
     out = torch.empty(m, n, device=dev, dtype=_dtype(dtype))
     times = _time_blocks(lambda: torch.mm(x, w.t(), out=out), dev, warmup, iters, repeats)
-    config = {"name": name, "m": m, "n": n, "k": k, "dtype": dtype, "device": dev.type,
+    config = {"name": name, "m": m, "n": n, "k": k, "tp": tp, "base": base, "dtype": dtype,
+              "device": dev.type,
               "flops": 2 * m * n * k, "warmup": warmup, "iters": iters, "repeats": repeats}
     return microbenchmark_record(bench="matmul", config=config, gpus=1, card=_card(dev),
                                  results=_timed_results(times, 2 * m * n * k, "tflops", 1e12),
@@ -205,9 +212,20 @@ def _parser():
     p.add_argument("--benches", default=",".join(BENCHES),
                    help=f"comma list of {', '.join(BENCHES)}")
     p.add_argument("--block-modes", default="compiled:none,compiled:selective,eager:none",
-                   help="block variants, comma list of compiled|eager:none|selective|full")
+                   help="block variants, comma list of compiled|eager:none|selective|full"
+                   "[:pure|autocast-fp32] (pure: weights in --dtype, as FSDP2; autocast-fp32: "
+                   "fp32 weights under autocast, as DDP, TP, PP and 1 GPU)")
+    p.add_argument("--head-modes", default="eager",
+                   help="head variants, comma list of compiled|eager[:pure|autocast-fp32] "
+                   "(compiled: the loss compiled, as --compile runs do)")
+    p.add_argument("--ddp-modes", default="on,off",
+                   help="bench ddp: Dynamo's DDPOptimizer (optimize_ddp) on, off, or both")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
     p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
+    p.add_argument("--matmul-tp", default=None,
+                   help="more tp degrees whose GEMM shards to time, e.g. 1,2 (default: --tp)")
+    p.add_argument("--matmul-tokens", default=None,
+                   help="more GEMM row counts to time, e.g. 4096,16384 (default: --tokens)")
     p.add_argument("--seq-len", type=int, default=2048, help="attention sequence length")
     p.add_argument("--sizes", default="64K..1G", help="collective sizes: 64K..1G or 64K,1M")
     p.add_argument("--ops", default=",".join(COLLECTIVES), help="collectives to time")
@@ -220,20 +238,25 @@ def _parser():
 
 
 def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict]]:
+    from trainplan.bench import micro_layouts as lay
+
     benches = {b.strip() for b in args.benches.split(",") if b.strip()}
     unknown = benches - set(BENCHES)
     if unknown:
         raise SpecError(f"--benches {sorted(unknown)[0]!r} is not valid; "
                         f"use {', '.join(BENCHES)}")
-    modes = block_modes(args.block_modes)
+    modes, heads = lay.block_modes(args.block_modes), lay.head_modes(args.head_modes)
+    ddp = lay.ddp_modes(args.ddp_modes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
         bus_factor(op, 2)  # validates the name
-    shapes = gemm_shapes(spec, args.tp, args.tokens)  # on every rank: all refuse bad input
+    matmuls = lay.matmul_tasks(spec, args.tp, args.tokens,  # on every rank: all refuse bad input
+                               lay.whole_list(args.matmul_tp, "--matmul-tp"),
+                               lay.whole_list(args.matmul_tokens, "--matmul-tokens"))
     sizes = parse_sizes(args.sizes)
     tasks = []
     if rank == 0 and "matmul" in benches:
-        tasks += [("matmul", {"m": g.m, "n": g.n, "k": g.k, "name": g.name}) for g in shapes]
+        tasks += matmuls
     if rank == 0 and "attention" in benches:
         batch = max(1, args.tokens // args.seq_len)
         tasks.append(("attention", {"batch": batch, "heads": spec.n_heads // args.tp,
@@ -243,9 +266,10 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     if rank == 0 and "hbm" in benches:
         tasks.append(("hbm", {"size_bytes": GiB if torch.cuda.is_available() else 16 * 2**20}))
     if rank == 0 and "head" in benches:
-        tasks.append(("head", piece))
+        tasks += [("head", {**piece, "compile": c, "precision": p}) for c, p in heads]
     if rank == 0 and "block" in benches:
-        tasks += [("block", {**piece, "compile": c, "recompute": r}) for c, r in modes]
+        tasks += [("block", {**piece, "compile": c, "recompute": r, "precision": p})
+                  for c, r, p in modes]
     if rank == 0 and "optimizer" in benches:
         tasks.append(("optimizer", {"model": args.model}))
     if world > 1 and "collectives" in benches:
@@ -253,26 +277,17 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     if world > 1 and "overlap" in benches:
         tasks.append(("overlap", {} if torch.cuda.is_available() else
                       {"gemm": 256, "gemms": 4, "size_bytes": 2**20}))
+    if world > 1 and "ddp" in benches:
+        tasks += [("ddp", {**piece, "optimize_ddp": on}) for on in ddp]
     return tasks
 
 
-def block_modes(text: str) -> list[tuple[bool, str]]:
-    """'compiled:none,eager:none' -> [(True, 'none'), (False, 'none')]; bad items refused."""
-    from trainplan.bench.micro_model import RECOMPUTE_MODES
-
-    out = []
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        mode, _, rc = item.partition(":")
-        if mode not in ("compiled", "eager") or rc not in RECOMPUTE_MODES:
-            raise SpecError(f"--block-modes item {item!r} is not valid; use compiled|eager:"
-                            f"{'|'.join(RECOMPUTE_MODES)}")
-        out.append((mode == "compiled", rc))
-    return out
-
-
 def _run(kind: str, kw: dict, common: dict) -> dict:
-    from trainplan.bench import micro_model
+    from trainplan.bench import micro_layouts, micro_model
 
+    if kind == "ddp":
+        keep = {k: v for k, v in common.items() if k in ("run_id", "extra", "dtype")}
+        return micro_layouts.bench_ddp_block(**kw, **keep)
     if kind in MODEL_BENCHES:
         typed = kind in ("block", "head", "overlap")
         keep = {k: v for k, v in common.items()
@@ -300,7 +315,8 @@ def _summary(record: dict) -> tuple[str, str, str, str]:
                 "overlap": lambda: f"{r['exposed_fraction']:.2f} of all-reduce exposed"}.get(
             record["bench"], lambda: f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, "
                                      f"{r.get('activation_bytes', 0) / 2**20:.0f} MiB kept")()
-        shape = " ".join(f"{k}={c[k]}" for k in ("micro_batch", "compile", "recompute", "params",
+        shape = " ".join(f"{k}={c[k]}" for k in ("micro_batch", "compile", "recompute",
+                                                  "precision", "optimize_ddp", "params",
                                                   "size_bytes", "world") if k in c)
         t = r.get("time_s")
         return record["bench"], shape, f"{t * 1e3:.3f} ms" if t else "-", rate

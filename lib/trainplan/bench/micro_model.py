@@ -1,14 +1,20 @@
 """Microbenchmarks of the model's own pieces, for the terms a GEMM timing cannot see.
 
-- block: one transformer block forward + backward at (micro-batch, seq), with
-  bf16 weights as FSDP2 computes, compiled or eager, with or without
-  recompute (the harness's own `apply_ac` / `apply_compile`); time per call
-  and the activation bytes the block keeps for backward (allocated after the
-  forward minus before, the output included: it is the next block's saved
-  input).
+- block: one transformer block forward + backward at (micro-batch, seq),
+  compiled or eager, with or without recompute (the harness's own `apply_ac`
+  / `apply_compile`), in one of two precisions (`PRECISIONS`): "pure", the
+  weights and activations in `dtype` as FSDP2's bf16 `MixedPrecisionPolicy`
+  computes; "autocast-fp32", fp32 weights and an fp32 residual stream under
+  `torch.autocast(dtype)`, as the harness runs DDP, TP, PP and one GPU
+  (`step.train_step(autocast=True)`: the embedding's output is fp32, so the
+  residual stream is too). Time per call and the activation bytes the block
+  keeps for backward (allocated after the forward minus before, the output
+  included: it is the next block's saved input).
 - head: final norm, output projection and cross-entropy, forward + backward,
-  and the peak bytes above what was allocated before (logits, their fp32
-  copy, their gradients: what `memory.logits_bytes` prices).
+  eager or with the loss compiled as `bench.train.loss_function` compiles it,
+  in either precision; and the peak bytes above what was allocated before
+  (logits, their fp32 copy, their gradients: what `memory.logits_bytes` and,
+  compiled, `memory.compiled_logits_bytes` price).
 - optimizer: gradient-norm clip and fused AdamW over fp32 parameters with the
   model's own shapes (a slice of its blocks), seconds per parameter.
 - hbm: a large device-to-device copy, the streaming bandwidth (read + write).
@@ -36,6 +42,7 @@ from trainplan.specs import load_model
 from trainplan.stats import median_ci
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+PRECISIONS = ("pure", "autocast-fp32")  # weights in dtype | fp32 weights under autocast(dtype)
 
 
 class _OneBlock(nn.Module):
@@ -58,24 +65,38 @@ def _allocated(dev: torch.device) -> int:
     return torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
 
 
+def _precision(precision: str, dt: torch.dtype, dev: torch.device):
+    """(parameter and input dtype, autocast context factory, autocast dtype or None)."""
+    import contextlib
+
+    if precision not in PRECISIONS:
+        raise SpecError(f"precision {precision!r} is not valid; use one of {PRECISIONS}")
+    if precision == "pure":
+        return dt, contextlib.nullcontext, None
+    amp = dt if dt != torch.float32 else torch.bfloat16  # autocast to fp32 is no autocast
+    return torch.float32, lambda: torch.autocast(dev.type, dtype=amp), str(amp).split(".")[-1]
+
+
 def _record(bench, config, results, dev, gpus, run_id, extra):
     return microbenchmark_record(bench=bench, config=config, results=results, gpus=gpus,
                                  card=_card(dev), run_id=run_id, extra=extra)
 
 
 def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recompute: str = "none",
-                dtype: str = "bfloat16", device: str | None = None, warmup: int = 3,
-                iters: int = 5, repeats: int = 6, run_id: str | None = None,
+                precision: str = "pure", dtype: str = "bfloat16", device: str | None = None,
+                warmup: int = 3, iters: int = 5, repeats: int = 6, run_id: str | None = None,
                 extra: dict | None = None) -> dict:
     """Seconds and kept activation bytes of one block, forward + backward."""
     from trainplan.bench.parallelize import apply_ac, apply_compile
 
     if recompute not in RECOMPUTE_MODES:
         raise SpecError(f"recompute {recompute!r} is not valid; use one of {RECOMPUTE_MODES}")
-    spec, dev, dt = load_model(model), _device(device), _dtype(dtype)
+    spec, dev = load_model(model), _device(device)
+    dt, amp, amp_dtype = _precision(precision, _dtype(dtype), dev)
     holder = _OneBlock(spec).to(dev, dt)
     apply_ac(holder, recompute)
     if compile:
+        torch._dynamo.reset()  # each variant compiles afresh: no recompile limit reached
         apply_compile(holder)
     block = holder.layers["0"]
     cos, sin = rope_tables(seq, spec.head_dim, dev)
@@ -83,12 +104,15 @@ def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recomp
     grad = torch.randn_like(x)
 
     def step():
-        block(x, cos, sin).backward(grad)
+        with amp():
+            out = block(x, cos, sin)
+        out.backward(grad)
 
     times = _time_blocks(step, dev, warmup, iters, repeats)
     _sync(dev)
     before = _allocated(dev)
-    out = block(x, cos, sin)
+    with amp():  # the autocast weight cache lives until the context exits: measured after it
+        out = block(x, cos, sin)
     _sync(dev)
     kept = _allocated(dev) - before
     out.backward(grad)
@@ -99,24 +123,36 @@ def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recomp
     results["activation_bytes_per_token"] = kept / tokens
     config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
               "micro_batch": micro_batch, "seq": seq, "compile": compile,
-              "recompute": recompute, "dtype": dtype, "device": dev.type, "tokens": tokens,
+              "recompute": recompute, "precision": precision, "autocast_dtype": amp_dtype,
+              "dtype": dtype, "device": dev.type, "tokens": tokens,
               "warmup": warmup, "iters": iters, "repeats": repeats}
     return _record("block", config, results, dev, 1, run_id, extra)
 
 
-def bench_head(model: str, micro_batch: int, seq: int, *, dtype: str = "bfloat16",
-               device: str | None = None, warmup: int = 3, iters: int = 5, repeats: int = 6,
-               run_id: str | None = None, extra: dict | None = None) -> dict:
-    """Seconds of final norm + output projection + cross-entropy, forward + backward."""
+def bench_head(model: str, micro_batch: int, seq: int, *, compile: bool = False,
+               precision: str = "pure", dtype: str = "bfloat16", device: str | None = None,
+               warmup: int = 3, iters: int = 5, repeats: int = 6, run_id: str | None = None,
+               extra: dict | None = None) -> dict:
+    """Seconds of final norm + output projection + cross-entropy, forward + backward.
+
+    `compile` compiles the loss only, as `bench.train.loss_function` does (the
+    norm and output projection stay eager there, outside the compiled blocks).
+    """
     from trainplan.bench.step import cross_entropy
 
-    spec, dev, dt = load_model(model), _device(device), _dtype(dtype)
+    spec, dev = load_model(model), _device(device)
+    dt, amp, amp_dtype = _precision(precision, _dtype(dtype), dev)
     head = nn.Sequential(_norm(spec), nn.Linear(spec.hidden, spec.vocab, bias=False)).to(dev, dt)
     x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=dt, requires_grad=True)
     labels = torch.randint(0, spec.vocab, (micro_batch, seq), device=dev)
+    if compile:
+        torch._dynamo.reset()
+    loss_fn = torch.compile(cross_entropy) if compile else cross_entropy
 
     def step():
-        cross_entropy(head(x), labels).backward()
+        with amp():
+            loss = loss_fn(head(x), labels)
+        loss.backward()
 
     times = _time_blocks(step, dev, warmup, iters, repeats)
     x.grad = None
@@ -134,9 +170,9 @@ def bench_head(model: str, micro_batch: int, seq: int, *, dtype: str = "bfloat16
     results["peak_bytes"] = peak  # logits, their fp32 copy and gradients at the worst moment
     results["peak_bytes_per_token"] = peak / tokens
     config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
-              "micro_batch": micro_batch, "seq": seq, "dtype": dtype,
-              "device": dev.type, "tokens": tokens, "warmup": warmup, "iters": iters,
-              "repeats": repeats}
+              "micro_batch": micro_batch, "seq": seq, "compile": compile, "precision": precision,
+              "autocast_dtype": amp_dtype, "dtype": dtype, "device": dev.type, "tokens": tokens,
+              "warmup": warmup, "iters": iters, "repeats": repeats}
     return _record("head", config, results, dev, 1, run_id, extra)
 
 

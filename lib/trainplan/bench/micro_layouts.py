@@ -1,0 +1,188 @@
+"""Microbenchmarks for layouts other than FSDP2: a DDP-wrapped compiled block; variant lists.
+
+- ddp block: one block, compiled per block as the harness does, wrapped in
+  `DistributedDataParallel` on every rank of the world, forward + backward
+  at (micro-batch, seq) in the precision DDP runs use (fp32 weights under
+  autocast, `micro_model.PRECISIONS`), with Dynamo's DDPOptimizer
+  (`torch._dynamo.config.optimize_ddp`) on or off. On, Dynamo splits the
+  compiled graph at DDP's bucket boundaries so each bucket's all-reduce can
+  start during backward; off, the compiled backward runs whole and every
+  all-reduce comes after it. Recorded as bench "block" with config
+  `wrapper: "ddp"`: time per call (the slowest rank's), the activation bytes
+  kept after the forward, the peak bytes above the start of the step
+  (`torch.cuda.max_memory_allocated` delta; gradients already allocated by
+  the warm-up calls), and an all-reduce of all the block's gradient bytes
+  alone on the same ranks, the collective time the exposure is measured
+  against.
+- the parsing of the variant lists of `micro.py`'s command line: block modes
+  (compiled|eager:recompute[:precision]), head modes, DDPOptimizer modes, and
+  the extra GEMM shapes (`--matmul-tp`, `--matmul-tokens`) at which the
+  matmul efficiency is measured beside the model's own (the tp shards and the
+  pipeline's smaller micro-batches run GEMMs of other sizes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+
+from trainplan.bench.micro import _card, _dtype, _sync, _time_blocks, _timed_results
+from trainplan.bench.micro_model import PRECISIONS, RECOMPUTE_MODES, _OneBlock, _precision
+from trainplan.bench.model import rope_tables
+from trainplan.bench.shapes import gemm_shapes
+from trainplan.errors import SpecError
+from trainplan.records import microbenchmark_record
+from trainplan.specs import ModelSpec, load_model
+from trainplan.stats import median_ci
+
+DDP_MODES = {"on": True, "off": False}
+
+
+class _BlockNet(_OneBlock):
+    """One block with a forward, so `DistributedDataParallel` can wrap it."""
+
+    def forward(self, x, cos, sin):
+        return self.layers["0"](x, cos, sin)
+
+
+def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: bool,
+                    compile: bool = True, precision: str = "autocast-fp32",
+                    dtype: str = "bfloat16", warmup: int = 3, iters: int = 5, repeats: int = 6,
+                    run_id: str | None = None, extra: dict | None = None) -> dict:
+    """Seconds and bytes of one DDP-wrapped (compiled) block, fwd + bwd; all ranks call it."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainplan.bench.parallelize import apply_compile
+
+    n = dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    spec = load_model(model)
+    dt, amp, amp_dtype = _precision(precision, _dtype(dtype), dev)
+    torch.manual_seed(0)
+    net = _BlockNet(spec).to(dev, dt)
+    if compile:
+        torch._dynamo.reset()  # a fresh compile under this optimize_ddp setting
+        apply_compile(net)
+    ddp = DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
+    cos, sin = rope_tables(seq, spec.head_dim, dev)
+    x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=dt, requires_grad=True)
+    grad = torch.randn_like(x)
+    cuda = dev.type == "cuda"
+
+    def step():
+        with amp():
+            out = ddp(x, cos, sin)
+        out.backward(grad)
+
+    with torch._dynamo.config.patch(optimize_ddp=optimize_ddp):  # read when the frame compiles
+        times = _time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
+        _sync(dev)
+        before = torch.cuda.memory_allocated(dev) if cuda else 0
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
+        with amp():
+            out = ddp(x, cos, sin)
+        _sync(dev)
+        kept = (torch.cuda.memory_allocated(dev) if cuda else 0) - before
+        out.backward(grad)
+        del out
+        _sync(dev)
+        peak = torch.cuda.max_memory_allocated(dev) - before if cuda else 0
+    grad_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    flat = torch.zeros(grad_bytes // 4, device=dev, dtype=torch.float32)  # DDP reduces in fp32
+    reduce_times = _time_blocks(lambda: dist.all_reduce(flat), dev, warmup, iters, repeats,
+                                before_block=dist.barrier)
+    rows = torch.tensor([times, reduce_times], dtype=torch.float64, device=dev)
+    dist.all_reduce(rows, op=dist.ReduceOp.MAX)  # the slowest rank's block times
+    times, reduce_times = rows.tolist()
+    worst = torch.tensor([kept, peak], dtype=torch.float64, device=dev)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    kept, peak = (int(v) for v in worst.tolist())
+    tokens = micro_batch * seq
+    results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+    results.update({"activation_bytes": kept, "activation_bytes_per_token": kept / tokens,
+                    "peak_bytes": peak, "allreduce_s": median_ci(reduce_times).estimate,
+                    "allreduce_times_s": reduce_times})
+    config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
+              "micro_batch": micro_batch, "seq": seq, "compile": compile, "recompute": "none",
+              "precision": precision, "autocast_dtype": amp_dtype, "wrapper": "ddp",
+              "optimize_ddp": optimize_ddp, "world": n, "backend": dist.get_backend(),
+              "bucket_cap_bytes": int(ddp.bucket_bytes_cap), "grad_bytes": grad_bytes,
+              "dtype": dtype, "device": dev.type, "tokens": tokens, "warmup": warmup,
+              "iters": iters, "repeats": repeats}
+    return microbenchmark_record(bench="block", config=config, results=results, gpus=n,
+                                 card=_card(dev), run_id=run_id, extra=extra)
+
+
+# ---------------------------------------------------------------- variant lists
+
+
+def _items(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def block_modes(text: str) -> list[tuple[bool, str, str]]:
+    """'compiled:none,eager:none:autocast-fp32' -> [(True, 'none', 'pure'), (False, 'none',
+    'autocast-fp32')]; bad items refused."""
+    out = []
+    for item in _items(text):
+        parts = item.split(":") + (["pure"] if item.count(":") == 1 else [])
+        mode, rc, precision = (parts + ["", "", ""])[:3]
+        if len(parts) != 3 or mode not in ("compiled", "eager") \
+                or rc not in RECOMPUTE_MODES or precision not in PRECISIONS:
+            raise SpecError(f"--block-modes item {item!r} is not valid; use compiled|eager:"
+                            f"{'|'.join(RECOMPUTE_MODES)}[:{'|'.join(PRECISIONS)}]")
+        out.append((mode == "compiled", rc, precision))
+    return out
+
+
+def head_modes(text: str) -> list[tuple[bool, str]]:
+    """'eager,compiled:autocast-fp32' -> [(False, 'pure'), (True, 'autocast-fp32')]."""
+    out = []
+    for item in _items(text):
+        mode, _, precision = item.partition(":")
+        precision = precision or "pure"
+        if mode not in ("compiled", "eager") or precision not in PRECISIONS:
+            raise SpecError(f"--head-modes item {item!r} is not valid; use compiled|eager"
+                            f"[:{'|'.join(PRECISIONS)}]")
+        out.append((mode == "compiled", precision))
+    return out
+
+
+def ddp_modes(text: str) -> list[bool]:
+    """'on,off' -> [True, False]: Dynamo's DDPOptimizer on or off."""
+    items = _items(text)
+    if not items or any(i not in DDP_MODES for i in items):
+        raise SpecError(f"--ddp-modes {text!r} is not valid; use a comma list of on, off")
+    return [DDP_MODES[i] for i in items]
+
+
+def whole_list(text: str | None, name: str) -> list[int]:
+    """'4096,16384' -> [4096, 16384]; None or '' -> []."""
+    try:
+        values = [int(t) for t in _items(text or "")]
+    except ValueError:
+        values = [0]
+    if any(v < 1 for v in values):
+        raise SpecError(f"{name} {text!r} is not valid; use a comma list of whole numbers >= 1")
+    return values
+
+
+def matmul_tasks(spec: ModelSpec, tp: int, tokens: int, tps: list[int],
+                 token_counts: list[int]) -> list[tuple[str, dict]]:
+    """The model's GEMMs at (tp, tokens), marked `base` (every one, as `calibrate` weighs
+    them), then those at every other (tp, tokens) pair of `tps` x `token_counts` whose
+    (m, n, k) is not listed yet."""
+    tasks = [("matmul", {"m": g.m, "n": g.n, "k": g.k, "name": g.name, "tp": tp, "base": True})
+             for g in gemm_shapes(spec, tp, tokens)]
+    seen = {(kw["m"], kw["n"], kw["k"]) for _, kw in tasks}
+    for t, m in ((t, m) for t in (tps or [tp]) for m in (token_counts or [tokens])):
+        for g in gemm_shapes(spec, t, m):
+            if (g.m, g.n, g.k) not in seen:
+                seen.add((g.m, g.n, g.k))
+                tasks.append(("matmul", {"m": g.m, "n": g.n, "k": g.k, "name": g.name, "tp": t,
+                                         "base": False}))
+    return tasks
