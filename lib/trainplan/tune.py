@@ -89,6 +89,18 @@ class StudyError(TrainplanError):
     """A study that cannot be run or read (storage, suite, another process holding it)."""
 
 
+def import_optuna():
+    """optuna, imported without tqdm's "IProgress not found" warning: optuna imports
+    tqdm.auto, which in a notebook kernel without ipywidgets warns on stderr (the recipe
+    page must build clean); the study's own progress bar writes to a terminal."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import optuna
+    return optuna
+
+
 # ---------------------------------------------------------------- suite and storage
 
 
@@ -135,7 +147,7 @@ def open_storage(spec: str, *, must_exist: bool):
         raise StudyError(f"--storage {spec}: no study there (no file {path})")
     if not path.parent.is_dir():
         raise StudyError(f"--storage {spec}: folder {path.parent} does not exist")
-    import optuna
+    optuna = import_optuna()
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if kind == "sqlite":
@@ -161,7 +173,7 @@ def exclusive(path: Path):
 
 
 def load_study(storage, name: str, suite: dict | None, create: bool):
-    import optuna
+    optuna = import_optuna()
 
     with warnings.catch_warnings():  # `group` is marked experimental; it is what we need
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

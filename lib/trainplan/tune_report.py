@@ -72,18 +72,30 @@ def frame(trials) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def importance(trials, direction) -> dict[str, float] | None:
-    """PED-ANOVA importance of each sampled knob, or None with fewer than MIN_IMPORTANCE trials."""
+def importance(trials, direction, caveats: list | None = None) -> dict[str, float] | None:
+    """PED-ANOVA importance of each sampled knob, or None with fewer than MIN_IMPORTANCE trials.
+
+    Optuna's warnings (e.g. a knob level seen in fewer than 2 trials) go into `caveats`,
+    which the report prints, rather than onto stderr."""
     if len(trials) < MIN_IMPORTANCE:
         return None
-    import optuna
+    import warnings
+
+    from trainplan.tune import import_optuna
+
+    optuna = import_optuna()
     from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
 
     study = optuna.create_study(direction=direction)
     study.add_trials(trials)
     quantile = min(0.5, max(0.1, 5 / len(trials)))  # >= 5 trials above it (optuna's advice)
     evaluator = PedAnovaImportanceEvaluator(target_quantile=quantile)
-    return {k: float(v) for k, v in get_param_importances(study, evaluator=evaluator).items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        values = get_param_importances(study, evaluator=evaluator)
+    if caveats is not None:
+        caveats += sorted({str(w.message) for w in caught})
+    return {k: float(v) for k, v in values.items()}
 
 
 def _reference(df: pd.DataFrame, knob: str) -> str:
@@ -155,7 +167,8 @@ def analyse(study) -> dict:
 
     trials = measured(study)
     df = frame(trials)
-    imp = importance(trials, study.direction)
+    caveats: list[str] = []
+    imp = importance(trials, study.direction, caveats)
     eff = effects(df) if len(df) else None
     size = {}  # knob -> largest |effect| of a level whose interval excludes 0 (0 if none)
     if eff is not None:
@@ -189,6 +202,7 @@ def analyse(study) -> dict:
         "no_measurable_effect": [r["knob"] for r in knob_rows
                                  if r["verdict"] == "no measurable effect"],
         "importance_method": "PED-ANOVA" if imp else f"none (fewer than {MIN_IMPORTANCE} trials)",
+        "importance_caveats": caveats,
         "best": None if best is None else {
             "trial": best.number, "config": best.user_attrs["config"],
             "tokens_per_s_per_gpu": best.value, "ci": best.user_attrs["ci"],
@@ -214,6 +228,7 @@ def format_report(out: dict) -> str:
     if out.get("workers", 1) > 1:
         lines.append(f"  {out['workers']} launches at a time, each on its own "
                      f"{out['gpus']} GPUs of one host")
+    lines += [f"  caveat: {c}" for c in out.get("importance_caveats", [])]
     for r in out["top_knobs"]:
         imp = f"importance {r['importance']:.2f}, " if r["importance"] is not None else ""
         lines.append(f"  {r['knob']}: {imp}{r['verdict']}")
@@ -242,7 +257,12 @@ def recipe_sentences(rep: dict | None) -> dict[str, str]:
             "decision": "Keep NCCL and the data loader at their defaults (`NCCL_ALGO` and "
                         "`NCCL_PROTO` unset) until the knob study has run: no knob has a "
                         "measured effect here yet.",
-            "risk": "Until the study runs, nothing here says which knob matters on these GPUs."}
+            "risk": "Until the study runs, nothing here says which knob matters on these GPUs.",
+            "missing": "**The GPU study.** Its one-call command (a device run that resumes the "
+                       "study on each call) is in the docstring of `trainplan.tune`; its storage "
+                       "and measurement records will live in `data/measurements/tune-2gpu/`. "
+                       "Then the recipe itself: the top knobs with their effects and intervals, "
+                       "what to leave alone, and the figures above."}
     gains, alone, avoid = [], [], []
     for k in rep["knobs"]:
         avoid += [f"`{k['knob']}` {e['level']} ({e['effect_pct']:+.1f}%, 95% interval "
@@ -267,9 +287,16 @@ def recipe_sentences(rep: dict | None) -> dict[str, str]:
                     f"The fastest configuration measured so far ({fastest}) ran "
                     f"{b['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU (95% interval "
                     f"{b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}): one measurement, not a knob effect.")
+        caveat = " ".join(rep.get("importance_caveats", []))
         return {"status": status, "decision": decision,
                 "risk": "With this few configurations, which knob matters is not known yet; the "
-                        "study resumes from its committed storage."}
+                        "study resumes from its committed storage.",
+                "missing": f"**The rest of the GPU study.** {rep['trials']} configurations are "
+                           "measured, too few for any knob level's effect with an interval (the "
+                           "study resumes from its committed storage, "
+                           "`data/measurements/tune-2gpu/study.journal`). The importance figure "
+                           "above ranks knobs from these trials alone"
+                           + (f" (PED-ANOVA warns: {caveat})" if caveat else "") + "."}
     decision = ("Set " + "; ".join(gains) + "." if gains else
                 "No knob beat its default with an interval above zero: keep the defaults.")
     if avoid:
@@ -278,4 +305,6 @@ def recipe_sentences(rep: dict | None) -> dict[str, str]:
         decision += " Leave alone (no measurable effect): " + ", ".join(alone) + "."
     return {"status": status, "decision": decision,
             "risk": "The study ran on the proxy at one scale; effects on a larger job can "
-                    "differ, so measure the top knobs again on the real job's first hour."}
+                    "differ, so measure the top knobs again on the real job's first hour.",
+            "missing": f"**The top knobs on more GPUs.** The study ran on {rep['gpus']} GPUs; "
+                       "its top knobs are still to be measured again on a larger host."}
