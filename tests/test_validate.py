@@ -211,3 +211,26 @@ def test_a_micro_run_cut_short_calibrates_from_what_it_recorded(tmp_path, monkey
     lines.pop()
     with pytest.raises(TrainplanError, match="ran past its time limit"):
         v.run_micro(tmp_path, 2, "llama-1.3b", False, clock)
+
+
+def test_sweep_mode_end_to_end(tiny_suite):
+    """`--sweep`: both repetitions of the tiny suite in one launch each, the same outcomes as
+    separate launches, each record marked with its place in its sweep."""
+    d, suite = tiny_suite
+    out = d / "sweep"
+    proc = trainplan_cli(["validate", "--gpus", "2", "--suite", suite, "--out", out,
+                          "--launches", "2", "--skip-micro", "--sweep", "--budget-s", "240",
+                          "--json"], cwd=d, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["sweep"] is True
+    status = {o["tag"]: (o["status"], o["launches"]) for o in report["configs"]}
+    assert status == {"fsdp-z2": ("measured", 2), "broken": ("failed", 0)}
+    meas = records.load(out / "measurements.jsonl")
+    marks = [[n for n in m["notes"] if n.startswith("sweep launch")] for m in meas]
+    # repetition 1: fsdp-z2, broken; repetition 2: fsdp-z2 alone (broken is not run again)
+    assert marks == [["sweep launch: position 1 of 2"], ["sweep launch: position 1 of 1"]]
+    assert max(_stamps(out / "predictions.jsonl")) < min(_stamps(out / "measurements.jsonl"))
+    failed = [json.loads(ln) for ln in (out / "failed.jsonl").read_text().splitlines()]
+    assert [f["tag"] for f in failed] == ["broken"] and "--steps" in failed[0]["reason"]
+    assert report["compare"]["configs"] == 1 and "fsdp-z2 launch 2/2" in proc.stderr

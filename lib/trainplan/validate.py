@@ -2,7 +2,7 @@
 
     trainplan validate --gpus N --suite FILE [FILE ...] --out DIR [--budget-s S]
         [--launches 3] [--only TAG ...] [--skip-micro] [--calibration FILE]
-        [--continue-from DIR]
+        [--continue-from DIR] [--sweep]
 
 Stages, everything written under DIR:
 1. microbenchmarks (`trainplan.bench.micro` under torchrun, N processes):
@@ -18,6 +18,9 @@ Stages, everything written under DIR:
    recorded first (DIR/predictions.jsonl), then `--launches` launches of each
    in order (DIR/measurements.jsonl), a failed launch -> DIR/failed.jsonl;
    `--continue-from DIR0` skips the configs DIR0 measured or saw fail;
+   `--sweep`: each repetition one launch per GPU count running all its
+   configs (`trainplan.bench.suite_sweep`; off until a GPU A/B shows its
+   timings equal separate launches');
 4. comparison over DIR's records (`trainplan.compare`, with weak scaling,
    `trainplan.scaling`) -> DIR/compare.json; DIR/validate.json holds the run.
 
@@ -308,10 +311,11 @@ def validate(args) -> dict:
                   f"{len(jobs)} configs x {args.launches} launches, "
                   f"{clock.left() - COMPARE_RESERVE_S:.0f} s left for them")
         with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
-            rows, outcomes = suite_mod.measure(jobs, preds, out, run_id, args.launches,
-                                               clock.deadline - COMPARE_RESERVE_S)
+            rows, outcomes = suite_mod.measurer(args.sweep)(
+                jobs, preds, out, run_id, args.launches, clock.deadline - COMPARE_RESERVE_S)
         report = {"out": str(out), "card": card, "gpu_preset": preset, "gpus": args.gpus,
                   "run_id": run_id, "suites": args.suite, "launches": args.launches,
+                  "sweep": args.sweep,
                   "budget_s": args.budget_s, "calibration": cal, "skipped": skipped,
                   "configs": outcomes, "compare": None}
         write_json(out / "validate.json", report)  # already enough for --continue-from

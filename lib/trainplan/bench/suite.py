@@ -1,7 +1,7 @@
 """A measurement series: predict every config first, then measure each in separate launches.
 
     PYTHONPATH=lib python -m trainplan.bench.suite data/suites/NAME.yaml --out DIR \
-        [--launches 3] [--only TAG ...] [--budget-s 540]
+        [--launches 3] [--only TAG ...] [--budget-s 540] [--sweep]
 
 1. Predictions: for every config of the suite, the planner prices exactly that
    layout (`trainplan.plan.plan`, every dimension pinned: the `trainplan plan`
@@ -15,6 +15,13 @@
    that fails (out of memory, say) is written to DIR/failed.jsonl with its
    reason, and the series goes on with the next config.
 3. A short table (predicted vs measured step time, tokens/s/GPU, MFU, memory).
+
+`--sweep` (off by default) measures differently in step 2: each of the
+`--launches` repetitions is one torchrun launch per GPU count that runs all
+of that count's configs in turn (`trainplan.bench.sweep`, order rotated by
+one per repetition), each config still its own measurement record, marked in
+its `notes` (suite_sweep.py). It saves the ~20 s start of every launch; that
+its GPU timings equal separate launches' is still to be shown.
 
 NVLink multicast stays off in every launch (NCCL_NVLS_ENABLE=0 and friends).
 """
@@ -117,10 +124,15 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
 
 
 def train_command(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={cfg['gpus']}", "-m", IMPL_MODULES[cfg.get("impl", "trainplan")],
+            *train_args(suite, cfg, out, run_id)]
+
+
+def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
+    """The config's arguments to its module (train.py's flags; hf_baseline adds `--impl`)."""
     lay = full_layout(cfg)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={cfg['gpus']}", "-m", IMPL_MODULES[cfg.get("impl", "trainplan")],
-           "--model", suite["model"], "--seq-len", str(suite.get("seq_len", 2048)),
+    cmd = ["--model", suite["model"], "--seq-len", str(suite.get("seq_len", 2048)),
            "--steps", str(cfg.get("steps", suite.get("steps", 12))),
            "--warmup", str(cfg.get("warmup", suite.get("warmup", 4))),
            "--records", str(out / "measurements.jsonl"), "--run-id", run_id, "--json"]
@@ -140,16 +152,27 @@ def model_name(suite: dict, cfg: dict) -> str:
     return f"{suite['model']}:{cfg['layers']}-layers" if cfg.get("layers") else suite["model"]
 
 
-def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: float) -> list:
-    """Predict every selected config of the suite at `path`, then measure them within the budget."""
+def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: float,
+              sweep: bool = False) -> list:
+    """Predict every selected config of the suite at `path`, then measure them within the budget
+    (in separate launches, or with `sweep` one launch per GPU count and repetition)."""
     suite = load_suite(path)
     jobs = [(suite, c) for c in suite["configs"] if not only or c["tag"] in only]
     out.mkdir(parents=True, exist_ok=True)
     card = card_name()
     run_id = f"{Path(path).stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     preds = predict_all(jobs, out, card, run_id)
-    rows, _ = measure(jobs, preds, out, run_id, launches, time.monotonic() + budget_s)
+    rows, _ = measurer(sweep)(jobs, preds, out, run_id, launches, time.monotonic() + budget_s)
     return rows
+
+
+def measurer(sweep: bool):
+    """`measure` (separate launches), or with `sweep` suite_sweep's `measure_sweep`: the same
+    arguments and results."""
+    if not sweep:
+        return measure
+    from trainplan.bench.suite_sweep import measure_sweep
+    return measure_sweep
 
 
 def predict_all(jobs: list[tuple[dict, dict]], out: Path, card: str, run_id: str) -> dict:
@@ -319,9 +342,13 @@ def main(argv=None) -> int:
     p.add_argument("--launches", type=int, default=3)
     p.add_argument("--only", nargs="*", default=[])
     p.add_argument("--budget-s", type=float, default=540.0)
+    p.add_argument("--sweep", action="store_true",
+                   help="each repetition: one launch per GPU count running all its configs "
+                        "(suite_sweep.py); not yet shown on GPUs to time as separate launches")
     args = p.parse_args(argv)
     try:
-        rows = run_suite(args.suite, args.out, args.launches, args.only, args.budget_s)
+        rows = run_suite(args.suite, args.out, args.launches, args.only, args.budget_s,
+                         args.sweep)
     except TrainplanError as err:
         print(f"suite: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

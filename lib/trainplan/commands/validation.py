@@ -4,7 +4,7 @@
     trainplan calibrate --records FILE ... --gpu PRESET [--out PATH] --json
     trainplan validate --gpus N --suite FILE [FILE ...] --out DIR [--budget-s S]
         [--launches 3] [--only TAG ...] [--skip-micro] [--calibration FILE]
-        [--continue-from DIR] --json
+        [--continue-from DIR] [--sweep] --json
 
 `compare` reads prediction and measurement records (default: the committed
 data/measurements/*.jsonl) and prints the error table (`trainplan.compare`).
@@ -56,6 +56,9 @@ def register(verbs) -> None:
     p.add_argument("--only", nargs="+", default=None, metavar="TAG", help="these configs only")
     p.add_argument("--allow-busy", action="store_true",
                    help="measure even when other processes hold GPU memory (figures contended)")
+    p.add_argument("--sweep", action="store_true",
+                   help="each repetition: one launch per GPU count running all its configs "
+                        "(saves ~20 s a config; GPU agreement with separate launches unproven)")
     p.add_argument("--skip-micro", action="store_true",
                    help="no microbenchmarks: the card's committed calibration, else datasheet")
     p.add_argument("--calibration", default=None, metavar="FILE",
