@@ -9,7 +9,7 @@ SCENARIO ?= llama-13b-32xh100
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: book pdf lab bench-book browser test notebooks bench-search clean lint system-deps \
+.PHONY: book pdf lab bench-book browser test notebooks bench-search clean lint system-deps snap \
         validate fault-matrix
 
 $(STAMP): requirements.txt pyproject.toml
@@ -58,6 +58,11 @@ browser:
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 tests
 	$(BIN)/python -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+## snap: a git-archive of HEAD's code and specs in .snap/ (ignored), for device calls to carry
+snap:
+	rm -rf .snap && mkdir .snap && git archive HEAD lib data/suites data/hardware data/models \
+	  data/clusters data/scenarios | tar -x -C .snap && git rev-parse HEAD > .snap/COMMIT
 
 ## notebooks: re-execute the committed notebooks in place (default scenario) after a library change
 notebooks: $(STAMP)
