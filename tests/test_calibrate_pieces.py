@@ -28,11 +28,17 @@ def _block(seconds, kept, *, compile=True, recompute="none", mb=2, seq=2048):
             "results": {"time_s": seconds, "activation_bytes": kept}}
 
 
-def test_block_scale_recovers_a_known_elementwise_factor():
-    gpu = _gpu()
+def _analytic_block(gpu):
+    """The analytic terms (seconds) and kept bytes of one mb 2 x 2048 block of M."""
     t = calibrate_pieces.block_terms(M, gpu, tokens=4096, seq=2048, recompute="none")
     kept = float(calibrate_pieces.memory.layer_activation_bytes(
         M, seq_len=2048, micro_batch=2, tp=1, cp=1, recompute=0, sequence_parallel=False))
+    return t, kept
+
+
+def test_block_scale_recovers_a_known_elementwise_factor():
+    gpu = _gpu()
+    t, kept = _analytic_block(gpu)
     meas_c = t["matmul"] + t["attention"] + 1.7 * t["elementwise"]
     meas_e = t["matmul"] + t["attention"] + 4.0 * t["elementwise"]
     scales, checks = calibrate_pieces.fit(
@@ -143,9 +149,7 @@ def _head(seconds, peak, *, compile=False, precision="pure", mb=4):
 
 def test_autocast_blocks_get_their_own_scales_and_leave_the_pure_ones():
     gpu = _gpu()
-    t = calibrate_pieces.block_terms(M, gpu, tokens=4096, seq=2048, recompute="none")
-    kept = float(calibrate_pieces.memory.layer_activation_bytes(
-        M, seq_len=2048, micro_batch=2, tp=1, cp=1, recompute=0, sequence_parallel=False))
+    t, kept = _analytic_block(gpu)
     pure = _block(t["matmul"] + t["attention"] + 1.7 * t["elementwise"], 0.8 * kept)
     amp = _block(t["matmul"] + t["attention"] + 2.5 * t["elementwise"], 1.6 * kept)
     amp["config"]["precision"] = "autocast-fp32"
