@@ -36,7 +36,7 @@ def _run(*cmd: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _nvidia_smi() -> tuple[list[str], str | None]:
+def nvidia_smi() -> tuple[list[str], str | None]:
     """GPU names and driver version from nvidia-smi; ([], None) where there is none."""
     out = _run("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader")
     rows = [[c.strip() for c in line.split(",")] for line in (out or "").splitlines() if line]
@@ -64,7 +64,7 @@ def provenance() -> dict:
     """
     import torch
 
-    gpu_names, driver = _nvidia_smi()
+    gpu_names, driver = nvidia_smi()
     cuda_ok = torch.cuda.is_available()
     try:
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda_ok else None

@@ -114,14 +114,12 @@ def card_name(cpu: bool) -> str:
     process holds no CUDA context on a card its launches measure."""
     if cpu:
         return "cpu"
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        out = []
-    if not out:
+    from trainplan.provenance import nvidia_smi
+
+    names = nvidia_smi()[0]
+    if not names:
         raise TrainplanError("no GPU found (nvidia-smi lists none); pass --cpu for the CPU proxy")
-    return out[0].strip()
+    return names[0]
 
 
 def device_groups(workers: int, gpus: int, cpu: bool) -> list[str | None]:
@@ -133,12 +131,9 @@ def device_groups(workers: int, gpus: int, cpu: bool) -> list[str | None]:
     if visible:
         ids = [d.strip() for d in visible.split(",") if d.strip()]
     else:
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20).stdout.split()
-        except (OSError, subprocess.SubprocessError):
-            out = []
-        ids = [d for d in out if d.isdigit()]
+        from trainplan.provenance import nvidia_smi
+
+        ids = [str(i) for i in range(len(nvidia_smi()[0]))]
     if workers * gpus > len(ids):
         raise TrainplanError(f"--workers {workers}: {workers} x {gpus} GPUs needed, this machine "
                              f"shows {len(ids)}; use --workers {max(1, len(ids) // gpus)}")
