@@ -163,3 +163,41 @@ def test_one_config_on_two_kinds_of_host_is_two_rows_largest_host_first(tmp_path
     assert list(out["hosts"]) == ["4 x NVIDIA H200", "2 x NVIDIA H200"]
     assert out["headline_host"] == "4 x NVIDIA H200" and out["hosts"][out["headline_host"]][
         "configs"] == 1
+
+
+def test_tagged_configs_of_one_layout_are_separate_rows(tmp_path):
+    """Two suite configs with one layout (say, different loader workers) stay apart when
+    the records name their tags, and each takes its own prediction."""
+    pred, meas = tp2_records()
+    other = copy.deepcopy(pred)
+    other["config"]["tag"] = "tp2-mb8-c-nw0"
+    recs = [pred, other]
+    for m, tag in zip(meas, ("tp2-mb8-c", "tp2-mb8-c", "tp2-mb8-c-nw0")):
+        recs.append({**m, "tag": tag})
+    out = compare.compare([_write(tmp_path / "r.jsonl", recs)], repredictions=False)
+    rows = {r["config"]: r["launches"] for r in out["rows"]}
+    assert rows == {"tp2-mb8-c": 2, "tp2-mb8-c-nw0": 1}
+
+
+def test_untagged_records_still_pool_by_layout(tmp_path):
+    pred, meas = tp2_records()
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas])], repredictions=False)
+    assert [(r["config"], r["launches"]) for r in out["rows"]] == [("tp2-mb8-c", 3)]
+
+
+def test_prediction_of_a_rerun_is_not_refused_and_the_first_stands(tmp_path):
+    """Measured again in a later run: that run's own prediction came before its launches,
+    so it is not refused; the launches pool and the first prediction is the one compared.
+    Recorded in the middle of its run, it would be refused."""
+    pred, meas = tp2_records()
+    again = {**copy.deepcopy(pred), "run_id": "rerun", "recorded_at": "2026-11-26T09:00:00+00:00"}
+    later = {**copy.deepcopy(meas[0]), "run_id": "rerun", "recorded_at": "2026-11-26T09:01:00+00:00"}
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, again, *meas, later])],
+                          repredictions=False)
+    assert out["refused"] == [] and out["rows"][0]["launches"] == 4
+    assert out["rows"][0]["predicted_at"] == pred["recorded_at"]
+    again["recorded_at"] = "2026-11-26T09:02:00+00:00"
+    late = {**copy.deepcopy(later), "recorded_at": "2026-11-26T09:03:00+00:00"}
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, again, *meas, later, late])],
+                          repredictions=False)
+    assert len(out["refused"]) == 1

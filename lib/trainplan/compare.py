@@ -96,8 +96,9 @@ def config_key(rec: dict) -> tuple:
 
 def same_config(pred: dict, meas: dict) -> bool:
     """Same model, GPUs, card, implementation and layout; compile equal (a prediction without
-    it matches any); the extra layout fields and sequence length equal where both records
-    carry them. A prediction that names no implementation is for the harness (`trainplan`)."""
+    it matches any); the extra layout fields, sequence length and suite tag equal where both
+    records carry them. A prediction that names no implementation is for the harness
+    (`trainplan`)."""
     if config_key(pred) != config_key(meas):
         return False
     if ((pred.get("config") or {}).get("impl") or "trainplan") != meas["impl"]:
@@ -105,7 +106,9 @@ def same_config(pred: dict, meas: dict) -> bool:
     if "compile" in pred["layout"] and pred["layout"]["compile"] != meas["layout"]["compile"]:
         return False
     pe, me = _extras(pred), _extras(meas)
-    return all(pe[k] == me[k] for k in pe.keys() & me.keys())
+    tags = ((pred.get("config") or {}).get("tag"), meas.get("tag"))
+    return all(pe[k] == me[k] for k in pe.keys() & me.keys()) and (None in tags
+                                                                     or tags[0] == tags[1])
 
 
 def host(rec: dict) -> str:
@@ -118,33 +121,45 @@ def host(rec: dict) -> str:
 
 def group_measurements(measurements: list[dict]) -> list[list[dict]]:
     """Launches of one config (and implementation) on one kind of host together, in order of
-    first launch."""
+    first launch. A record that names its suite tag (harness records from session 4 on)
+    is grouped by it too: configs of one layout can differ in loader or NCCL settings."""
     groups = defaultdict(list)
     for m in measurements:
         extras = tuple(sorted(_extras(m).items()))
-        groups[(config_key(m), m["layout"]["compile"], m["impl"], extras, host(m))].append(m)
+        key = (config_key(m), m["layout"]["compile"], m["impl"], extras, host(m), m.get("tag"))
+        groups[key].append(m)
     out = [sorted(g, key=stamp) for g in groups.values()]
     return sorted(out, key=lambda g: stamp(g[0]))
 
 
 def pick_prediction(launches: list[dict], predictions: list[dict]):
-    """(the latest prediction recorded before the first launch or None, refused predictions)."""
+    """(the latest prediction recorded before the first launch or None, refused predictions).
+
+    A later prediction is not refused when it precedes every launch of its own run: the
+    config was measured again, the launches pooled, and the earlier prediction stands."""
     first = stamp(launches[0])
     same = [p for p in predictions if same_config(p, launches[0])]
     before = [p for p in same if stamp(p) < first]
     refused = [{"prediction": p["_where"], "predicted_at": p["recorded_at"],
                 "first_measured_at": launches[0]["recorded_at"],
                 "reason": "recorded at or after the first measurement of its config"}
-               for p in same if stamp(p) >= first]
+               for p in same if stamp(p) >= first and not _precedes_own_run(p, launches)]
     return (max(before, key=stamp) if before else None), refused
+
+
+def _precedes_own_run(pred: dict, launches: list[dict]) -> bool:
+    """Whether the prediction was recorded before every launch of its own run."""
+    own = [stamp(m) for m in launches if pred.get("run_id") and m.get("run_id") == pred["run_id"]]
+    return bool(own) and stamp(pred) < min(own)
 
 
 # ---------------------------------------------------------------- rows
 
 
 def label(launches: list[dict], pred: dict | None) -> str:
-    """The suite's tag where the prediction names one, else a label built from the layout."""
-    tag = ((pred or {}).get("config") or {}).get("tag")
+    """The suite's tag where the prediction or the record names one, else a label built from
+    the layout."""
+    tag = ((pred or {}).get("config") or {}).get("tag") or launches[0].get("tag")
     if tag:
         return tag
     lay = launches[0]["layout"]
@@ -269,9 +284,10 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     """The `trainplan compare` answer from the record files (default: the committed ones)."""
     files = record_paths(paths)
     kinds = read(files)
-    rows, refused, used = [], [], set()
+    rows, refused, used, chosen = [], [], set(), set()
     for launches in group_measurements(kinds["measurement"]):
         pred, ref = pick_prediction(launches, kinds["prediction"])
+        chosen.add(pred["_where"] if pred else None)
         refused += [{"config": label(launches, pred), **r} for r in ref]
         row = make_row(launches, pred)
         if pred is None:
@@ -283,7 +299,8 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         "configs": len(compared),
         "step_time_error": error_summary(r["step_time_error"] for r in compared),
         "memory_error": error_summary(r["memory_error"] for r in compared),
-        "rows": rows, "refused": refused,
+        # a prediction another host's launches of its config were compared with stands there
+        "rows": rows, "refused": [r for r in refused if r["prediction"] not in chosen],
         "measured_configs": len(rows), "flagged_configs": sum(r["flagged"] for r in rows),
         "predicted_not_measured": sorted({(p.get("config") or {}).get("tag") or p["_where"]
                                           for p in kinds["prediction"]

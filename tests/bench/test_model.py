@@ -188,10 +188,13 @@ def test_write_record_appends_a_valid_measurement(tmp_path):
                "flops_per_token": 8.8e9, "peak_tflops": 989.0, "warmup_steps_dropped": 4,
                "peak_mem_reserved_gib": 44.1, "peak_mem_allocated_gib": 30.2,
                "losses": [10.8, 10.3, 10.6, 10.5], "grad_norms": [1.0, 2.0, 1.5, 1.2],
-               "notes": []}
+               "notes": [], "tag": "hf-z2-mb8",
+               "loader": {"synthetic": True, "num_workers": 0, "prefetch_factor": None,
+                          "pin_memory": False}}
     path = tmp_path / "m.jsonl"
     train.write_record(str(path), summary, "run-1")
     (rec,) = records.load(path)
+    assert rec["tag"] == "hf-z2-mb8" and rec["loader"] == summary["loader"]
     assert rec["kind"] == "measurement" and rec["run_id"] == "run-1"
     assert rec["impl"] == "hf-baseline"  # the summary's impl, not a literal
     assert rec["tokens_per_s_per_gpu"] == pytest.approx(16384 * 3 / 0.84)

@@ -65,6 +65,9 @@ def test_each_config_gets_its_own_record_per_repetition(swept):
     for m in meas:
         by_layout.setdefault((m["layout"]["zero"], m["layout"]["micro_batch"]), []).append(m)
     assert sorted(by_layout) == [(0, 1), (2, 2)]  # ddp mb 1, fsdp zero 2 mb 2: 2 records each
+    assert {m["tag"] for m in by_layout[(0, 1)]} == {"ddp"}  # each record names its config
+    assert {m["tag"] for m in by_layout[(2, 2)]} == {"fsdp-z2"}
+    assert all(m["loader"]["synthetic"] for m in meas)
     assert all(len(v) == 2 for v in by_layout.values())
     assert {m["run_id"] for m in meas} == {preds[0]["run_id"]}
     assert max(_stamps(out / "predictions.jsonl")) < min(_stamps(out / "measurements.jsonl"))

@@ -135,7 +135,8 @@ def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
     cmd = ["--model", suite["model"], "--seq-len", str(suite.get("seq_len", 2048)),
            "--steps", str(cfg.get("steps", suite.get("steps", 12))),
            "--warmup", str(cfg.get("warmup", suite.get("warmup", 4))),
-           "--records", str(out / "measurements.jsonl"), "--run-id", run_id, "--json"]
+           "--records", str(out / "measurements.jsonl"), "--run-id", run_id, "--json",
+           "--tag", cfg["tag"]]
     for k in LAYOUT_FLAGS:
         cmd += [f"--{k.replace('_', '-')}", str(lay[k])]
     if cfg.get("compile"):

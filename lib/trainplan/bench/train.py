@@ -77,6 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
       help="peak MFU is quoted against (default: the GPU's bf16 dense peak); on CPU it "
            "allows --records, for tests of the record path")
     a("--run-id", default=None, help="shared by the configs of one launch series")
+    a("--tag", default=None, help="the suite config's tag, written into the record (configs "
+                                  "of one layout that differ in loader or NCCL settings)")
     a("--no-progress", action="store_true")
     a("--json", action="store_true", help="no progress bar: only the summary JSON line")
     ckpt.add_arguments(p)  # --ckpt-dir --ckpt-every --ckpt-keep --ckpt-async --resume ...
@@ -311,6 +313,9 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
         "peak_mem_reserved_gib": mem[1] if device.type == "cuda" else None,
         "losses": losses,
         "notes": par.notes,
+        "tag": args.tag,
+        "loader": {"synthetic": args.synthetic, "num_workers": args.num_workers,
+                   "prefetch_factor": args.prefetch_factor, "pin_memory": args.pin_memory},
     }
 
 
@@ -321,6 +326,7 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
 
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
+    extra.update({k: summary[k] for k in ("tag", "loader") if summary.get(k) is not None})
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],
         gpus=summary["gpus"] or summary["ranks"], card=summary["card"],
