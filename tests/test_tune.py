@@ -316,6 +316,14 @@ def test_recipe_sentences_say_only_what_was_measured(tmp_path):
     assert "keep the defaults" in words["decision"]  # no level beats its default
     assert "Avoid: `nccl_proto` LL (-30" in words["decision"]
     assert "Leave alone" in words["decision"] and "`num_workers`" in words["decision"]
+    assert "still to be measured again on a larger host" in words["missing"]
+    recheck = {"gpus": 4, "card": "NVIDIA H200", "base": "a", "rows": [
+        {"tag": "a", "change": "none", "launches": 2},
+        {"tag": "b", "change": "prefetch_factor 2 -> 8", "launches": 0}]}
+    words = tune_report.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")),
+                                         recheck)
+    assert "re-checked on 4 x NVIDIA H200" in words["missing"]
+    assert "Not run there: `prefetch_factor 2 -> 8`" in words["missing"]
 
 
 # ---------------------------------------------------------------- concurrent workers
@@ -399,13 +407,24 @@ def test_the_report_reads_a_committed_study_without_writing_to_it():
     assert path.read_bytes() == before
 
 
-def test_recipe_sentences_of_a_study_too_small_for_intervals_claim_no_effect():
-    """The committed GPU study (15 configurations) estimates no effect yet: the page says so
-    and names its fastest measurement as a measurement."""
-    path = ROOT / "data" / "measurements" / "tune-2gpu" / "study.journal"
-    rep = tune_report.report(str(path))
+def test_recipe_sentences_of_a_study_too_small_for_intervals_claim_no_effect(tmp_path):
+    """A study of a few configurations estimates no effect: the page says so and names its
+    fastest measurement as a measurement."""
+    fake_study(tmp_path / "small.journal", n=8)
+    rep = tune_report.report(str(tmp_path / "small.journal"))
     assert not any(k["effects"] for k in rep["knobs"])
     words = tune_report.recipe_sentences(rep)
     assert "too small yet" in words["decision"] and "not a knob effect" in words["decision"]
     assert f"{rep['best']['tokens_per_s_per_gpu']:,.0f}" in words["decision"]
     assert "Set " not in words["decision"] and "Leave alone" not in words["decision"]
+
+
+def test_the_committed_gpu_study_names_three_top_knobs_with_intervals():
+    """Issue 6's bar: at least 30 measured configurations, their GPU-hours, the top three
+    knobs, each level's effect with a 95% interval."""
+    rep = tune_report.report(str(ROOT / "data" / "measurements" / "tune-2gpu" / "study.journal"))
+    assert rep["trials"] >= 30 and rep["gpu_hours"] > 0
+    assert len(rep["top_knobs"]) == 3
+    for knob in rep["top_knobs"]:
+        assert knob["effects"] and all(e["ci_pct"][0] <= e["effect_pct"] <= e["ci_pct"][1]
+                                       for e in knob["effects"])

@@ -242,7 +242,7 @@ def format_report(out: dict) -> str:
     return "\n".join(lines)
 
 
-def recipe_sentences(rep: dict | None) -> dict[str, str]:
+def recipe_sentences(rep: dict | None, recheck: dict | None = None) -> dict[str, str]:
     """The recipe page's plain-words sentences (markdown) from a report, or for no study yet.
 
     Only what the study measured is said: a knob is recommended only where a
@@ -306,5 +306,18 @@ def recipe_sentences(rep: dict | None) -> dict[str, str]:
     return {"status": status, "decision": decision,
             "risk": "The study ran on the proxy at one scale; effects on a larger job can "
                     "differ, so measure the top knobs again on the real job's first hour.",
-            "missing": f"**The top knobs on more GPUs.** The study ran on {rep['gpus']} GPUs; "
-                       "its top knobs are still to be measured again on a larger host."}
+            "missing": _missing_on_more_gpus(rep, recheck)}
+
+
+def _missing_on_more_gpus(rep: dict, recheck: dict | None) -> str:
+    """What is not measured on a larger host: everything until a re-check
+    (`trainplan.knob_recheck`) is committed, then the changes it did not run."""
+    if recheck is None:
+        return (f"**The top knobs on more GPUs.** The study ran on {rep['gpus']} GPUs; "
+                "its top knobs are still to be measured again on a larger host.")
+    skipped = [f"`{r['change']}`" for r in recheck["rows"] if not r["launches"]]
+    return (f"**The rest of the re-check.** The study's best was re-checked on "
+            f"{recheck['gpus']} x {recheck['card']} one knob at a time (above). "
+            + (f"Not run there: {', '.join(skipped)}. " if skipped else "")
+            + "The NCCL settings were not re-checked: the study found no measurable effect "
+              "for them on two GPUs, and larger hosts and other networks can differ.")
