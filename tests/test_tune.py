@@ -428,3 +428,13 @@ def test_the_committed_gpu_study_names_three_top_knobs_with_intervals():
     for knob in rep["top_knobs"]:
         assert knob["effects"] and all(e["ci_pct"][0] <= e["effect_pct"] <= e["ci_pct"][1]
                                        for e in knob["effects"])
+
+
+def test_report_defaults_to_the_committed_study_and_running_needs_a_storage(capsys, tmp_path):
+    from trainplan import cli
+
+    assert cli.main(["tune", "--report", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["study"] == "tune-2gpu"
+    rc = cli.main(["tune", "--model", "llama-1.3b", "--gpu-hours", "1", "--cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--storage is required" in err[0]

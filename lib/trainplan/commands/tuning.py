@@ -13,8 +13,9 @@ def register(verbs) -> None:
     p.add_argument("--model", help="model preset or YAML file (instead of --suite)")
     p.add_argument("--gpus", type=positive_int, default=1, help="with --model: GPUs (ranks)")
     p.add_argument("--seq-len", type=positive_int, default=None)
-    p.add_argument("--storage", required=True,
-                   help="journal file (PATH or journal:PATH) or sqlite:///PATH")
+    p.add_argument("--storage", default=None,
+                   help="journal file (PATH or journal:PATH) or sqlite:///PATH; with --report "
+                        "the default is the committed study (data/measurements/tune-2gpu/)")
     p.add_argument("--study-name", default=None, help="default: the suite's or model's name")
     p.add_argument("--gpu-hours", type=positive_float, default=None,
                    help="the study's total budget: wall time x GPUs of every launch")
@@ -50,8 +51,13 @@ def register(verbs) -> None:
 
 def cmd_tune(args) -> dict:
     if args.report:
-        from trainplan.tune_report import report
-        return report(args.storage, args.study_name)
+        from trainplan.tune_report import COMMITTED, report
+        if args.storage is None and not COMMITTED.is_file():
+            raise UsageError(f"no committed study at {COMMITTED}; pass --storage PATH")
+        return report(args.storage or str(COMMITTED), args.study_name)
+    if args.storage is None:
+        raise UsageError("--storage is required to run a study (a journal file to create or "
+                         "resume)")
     if args.gpu_hours is None:
         raise UsageError("--gpu-hours is required to run a study (or pass --report)")
     if bool(args.suite) == bool(args.model):
