@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainplan import memory_runtime as rt
 from trainplan import params
 from trainplan.compute import BF16, FULL, SELECTIVE
 from trainplan.specs import ModelSpec
 
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
-ALLOCATOR_MARGIN = 0.08  # assumption: caching-allocator reserve over live tensors, until calibrated
 NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
 
 
@@ -158,7 +158,7 @@ def head_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, compiled_loss
 
 def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, cp, recompute,
                      sequence_parallel, schedule_code, pp_virtual, scale=1.0, full_scale=1.0,
-                     logits_scale=1.0, compiled_loss=False):
+                     logits_scale=1.0, compiled_loss=False, path=None, compiled=None, ep=1):
     """Peak activation bytes on the worst stage: the first (most in flight) or the last (logits).
 
     Full recompute also rebuilds one block's complete activations during its
@@ -167,18 +167,38 @@ def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, 
     `logits_scale` the eager head's measured peak / analytic logits bytes
     (`trainplan.calibrate_pieces`; 1 when uncalibrated); a compiled loss is
     priced by `compiled_logits_bytes` instead (`head_peak_bytes`).
+
+    `path` (`memory_runtime.harness_path`; None = the analytic terms alone) adds
+    what the harness's precision path keeps on top, each term in `memory_runtime`:
+    the fp32 block input and the DDP graph split per token, the blocks' bf16
+    weight casts per micro-batch in flight, the head's inputs, and the
+    pipeline's receive buffers.
     """
+    extras = path is not None
+    path = rt.FSDP if path is None else path
+    compiled = compiled_loss if compiled is None else compiled
     layers = m.n_layers / np.asarray(pp)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
               sequence_parallel=sequence_parallel)
-    per_layer = scale * layer_activation_bytes(m, recompute=recompute, **kw)
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    analytic = layer_activation_bytes(m, recompute=recompute, **kw)
+    per_layer = (scale + rt.ddp_split_scale(path, compiled)) * analytic \
+        + tokens * rt.autocast_token_bytes(m, path=path, tp=tp,
+                                           sequence_parallel=sequence_parallel) \
+        + rt.weight_copy_bytes(m, path=path, tp=tp, ep=ep, recompute=recompute)
     rebuilt = np.where(np.asarray(recompute) == FULL,
                        full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
     in_flight = microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual)
-    logits = head_peak_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
-                             compiled_loss=compiled_loss, logits_scale=logits_scale)
-    first = per_layer * layers * in_flight + rebuilt
-    last = per_layer * layers + rebuilt + logits
+    head_tp = np.where(np.asarray(tp) > 1, 1, tp) if extras else tp  # `head_input_bytes`
+    logits = head_peak_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=head_tp, cp=cp,
+                             compiled_loss=compiled_loss, logits_scale=logits_scale) \
+        + extras * rt.head_input_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
+                                       tp=tp, cp=cp)
+    buffers = extras * rt.pp_buffer_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
+                                          grad_accum=grad_accum, tp=tp, cp=cp, pp=pp,
+                                          sequence_parallel=sequence_parallel)
+    first = per_layer * layers * in_flight + rebuilt + buffers
+    last = per_layer * layers + rebuilt + logits + buffers
     return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)
 
 
@@ -218,34 +238,44 @@ def grads_at_peak(grads, activations, *, grad_accum, pp):
 def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_batch, grad_accum,
               recompute, sequence_parallel, schedule_code, pp_virtual, dp=None,
               activation_scale=1.0, rebuilt_scale=1.0, logits_scale=1.0,
-              compiled_loss=False) -> dict:
+              compiled_loss=False, compiled=None) -> dict:
     """Bytes per GPU at the step's peak by term: params, grads, optimizer, activations, other,
     total.
 
-    `grads` are those live at the peak (`grads_at_peak`; `grads_bytes` holds
-    them all). `other` is the communication buffers plus ALLOCATOR_MARGIN of
-    everything live, the caching allocator's reserve; memory outside
-    PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
-    instead, in `fits`.
+    The terms are those of the harness's precision path
+    (`memory_runtime.harness_path`): FSDP2 (fp32 shards, bf16 unsharded
+    copies), or fp32 weights under autocast (one data-parallel rank, DDP).
+    `grads` are those live at the peak (`grads_at_peak`). `other` is the
+    communication buffers (`buffer_bytes`), the memory FSDP2's side streams
+    hold reserved (`memory_runtime.stream_pool_bytes`) and the compute
+    stream's fragmentation (`memory_runtime.fragmentation_bytes`): the peak is
+    `torch.cuda.max_memory_reserved`. Memory outside PyTorch's allocator
+    (NON_ALLOCATOR_GIB) is subtracted from the card instead, in `fits`.
+    `compiled` (default: `compiled_loss`) says the blocks run compiled.
     """
+    dp = dp_shard if dp is None else dp  # data-parallel ranks; the shard group unless told
+    path = rt.harness_path(dp, tp, pp, zero)
     sharding = dict(tp=tp, pp=pp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
     activations = activation_bytes(
         m, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, tp=tp, pp=pp,
         cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
         schedule_code=schedule_code, pp_virtual=pp_virtual, scale=activation_scale,
-        full_scale=rebuilt_scale, logits_scale=logits_scale, compiled_loss=compiled_loss)
+        full_scale=rebuilt_scale, logits_scale=logits_scale, compiled_loss=compiled_loss,
+        path=path, compiled=compiled, ep=ep)
+    weights, optimizer = rt.state_bytes(m, path=path, **sharding)
+    grads = rt.grad_bytes(m, path=path, grad_accum=grad_accum, **sharding)
     terms = {
-        "params": weights_bytes(m, **sharding),
-        "grads": grads_at_peak(grads_bytes(m, **sharding), activations, grad_accum=grad_accum,
-                               pp=pp),
-        "optimizer": optimizer_bytes(m, **sharding),
+        "params": weights,
+        "grads": grads_at_peak(grads, activations, grad_accum=grad_accum, pp=pp),
+        "optimizer": optimizer,
         "activations": activations,
     }
-    dp = dp_shard if dp is None else dp  # data-parallel ranks; the shard group unless told
     buffers = buffer_bytes(m, tp=tp, pp=pp, ep=ep, zero=zero, dp=dp, dp_shard=dp_shard, cp=cp)
-    live = sum(terms.values()) + buffers
-    terms["other"] = buffers + ALLOCATOR_MARGIN * live
-    terms["total"] = live + ALLOCATOR_MARGIN * live
+    buffers = np.where(path == rt.FSDP, buffers, np.where(path == rt.DDP, buffers, 0.0))
+    reserved = rt.stream_pool_bytes(m, path=path, **sharding) \
+        + rt.fragmentation_bytes(activations)
+    terms["other"] = buffers + reserved
+    terms["total"] = sum(terms.values())
     return terms
 
 

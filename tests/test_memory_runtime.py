@@ -1,0 +1,90 @@
+"""The harness's precision-path memory terms (trainplan.memory_runtime)."""
+
+import numpy as np
+import pytest
+
+from trainplan import memory, params
+from trainplan import memory_runtime as rt
+from trainplan.specs import load_model
+
+M = load_model("llama-1.3b")
+LAY = dict(seq_len=2048, tp=1, pp=1, cp=1, ep=1, recompute=0, sequence_parallel=False,
+           schedule_code=0, pp_virtual=1, compiled_loss=True)
+
+
+def total(**kw):
+    args = {**LAY, "dp_shard": kw.get("dp", 1), "zero": 0, "micro_batch": 8, "grad_accum": 1,
+            **kw}
+    return float(memory.breakdown(M, **args)["total"])
+
+
+@pytest.mark.parametrize("dp, tp, pp, zero, path", [
+    (1, 1, 1, 0, rt.AUTOCAST), (1, 4, 1, 0, rt.AUTOCAST), (1, 1, 4, 0, rt.AUTOCAST),
+    (2, 1, 1, 0, rt.DDP), (2, 1, 1, 2, rt.FSDP), (2, 2, 1, 0, rt.FSDP), (2, 1, 2, 0, rt.FSDP),
+])
+def test_harness_path_follows_parallelize(dp, tp, pp, zero, path):
+    assert rt.harness_path(dp, tp, pp, zero) == path
+
+
+@pytest.mark.parametrize("bad", [dict(dp=0), dict(tp=0), dict(pp=-1), dict(zero=-1)])
+def test_harness_path_rejects_bad_degrees(bad):
+    with pytest.raises(ValueError):
+        rt.harness_path(**{"dp": 1, "tp": 1, "pp": 1, "zero": 0, **bad})
+
+
+def test_autocast_block_extra_matches_the_microbenchmark():
+    # 76,136.06 (autocast-fp32) - 65,864.3 (bf16) B/token at 16,384 tokens
+    per_token = float(rt.autocast_token_bytes(M, path=rt.AUTOCAST, tp=1, sequence_parallel=False))
+    copies = float(rt.weight_copy_bytes(M, path=rt.AUTOCAST, tp=1, ep=1, recompute=0))
+    assert per_token + copies / 16384 == pytest.approx(76136.06 - 65864.3, rel=1e-3)
+    assert rt.weight_copy_bytes(M, path=rt.FSDP, tp=1, ep=1, recompute=0) == 0
+    assert rt.weight_copy_bytes(M, path=rt.AUTOCAST, tp=1, ep=1, recompute=1) == 0
+
+
+def test_terms_grow_with_micro_batch_pp_and_shrink_with_dp():
+    assert total(micro_batch=16) > total(micro_batch=8) > total(micro_batch=4)
+    # weight copies are per micro-batch, not per token: less than linear in tokens
+    a, b = (float(memory.activation_bytes(M, micro_batch=mb, grad_accum=1, **{
+        k: v for k, v in LAY.items() if k != "seq_len"}, seq_len=2048, path=rt.AUTOCAST))
+        for mb in (4, 8))
+    assert b < 2 * a
+    fsdp = [total(dp=d, zero=3) for d in (2, 4, 8)]
+    assert fsdp[0] > fsdp[1] > fsdp[2]
+    # more pipeline micro-batches: more receive buffers on the first stage
+    assert total(pp=2, micro_batch=2, grad_accum=16) > total(pp=2, micro_batch=2, grad_accum=8)
+
+
+def test_ddp_costs_more_than_one_gpu_by_buckets_and_graph_split():
+    one, ddp = total(dp=1), total(dp=2)
+    s = params.stage_params_per_rank(M, 1, 1, 1)
+    assert ddp - one > 4 * s  # at least the fp32 buckets
+    assert rt.ddp_split_scale(rt.DDP, True) == rt.DDP_SPLIT_SCALE
+    assert rt.ddp_split_scale(rt.DDP, False) == 0
+
+
+def test_fsdp_no_sync_keeps_unsharded_fp32_grads():
+    kw = dict(path=rt.FSDP, tp=1, pp=1, ep=1, dp_shard=4, cp=1)
+    s = params.stage_params_per_rank(M, 1, 1, 1)
+    assert rt.grad_bytes(M, zero=2, grad_accum=2, **kw) == 4 * s
+    assert rt.grad_bytes(M, zero=3, grad_accum=2, **kw) == 4 * s / 4
+    assert rt.grad_bytes(M, zero=2, grad_accum=1, **kw) == 4 * s / 4
+
+
+def test_stream_pools_only_under_sharded_fsdp():
+    kw = dict(tp=1, pp=1, ep=1, cp=1, zero=2)
+    assert rt.stream_pool_bytes(M, path=rt.AUTOCAST, dp_shard=1, **kw) == 0
+    two, four = (float(rt.stream_pool_bytes(M, path=rt.FSDP, dp_shard=d, **kw)) for d in (2, 4))
+    assert two > four > 0
+
+
+def test_pipeline_buffers_scale_with_grad_accum_and_vanish_without_pp():
+    kw = dict(path=rt.AUTOCAST, seq_len=2048, micro_batch=2, tp=1, cp=1, sequence_parallel=False)
+    assert rt.pp_buffer_bytes(M, grad_accum=8, pp=1, **kw) == 0
+    assert rt.pp_buffer_bytes(M, grad_accum=16, pp=2, **kw) == \
+        2 * rt.pp_buffer_bytes(M, grad_accum=8, pp=2, **kw) == 16 * 4 * 4096 * 2048
+
+
+def test_vectorised_over_layouts():
+    out = memory.breakdown(M, **{**LAY, "tp": np.array([1, 2, 4])}, dp_shard=np.array([1, 1, 1]),
+                           zero=np.array([0, 0, 0]), micro_batch=8, grad_accum=1)
+    assert out["total"].shape == (3,) and np.all(np.diff(out["total"]) < 0)
