@@ -14,7 +14,8 @@ from trainplan.specs import ClusterSpec, load_gpu
 
 PEAK = 989.0
 MICRO = "data/measurements/micro-h200x2-20261126.jsonl"
-COMMITTED_MICRO = "data/measurements/validate-h200x4-20261126b/micro.jsonl"  # the committed file's
+COMMITTED_MICRO = ["data/measurements/validate-h200x4-20261126b/micro.jsonl",
+                   "data/measurements/micro-layouts-h200x4host-20261126.jsonl"]  # its records
 PROV = {"git_commit": "abc", "date": "2026-11-26T00:00:00+00:00"}
 
 
@@ -75,17 +76,17 @@ def test_alpha_beta_clips_negative_latency():
 
 
 def test_committed_calibration_matches_its_records():
-    cal = calibrate.build([COMMITTED_MICRO], load_gpu("h200-sxm", calibrated=False))
+    cal = calibrate.build(COMMITTED_MICRO, load_gpu("h200-sxm", calibrated=False))
     stored = calibrate.load("h200-sxm")
     assert stored is not None
     for key in ("matmul_efficiency", "attention_efficiency", "label", "pieces"):
         assert stored[key] == cal[key]
-    assert stored["label"] == "h200-sxm (59 microbenchmark records, 2026-11-26)"
+    assert stored["label"] == "h200-sxm (85 microbenchmark records, 2026-11-26)"
 
 
 def test_load_gpu_uses_calibration_where_present(monkeypatch):
     h200, h100 = load_gpu("h200-sxm"), load_gpu("h100-sxm")
-    assert h200.calibration.startswith("h200-sxm (59 microbenchmark records")
+    assert h200.calibration.startswith("h200-sxm (85 microbenchmark records")
     assert h200.matmul_efficiency == calibrate.load("h200-sxm")["matmul_efficiency"]
     assert {op for op, *_ in h200.collectives} == set(calibrate.COLLECTIVES)
     assert h100.calibration == "datasheet" and h100.collectives == ()
@@ -146,6 +147,6 @@ def test_cli_calibrate_writes_and_refuses(tmp_path, capsys):
 def test_plan_says_which_constants(capsys):
     args = ["plan", "--model", "llama-1.3b", "--gpus", "2", "--top", "1", "--json", "--gpu"]
     assert main([*args, "h200-sxm"]) == 0
-    assert json.loads(capsys.readouterr().out)["calibration"].startswith("h200-sxm (59 ")
+    assert json.loads(capsys.readouterr().out)["calibration"].startswith("h200-sxm (85 ")
     assert main([*args, "h100-sxm"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration"] == "datasheet"

@@ -60,9 +60,11 @@ def test_scales_reach_the_cost_model():
         "activation_scales": [[True, "none", 0.5], [False, "none", 1.0]]})
     compiled = evaluate(M, scaled_gpu, load_cluster("dgx-h100"), L, 2048).iloc[0]
     eager = evaluate(M, scaled_gpu, load_cluster("dgx-h100"), L, 2048, compiled=False).iloc[0]
-    # the block scale halves the blocks, not the head: a compiled loss keeps 4 B per logit
+    # the block scale halves the blocks, not the head: a compiled loss keeps 4 B per logit,
+    # and the final norm's and output layer's bf16 inputs (2 + 2 B per hidden unit) stay
+    head = (4 * M.vocab + 4 * M.hidden) * 8 * 2048 / 2**30
     assert compiled["activations_gib"] == pytest.approx(
-        0.5 * base["activations_gib"] + 0.5 * 4 * 8 * 2048 * M.vocab / 2**30, rel=1e-6)
+        0.5 * base["activations_gib"] + 0.5 * head, rel=1e-6)
     assert compiled["optimizer_s"] == pytest.approx(2 * base["optimizer_s"])
     assert compiled["exposed_comm_s"] > base["exposed_comm_s"]  # leak of hidden traffic
     assert eager["compute_s"] > compiled["compute_s"] and eager["total_gib"] > compiled["total_gib"]
@@ -162,10 +164,11 @@ def test_autocast_blocks_get_their_own_scales_and_leave_the_pure_ones():
     for row in checks:
         assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=1e-3)
         assert row["predicted_mib"] == pytest.approx(row["measured_mib"], rel=1e-3)
-    # GPUSpec has no autocast fields yet: apply ignores them and keeps the pure ones
+    # both reach GPUSpec; the autocast activation table has no field (memory keeps its own)
     applied = calibrate_pieces.apply(gpu, scales)
     assert applied.elementwise_scale == pytest.approx(1.7, rel=1e-3)
-    assert not hasattr(applied, "autocast_elementwise_scale")
+    assert applied.autocast_elementwise_scale == pytest.approx(2.5, rel=1e-3)
+    assert not hasattr(applied, "autocast_activation_scales")
 
 
 def test_compiled_head_is_scaled_against_the_compiled_logits_bytes():
@@ -214,34 +217,54 @@ def _mm(m, n, k, tflops, base=True):
     return {"config": {"m": m, "n": n, "k": k, "base": base}, "results": {"tflops": tflops}}
 
 
-def test_matmul_curve_interpolates_in_log_size_and_prices_a_block():
+def test_matmul_curve_interpolates_in_tokens_and_width_and_prices_a_block():
     peak = 1000.0
     recs = [_mm(4096, 2048, 2048, 600.0), _mm(16384, 2048, 2048, 800.0),
-            _mm(16384, 2048, 2048, 820.0), _mm(16384, 8192, 2048, 800.0, base=False)]
+            _mm(16384, 2048, 2048, 820.0), _mm(16384, 8192, 2048, 700.0, base=False),
+            _mm(4096, 8192, 2048, 500.0, base=False)]
     curve = calibrate_pieces.matmul_curve(recs, peak)
-    small, big = 2.0 * 4096 * 2048 * 2048, 2.0 * 16384 * 2048 * 2048
-    assert curve == [[small, 0.6], [big, 0.81], [4 * big, 0.8]]
+    w, wide = 2048.0 * 2048, 8192.0 * 2048
+    assert curve == [[4096.0, w, 0.6], [4096.0, wide, 0.5], [16384.0, w, 0.81],
+                     [16384.0, wide, 0.7]]
     at = calibrate_pieces.matmul_efficiency_at
-    assert at(curve, (small * big) ** 0.5, 0.5) == pytest.approx(0.705)  # log-size midpoint
-    assert at(curve, small / 100, 0.5) == 0.6 and at(curve, big * 100, 0.5) == 0.8  # flat ends
-    assert at([], big, 0.5) == 0.5
-    assert np.allclose(at(curve, np.array([small, big]), 0.5), [0.6, 0.81])
+    assert at(curve, 16384, w, 0.5) == pytest.approx(0.81)  # a measured shape
+    assert at(curve, 8192, w, 0.5) == pytest.approx(0.705)  # log-tokens midpoint
+    assert at(curve, 16384, 4096.0 * 2048, 0.5) == pytest.approx(0.755)  # log-width midpoint
+    assert at(curve, 8192, 4096.0 * 2048, 0.5) == pytest.approx((0.55 + 0.755) / 2)
+    # held flat outside the measured tokens and widths, never extrapolated
+    assert at(curve, 1024, w, 0.5) == 0.6 and at(curve, 65536, w, 0.5) == 0.81
+    assert at(curve, 16384, w / 8, 0.5) == 0.81 and at(curve, 16384, wide * 8, 0.5) == 0.7
+    assert at([], 16384, w, 0.5) == 0.5
+    assert np.allclose(at(curve, np.array([4096, 16384]), w, 0.5), [0.6, 0.81])
     eff = calibrate_pieces.block_matmul_efficiency
     assert eff(M, [], tokens=16384, tp=1, default=0.77) == pytest.approx(0.77)
-    flat = [[1.0, 0.7], [1e15, 0.7]]
+    flat = [[1.0, 1.0, 0.7], [1e9, 1e12, 0.7]]
     assert eff(M, flat, tokens=np.array([4096, 16384]), tp=2, default=0.5) == pytest.approx(0.7)
-    rising = [[1e9, 0.3], [1e12, 0.8]]
+    rising = [[1024.0, 1e5, 0.3], [1024.0, 1e8, 0.8], [65536.0, 1e5, 0.4], [65536.0, 1e8, 0.9]]
     tp1, tp2 = (eff(M, rising, tokens=16384, tp=t, default=0.5) for t in (1, 2))
-    assert 0.3 < tp2 < tp1 <= 0.8  # the tp shards are smaller GEMMs
+    small = eff(M, rising, tokens=4096, tp=1, default=0.5)
+    assert 0.3 < tp2 < tp1 <= 0.9 and small < tp1  # shards and small batches: smaller GEMMs
     scales, _ = calibrate_pieces.fit({"matmul": recs}, _gpu())
-    assert len(scales["matmul_curve"]) == 3
+    assert len(scales["matmul_curve"]) == 4
     base_only, _ = calibrate_pieces.fit({"matmul": recs[:3]}, _gpu())
     assert "matmul_curve" not in base_only
+
+
+def test_ddp_block_scale_is_the_wrapped_block_less_its_copies_over_the_block_alone():
+    gpu = _gpu()
+    ref = _block(0.030, 0, mb=8)
+    ref["config"]["precision"] = "autocast-fp32"
+    copy = 16.0 * 50_000_000 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
+    scales, _ = calibrate_pieces.fit({"block": [ref, _ddp(0.036 + copy, 0.004, on=True)]}, gpu)
+    assert scales["ddp_block_scale"] == pytest.approx(1.2, rel=1e-6)
+    assert calibrate_pieces.apply(gpu, scales).ddp_block_scale == pytest.approx(1.2, rel=1e-6)
+    faster, _ = calibrate_pieces.fit({"block": [ref, _ddp(0.020, 0.004, on=True)]}, gpu)
+    assert faster["ddp_block_scale"] == 1.0  # a wrapper never speeds a block up: noise
 
 
 def test_apply_passes_a_piece_only_to_an_existing_scale_field():
     gpu = _gpu()
     out = calibrate_pieces.apply(gpu, {"name": "other", "bf16_tflops": 1.0, "head_scale": 2.0,
-                                       "ddp_exposed": 0.4, "matmul_curve": [[1.0, 0.5]]})
+                                       "ddp_exposed": 0.4, "matmul_curve": [[1.0, 1.0, 0.5]]})
     assert out.name == gpu.name and out.bf16_tflops == gpu.bf16_tflops
     assert out.head_scale == 2.0

@@ -61,7 +61,11 @@ def test_compute_term_is_grad_accum_micro_batches_of_the_last_stage():
     m, gpu = tiny_model(n_layers=8), easy_gpu()
     t_mb = compute.microbatch_compute_time(m, gpu, seq_len=SEQ, micro_batch=1, tp=2, cp=1, pp=2,
                                            recompute=0, sequence_parallel=True)
-    assert _row(cfg, m=m, gpu=gpu)["compute_s"] == pytest.approx(8 * t_mb, rel=1e-12)
+    # dp 2 beside tp and pp runs FSDP2 (shard group of one): its fp32 gradient accumulation
+    stage = params.stage_params_per_rank(m, 2, 2, 1)
+    adds = compute.grad_accum_time(gpu, stage, 8, zero=0, shard_ranks=1, fsdp=True)
+    assert adds > 0
+    assert _row(cfg, m=m, gpu=gpu)["compute_s"] == pytest.approx(8 * t_mb + adds, rel=1e-12)
 
 
 def test_optimizer_term_uses_the_parameters_this_rank_updates():
@@ -100,9 +104,18 @@ def test_tp_comm_term_matches_comms_model():
     m, cl = tiny_model(n_layers=8), easy_cluster()
     r = _row(cfg, m=m, cluster=cl)
     act = 2 * SEQ * m.hidden  # bf16 b s h, micro-batch 1
-    expected = 3 * comms.tp_microbatch_time(cl, act_bytes=act, tp=4, layers=8,
-                                            recompute_full=False, sequence_parallel=True)
-    assert r["tp_comm_s"] == pytest.approx(expected, rel=1e-12)
+    # one data-parallel rank: fp32 weights under autocast, an fp32 residual stream (x 2)
+    blocks = comms.tp_microbatch_time(cl, act_bytes=act, tp=4, layers=8, recompute_full=False,
+                                      sequence_parallel=True, stream_scale=2.0)
+    ends = comms.tp_ends_time(cl, act_bytes=act, logits_bytes=2 * SEQ * m.vocab, tp=4,
+                              sequence_parallel=True, stream_scale=2.0)
+    copies = compute.tp_layout_copy_time(easy_gpu(), act_elems=SEQ * m.hidden, stream_bytes=4,
+                                         tp=4, layers=8, recompute_full=False,
+                                         sequence_parallel=True, micro_batch=1)
+    assert r["tp_comm_s"] == pytest.approx(3 * (blocks + ends + copies), rel=1e-12)
+    bf16 = comms.tp_microbatch_time(cl, act_bytes=act, tp=4, layers=8, recompute_full=False,
+                                    sequence_parallel=True)
+    assert blocks > bf16  # the fp32 stream's gathers move twice the bytes
 
 
 def test_ddp_gradient_all_reduce_hides_under_backward():
@@ -112,7 +125,9 @@ def test_ddp_gradient_all_reduce_hides_under_backward():
     stage = params.stage_params_per_rank(m, 1, 1, 1)
     ar = comms.collective_time(cl, "all_reduce", 4 * stage, 8, 8)
     t_mb = compute.microbatch_compute_time(m, gpu, seq_len=SEQ, micro_batch=1, tp=1, cp=1, pp=1,
-                                           recompute=0, sequence_parallel=False)
+                                           recompute=0, sequence_parallel=False, autocast=True,
+                                           ddp=True)
+    t_mb += compute.grad_accum_time(gpu, stage, 2, zero=0, shard_ranks=1, fsdp=False) / 2
     _, copies = compute.dp_copy_time(gpu, stage, zero=0, shard_ranks=1, dp_ranks=8)  # buckets
     assert r["dp_comm_s"] == pytest.approx(max(ar - 2 / 3 * t_mb, ar / 8) + copies, rel=1e-12)
 

@@ -38,13 +38,22 @@ apart (`bench.micro_model.PRECISIONS`, `bench.micro_layouts`) and give:
   ranks) that still adds to a DDP-wrapped compiled block, t_block the same
   block measured without DDP and t_bucket_copies `compute.dp_copy_time`'s
   16 B per parameter; ddp_activation_scales: its kept bytes / analytic;
-- matmul_curve: [GEMM FLOPs, fraction of peak] at every GEMM size measured
-  (median per size), for `matmul_efficiency_at` (log-size interpolation);
-  written only where shapes beyond the model's own were measured
-  (`bench.micro --matmul-tp/--matmul-tokens`).
+- ddp_block_scale = (t_ddp_block - t_bucket_copies) / t_block, DDPOptimizer
+  on (as the harness runs), at least 1: the whole slowdown of a DDP-wrapped
+  compiled block, which the cost model applies to its blocks' compute
+  (`compute.microbatch_compute_time`); on H200 it is 1.85 x the block's
+  all-reduce, more than the all-reduce itself, so it is priced as compute
+  (graph split at bucket boundaries, NCCL kernels beside it), not as traffic;
+- matmul_curve: [tokens m, width n k, median fraction of peak] per GEMM
+  shape measured, for `compute.matmul_efficiency_at` (interpolated in log
+  width, then log tokens; flat outside); written only where shapes beyond
+  the model's own were measured (`bench.micro --matmul-tp/--matmul-tokens`).
+  The element-wise and head scales are fitted with the curve applied, so
+  that they and the cost model split the same measured times the same way.
 
-GPUSpec has no field for these yet: `apply` passes a key on only where
-GPUSpec has a field of that name, so adding the field is all it takes.
+`apply` passes a key on only where GPUSpec has a field of that name
+(autocast_activation_scales, compiled_logits_scale and the ddp_exposed
+fractions have none: memory and reports read them from the file).
 
 Every scale is a ratio of measured to modelled work on a microbenchmark, so
 it carries over to other widths only as far as the work's shape does; the
@@ -80,6 +89,8 @@ SCALE_NAMES = {  # the scales as the runbook names them, and their uncalibrated 
     "ddp_exposed": ("share of DDP's gradient all-reduce still exposed, DDPOptimizer on",
                     "overlap_exposed"),
     "ddp_exposed_unsplit": ("the same, DDPOptimizer off", "overlap_exposed"),
+    "ddp_block_scale": ("DDP-wrapped compiled block time, less bucket copies / alone",
+                        "1 (no slowdown)"),
 }
 NOT_PIECES = {"name", "bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",  # GPUSpec
               "attention_efficiency", "fp8_tflops", "source", "calibration", "collectives"}
@@ -104,6 +115,9 @@ def _rates(gpu: GPUSpec) -> tuple[float, float, float]:
 def block_terms(m: ModelSpec, gpu: GPUSpec, *, tokens: float, seq: int, recompute: str) -> dict:
     """Analytic seconds of one block's matmuls, attention and element-wise work (tp = 1)."""
     mm_rate, attn_rate, mem_rate = _rates(gpu)
+    mm_rate *= compute.block_matmul_efficiency(m, gpu.matmul_curve, tokens=tokens, tp=1,
+                                               default=gpu.matmul_efficiency) \
+        / gpu.matmul_efficiency  # the GEMMs at the curve's fraction for their size, as priced
     code = RECOMPUTE.index(recompute)
     passes = 3.0 + float(compute.recompute_matmul_factor(code))
     return {
@@ -140,10 +154,9 @@ def _activation_scale(record: dict) -> float:
 
 
 def head_time(m: ModelSpec, gpu: GPUSpec, tokens: float) -> float:
-    """Analytic seconds of the output layer (3 passes of 2 V h) and the loss, tp = 1."""
-    mm_rate, _, mem_rate = _rates(gpu)
-    return float(tokens * (3.0 * 2.0 * m.vocab * m.hidden / mm_rate
-                           + float(compute.loss_bytes_per_token(m, 1)) / mem_rate))
+    """Analytic seconds of the output layer (3 passes of 2 V h) and the loss, tp = 1,
+    as `compute.head_analytic_per_token` prices them."""
+    return float(tokens * compute.head_analytic_per_token(m, gpu, tokens=tokens, tp=1))
 
 
 def _median(values) -> float:
@@ -157,6 +170,10 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
         tbps = _median(r["results"]["tbps"] for r in by_bench["hbm"])
         out["memory_efficiency"] = round(min(1.0, tbps / gpu.hbm_tbps), 4)
         gpu = dataclasses.replace(gpu, memory_efficiency=out["memory_efficiency"])
+    mms = by_bench.get("matmul", [])
+    if any(not r["config"].get("base", True) for r in mms):  # shapes asked for beyond the model's
+        out["matmul_curve"] = matmul_curve(mms, gpu.bf16_tflops)
+        gpu = dataclasses.replace(gpu, matmul_curve=tuple(map(tuple, out["matmul_curve"])))
     every = by_bench.get("block", [])
     blocks = [r for r in every if _plain(r)]
     for prefix, precision in (("", "pure"), ("autocast_", "autocast-fp32")):
@@ -176,9 +193,6 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
                                                  for (c, rc), v in sorted(scales.items())]
     out.update(_head_scales(by_bench.get("head", []), gpu))
     out.update(_ddp_scales(every, gpu))
-    mms = by_bench.get("matmul", [])
-    if any(not r["config"].get("base", True) for r in mms):  # shapes asked for beyond the model's
-        out["matmul_curve"] = matmul_curve(mms, gpu.bf16_tflops)
     if by_bench.get("optimizer"):
         per_param = 32.0 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
         out["optimizer_scale"] = round(_median(
@@ -222,8 +236,9 @@ def _head_scales(heads: list[dict], gpu: GPUSpec) -> dict:
 
 
 def _ddp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
-    """ddp_exposed(_unsplit) and ddp_activation_scales from DDP-wrapped block records."""
-    out, kept = {}, []
+    """ddp_exposed(_unsplit), ddp_block_scale and ddp_activation_scales from DDP-wrapped
+    block records, each against the same block measured alone."""
+    out, kept, slowdowns = {}, [], []
     mem_rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
     for on, key in ((True, "ddp_exposed"), (False, "ddp_exposed_unsplit")):
         fractions = []
@@ -239,49 +254,32 @@ def _ddp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
                 copy = 16.0 * c["grad_bytes"] / 4.0 / mem_rate  # compute.dp_copy_time, DDP
                 fractions.append((r["results"]["time_s"] - _median(ref) - copy)
                                  / r["results"]["allreduce_s"])
+                if on:
+                    slowdowns.append((r["results"]["time_s"] - copy) / _median(ref))
             if on and r["results"]["activation_bytes"] > 0:
                 kept.append(_activation_scale(r))
         if fractions:
             out[key] = round(min(1.0, max(0.0, _median(fractions))), 4)
+    if slowdowns:
+        out["ddp_block_scale"] = round(max(1.0, _median(slowdowns)), 4)
     if kept:
         out["ddp_activation_scales"] = [[True, round(_median(kept), 4)]]
     return out
 
 
 def matmul_curve(recs: list[dict], peak_tflops: float) -> list[list[float]]:
-    """[[2 m n k, median fraction of peak at that size], ...] in increasing size."""
-    by_size: dict[float, list[float]] = {}
+    """[[tokens m, width n k, median fraction of peak of that shape], ...] sorted, for
+    `compute.matmul_efficiency_at`; shapes of one width (q, k, v, out) pool their records."""
+    by_shape: dict[tuple[float, float], list[float]] = {}
     for r in recs:
         c = r["config"]
-        by_size.setdefault(2.0 * c["m"] * c["n"] * c["k"], []).append(
+        by_shape.setdefault((float(c["m"]), float(c["n"] * c["k"])), []).append(
             r["results"]["tflops"] / peak_tflops)
-    return [[size, round(_median(v), 4)] for size, v in sorted(by_size.items())]
+    return [[m, w, round(_median(v), 4)] for (m, w), v in sorted(by_shape.items())]
 
 
-def matmul_efficiency_at(curve, flops, default: float):
-    """Fraction of peak of a GEMM of `flops` (2 m n k): `curve` interpolated in log size,
-    held flat beyond its ends; `default` (the single matmul fraction) without a curve."""
-    flops = np.asarray(flops, dtype=float)
-    if len(curve) < 2:
-        return np.full(flops.shape, default) if flops.shape else default
-    sizes, fractions = np.log(np.array([c[0] for c in curve])), np.array([c[1] for c in curve])
-    out = np.interp(np.log(flops), sizes, fractions)
-    return out if out.shape else float(out)
-
-
-def block_matmul_efficiency(m: ModelSpec, curve, *, tokens, tp, default: float):
-    """Effective fraction of one block's forward GEMMs on one rank at `tokens` rows and `tp`:
-    sum F / sum (F / e(F)) over q, k, v, out, gate/up, down (`bench.shapes.gemm_shapes`),
-    so that their summed FLOPs at peak x this fraction take the summed time. Vectorised."""
-    t, tp = np.asarray(tokens, dtype=float), np.asarray(tp, dtype=float)
-    h, kv, f = m.hidden, m.kv_dim, m.ffn
-    ups = m.top_k * (2 if m.mlp == "swiglu" else 1)
-    shapes = [(1, h / tp, h), (2, kv / tp, h), (1, h, h / tp), (ups, f / tp, h),
-              (m.top_k, h, f / tp)]  # (count, n, k) with m = tokens rows
-    flops = [count * 2.0 * t * n * k for count, n, k in shapes]
-    time = sum(fl / matmul_efficiency_at(curve, fl / count, default)
-               for fl, (count, _, _) in zip(flops, shapes, strict=True))
-    return sum(flops) / time
+matmul_efficiency_at = compute.matmul_efficiency_at  # kept here for callers of the fit
+block_matmul_efficiency = compute.block_matmul_efficiency
 
 
 def block_checks(blocks: list[dict], gpu: GPUSpec) -> list[dict]:

@@ -129,17 +129,68 @@ def tp_pair_time(cluster: ClusterSpec, *, act_bytes, tp, sequence_parallel=False
     return np.where(np.asarray(sequence_parallel), ag_rs, ar)
 
 
-def tp_microbatch_time(cluster: ClusterSpec, *, act_bytes, tp, layers, recompute_full,
-                       sequence_parallel=False):
-    """Tensor-parallel traffic of one micro-batch on one stage, never overlapped.
+def tp_sublayer_time(cluster: ClusterSpec, *, act_bytes, tp, sequence_parallel=False,
+                     stream_scale=1.0):
+    """(forward, backward) seconds of the tensor-parallel collectives around one sublayer.
 
-    Per block forward: two exchanges (`tp_pair_time`), one for attention and
-    one for the MLP (Korthikanti et al. 2022, sec. 4.2.2). Backward repeats
-    them; full recompute repeats the forward's.
+    A sublayer is attention or the MLP (Korthikanti et al. 2022, sec. 4.2.2).
+    With sequence parallel: forward all-gathers the norm's output and
+    reduce-scatters the row-parallel projection's; backward does the reverse
+    (reduce-scatter of the input gradient, all-gather of the output
+    gradient). Without it: one all-reduce each way. The norm's output and its
+    gradient have the residual stream's dtype, `stream_scale` x bf16 (2 where
+    fp32 weights run under autocast: RMSNorm stays fp32); the projection's
+    output and its gradient are bf16. `act_bytes`: the b s h tensor in bf16.
     """
-    one = tp_pair_time(cluster, act_bytes=act_bytes, tp=tp, sequence_parallel=sequence_parallel)
-    per_block = (2.0 + 2.0 + np.where(recompute_full, 2.0, 0.0)) * one
-    return per_block * layers
+    s = stream_scale * np.asarray(act_bytes, dtype=float)
+
+    def coll(kind, nbytes):
+        return collective_time(cluster, kind, nbytes, tp, tp)
+
+    sp = np.asarray(sequence_parallel)
+    fwd = np.where(sp, coll("all_gather", s) + coll("reduce_scatter", act_bytes),
+                   coll("all_reduce", act_bytes))
+    bwd = np.where(sp, coll("reduce_scatter", s) + coll("all_gather", act_bytes),
+                   coll("all_reduce", s))
+    return fwd, bwd
+
+
+def tp_microbatch_time(cluster: ClusterSpec, *, act_bytes, tp, layers, recompute_full,
+                       sequence_parallel=False, stream_scale=1.0):
+    """Tensor-parallel traffic of one micro-batch's blocks on one stage, never overlapped.
+
+    Per block two sublayers (`tp_sublayer_time`), forward and backward; full
+    recompute repeats the forward's. Nothing hides them: the harness runs
+    DTensor TP without async TP (no `_micro_pipeline_tp`), so each collective
+    waits for its producer and blocks its consumer.
+    """
+    fwd, bwd = tp_sublayer_time(cluster, act_bytes=act_bytes, tp=tp,
+                                sequence_parallel=sequence_parallel, stream_scale=stream_scale)
+    return 2.0 * layers * (fwd + bwd + np.where(recompute_full, fwd, 0.0))
+
+
+def tp_ends_time(cluster: ClusterSpec, *, act_bytes, logits_bytes, tp, sequence_parallel,
+                 stream_scale=1.0, first_stage=True, last_stage=True):
+    """Tensor-parallel traffic of one micro-batch outside the blocks, on one rank.
+
+    As bench/parallelize.apply_tp lays it out: the vocab-split embedding
+    (`RowwiseParallel`, output the stream) reduce-scatters forward and
+    all-gathers backward (an all-reduce without sequence parallel); the final
+    norm's output is all-gathered for the output layer and its gradient
+    reduce-scattered; the column-parallel output layer's logits are gathered
+    whole (`output_layouts=Replicate()`, b s V in bf16) for the loss, whose
+    backward is a local slice. Stream tensors: `stream_scale` x bf16.
+    """
+    s = stream_scale * np.asarray(act_bytes, dtype=float)
+
+    def coll(kind, nbytes):
+        return collective_time(cluster, kind, nbytes, tp, tp)
+
+    sp = np.asarray(sequence_parallel)
+    pair = np.where(sp, coll("all_gather", s) + coll("reduce_scatter", s), coll("all_reduce", s))
+    last = coll("all_gather", logits_bytes) + pair
+    t = np.where(first_stage, pair, 0.0) + np.where(last_stage, last, 0.0)
+    return np.where(np.asarray(tp) > 1, t, 0.0)
 
 
 def cp_layer_time(cluster: ClusterSpec, *, kv_chunk_bytes, cp, tp):

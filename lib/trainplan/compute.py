@@ -9,6 +9,12 @@ Time on a rank is the sum of three kinds of work, each at its own achieved
 rate: matrix multiplies at `matmul_efficiency` of peak, fused attention at
 `attention_efficiency` of peak, and memory-bound element-wise kernels (norms,
 RoPE, residual adds, activation, loss) at `memory_efficiency` of HBM bandwidth.
+With a measured GEMM table (`GPUSpec.matmul_curve`) each projection runs at
+the fraction measured for its shard's shape and token count instead.
+
+Also here, memory-bound work that a layout adds on the compute stream:
+DTensor's copies around sequence-parallel collectives, data parallelism's
+copy kernels, gradient accumulation's adds.
 """
 
 from __future__ import annotations
@@ -95,34 +101,164 @@ def recompute_elementwise_factor(recompute):
     return np.where(np.asarray(recompute) == NONE, 0.0, 1.0 / 3.0)
 
 
+def autocast_layout(dp, zero, tp, pp):
+    """True where the harness keeps fp32 weights under `torch.autocast` (an fp32 residual stream).
+
+    trainplan's harness (bench/train.py, bench/parallelize.py) uses FSDP2's
+    bf16 mixed precision where FSDP2 runs: dp > 1 with zero > 0, or beside tp
+    or pp; everything else (one GPU, DDP, TP or PP alone) autocasts fp32 weights.
+    """
+    dp, zero, tp, pp = map(np.asarray, (dp, zero, tp, pp))
+    return ~((dp > 1) & ((zero > 0) | (tp > 1) | (pp > 1)))
+
+
+def ddp_layout(dp, zero, tp, pp):
+    """True where the harness wraps the model in DDP: dp > 1, zero 0, no tp and no pp."""
+    dp, zero, tp, pp = map(np.asarray, (dp, zero, tp, pp))
+    return (dp > 1) & (zero == 0) & (tp == 1) & (pp == 1)
+
+
+def _interp_log(x, xs, ys):
+    """np.interp in log x, held flat beyond the ends."""
+    return np.interp(np.log(x), np.log(np.asarray(xs, dtype=float)), np.asarray(ys, dtype=float))
+
+
+def matmul_efficiency_at(curve, tokens, width, default: float):
+    """Fraction of peak of a (tokens x n) @ (n x k)-shaped GEMM with width = n k (its weight size).
+
+    `curve` rows are (tokens, width, median measured fraction) (`bench.micro`
+    matmul records, `calibrate_pieces.matmul_curve`). Interpolated in log
+    width among the shapes measured at each token count, then in log tokens
+    between the token counts; held flat beyond the measured ranges (no
+    extrapolation). TP shards (narrower n or k) and small micro-batches
+    (fewer rows) are smaller GEMMs: fewer output tiles to fill the SMs and
+    shorter K loops. Without a curve, `default` (the single matmul fraction).
+    """
+    tokens, width = np.broadcast_arrays(np.asarray(tokens, dtype=float),
+                                        np.asarray(width, dtype=float))
+    if not len(curve):
+        out = np.full(tokens.shape, float(default))
+        return out if out.shape else float(out)
+    rows = np.asarray(curve, dtype=float)
+    counts = np.unique(rows[:, 0])
+    per_count = [_interp_log(width, rows[rows[:, 0] == c, 1], rows[rows[:, 0] == c, 2])
+                 for c in counts]
+    out = per_count[0]
+    for lo, hi, e_lo, e_hi in zip(counts[:-1], counts[1:], per_count[:-1], per_count[1:],
+                                  strict=True):
+        w = np.clip(np.log(tokens / lo) / np.log(hi / lo), 0.0, 1.0)
+        out = np.where(tokens > lo, (1.0 - w) * e_lo + w * e_hi, out)
+    return out if out.shape else float(out)
+
+
+def block_matmul_efficiency(m: ModelSpec, curve, *, tokens, tp, default: float):
+    """Effective fraction of one block's forward GEMMs on one rank at `tokens` rows and `tp`:
+    sum F / sum (F / e) over q, k, v, out, gate/up, down (`bench.shapes.gemm_shapes`),
+    e from `matmul_efficiency_at` for each shard's shape, so that their summed FLOPs at
+    peak x this fraction take the summed time. Vectorised."""
+    t, tp = np.asarray(tokens, dtype=float), np.asarray(tp, dtype=float)
+    h, kv, f = m.hidden, m.kv_dim, m.ffn
+    ups = m.top_k * (2 if m.mlp == "swiglu" else 1)
+    shapes = [(1, h / tp, h), (2, kv / tp, h), (1, h, h / tp), (ups, f / tp, h),
+              (m.top_k, h, f / tp)]  # (count, n, k) with m = tokens rows
+    flops = [count * 2.0 * t * n * k for count, n, k in shapes]
+    time = sum(fl / matmul_efficiency_at(curve, t, n * k, default)
+               for fl, (_, n, k) in zip(flops, shapes, strict=True))
+    return sum(flops) / time
+
+
+def elementwise_scale(gpu: GPUSpec, compiled, autocast):
+    """The card's measured element-wise scale for (compiled, fp32 weights under autocast).
+
+    Falls back to the bf16 scale of the same compile mode where autocast was not measured.
+    """
+    pure = np.where(compiled, gpu.elementwise_scale, gpu.eager_elementwise_scale)
+    amp = np.where(compiled, gpu.autocast_elementwise_scale,
+                   gpu.eager_autocast_elementwise_scale)
+    return np.where(np.asarray(autocast) & (amp > 0), amp, pure)
+
+
+def head_analytic_per_token(m: ModelSpec, gpu: GPUSpec, *, tokens, tp):
+    """Unscaled seconds per token of the output layer and loss on one rank.
+
+    Output GEMM: 3 passes of 2 V h / tp FLOPs at the curve's fraction for a
+    (tokens x V/tp x h) GEMM. Loss: `loss_bytes_per_token` of the whole
+    vocabulary: the harness gathers the logits (`ColwiseParallel(output_layouts=
+    Replicate())` in bench/parallelize.apply_tp), so every TP rank computes the
+    full loss; there is no vocab-parallel loss.
+    """
+    tp = np.asarray(tp, dtype=float)
+    flops = 2.0 * m.vocab / tp * m.hidden
+    eff = matmul_efficiency_at(gpu.matmul_curve, tokens, m.vocab / tp * m.hidden,
+                               gpu.matmul_efficiency)
+    mem_rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
+    return 3.0 * flops / (gpu.bf16_tflops * 1e12 * eff) + loss_bytes_per_token(m, 1) / mem_rate
+
+
+def head_time_per_token(m: ModelSpec, gpu: GPUSpec, *, tokens, tp, compiled):
+    """`head_analytic_per_token` times the card's measured head scale: the compiled-loss
+    one where the loss is compiled (as `--compile` runs it) and measured, else the eager one."""
+    scale = np.where(np.asarray(compiled) & (gpu.compiled_head_scale > 0),
+                     gpu.compiled_head_scale, gpu.head_scale)
+    return scale * head_analytic_per_token(m, gpu, tokens=tokens, tp=tp)
+
+
 def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch, tp, cp, pp,
-                            recompute, sequence_parallel, last_stage=True, compiled=True):
+                            recompute, sequence_parallel, last_stage=True, compiled=True,
+                            autocast=False, ddp=False):
     """Seconds one rank of a pipeline stage computes one micro-batch, forward and backward.
 
     Sum of matmul, attention and element-wise terms over the stage's
     n_layers / pp blocks; the output layer and loss are added on the last
-    stage, which is the slowest and so sets the pace of the pipeline. The
-    element-wise term and the head carry the card's measured scales
-    (`trainplan.calibrate_pieces`; 1 when uncalibrated), the element-wise one
-    chosen by whether the blocks are compiled (fused) or eager.
+    stage, which is the slowest and so sets the pace of the pipeline. GEMMs
+    run at the measured curve's fraction for their shard and token count
+    (`block_matmul_efficiency`). The element-wise term and the head carry the
+    card's measured scales (`trainplan.calibrate_pieces`; 1 when
+    uncalibrated), chosen by compile mode and by `autocast` (fp32 weights).
+    `ddp`: the blocks run DDP-wrapped, at the measured `ddp_block_scale`
+    (DDPOptimizer's graph split and NCCL beside compute; bench.micro_layouts).
     """
     tokens = micro_batch * seq_len / np.asarray(cp)  # tokens of this rank
     layers = m.n_layers / np.asarray(pp)
-    mm_rate = gpu.bf16_tflops * 1e12 * gpu.matmul_efficiency
-    attn_rate = gpu.bf16_tflops * 1e12 * gpu.attention_efficiency
+    peak = gpu.bf16_tflops * 1e12
+    mm_rate = peak * block_matmul_efficiency(m, gpu.matmul_curve, tokens=tokens, tp=tp,
+                                             default=gpu.matmul_efficiency)
+    attn_rate = peak * gpu.attention_efficiency
     mem_rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
 
     passes = 3.0 + recompute_matmul_factor(recompute)  # fwd = 1, bwd = 2, recompute = +1
     mm = passes * matmul_flops_per_token_per_layer(m, tp) * layers
     attn = passes * attention_flops_per_token_per_layer(m, seq_len, tp) * layers
-    scale = np.where(compiled, gpu.elementwise_scale, gpu.eager_elementwise_scale)
-    elem = scale * (1.0 + recompute_elementwise_factor(recompute)) * layers * \
+    elem = elementwise_scale(gpu, compiled, autocast) * (
+        1.0 + recompute_elementwise_factor(recompute)) * layers * \
         elementwise_bytes_per_token_per_layer(m, tp, sequence_parallel)
-    head = 0.0
-    if last_stage:
-        head = gpu.head_scale * (3.0 * 2.0 * m.vocab * m.hidden / np.asarray(tp) / mm_rate
-                                 + loss_bytes_per_token(m, tp) / mem_rate)
-    return tokens * (mm / mm_rate + attn / attn_rate + elem / mem_rate + head)
+    blocks = np.where(ddp, gpu.ddp_block_scale, 1.0) * (mm / mm_rate + attn / attn_rate
+                                                        + elem / mem_rate)
+    head = head_time_per_token(m, gpu, tokens=tokens, tp=tp, compiled=compiled) \
+        if last_stage else 0.0
+    return tokens * (blocks + head)
+
+
+def tp_layout_copy_time(gpu: GPUSpec, *, act_elems, stream_bytes, tp, layers, recompute_full,
+                        sequence_parallel, micro_batch):
+    """Seconds of the copies DTensor adds around one micro-batch's sequence-parallel collectives.
+
+    The harness shards the (B, S, H) stream on dim 1. `all_gather_single`
+    with gather_dim != 0 gathers along dim 0 and concatenates the chunks
+    along dim 1 (`_maybe_view_chunk_cat`: a view only when B = 1), and
+    `reduce_scatter_single` with scatter_dim != 0 first copies the chunks
+    into dim-0 order (`_chunk_or_narrow_cat`; torch/distributed/
+    _functional_collectives.py). Each reads and writes the whole tensor once.
+    Per sublayer: forward all-gather (stream dtype) and reduce-scatter (bf16),
+    backward the reverse pair; full recompute repeats the forward.
+    """
+    e = np.asarray(act_elems, dtype=float)
+    ag = np.where(np.asarray(micro_batch) > 1, 1.0, 0.0)
+    fwd = 2.0 * e * (ag * stream_bytes + BF16)  # AG of the norm output, RS of the projection
+    bwd = 2.0 * e * (stream_bytes + ag * BF16)  # RS of its gradient, AG of the other's
+    per_block = 2.0 * (fwd * (1.0 + np.where(recompute_full, 1.0, 0.0)) + bwd)
+    t = per_block * layers / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
+    return np.where(np.asarray(sequence_parallel) & (np.asarray(tp) > 1), t, 0.0)
 
 
 def optimizer_step_time(gpu: GPUSpec, params_held):
@@ -170,3 +306,35 @@ def dp_copy_time(gpu: GPUSpec, stage_params, *, zero, shard_ranks, dp_ranks):
     rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
     p = np.asarray(stage_params, dtype=float)
     return per_mb * p / rate, per_step * p / rate
+
+
+def grad_accum_bytes_per_param(grad_accum, *, zero, shard_ranks, fsdp):
+    """HBM bytes per stage parameter, per step, of accumulating gradients over micro-batches.
+
+    Each micro-batch after the first adds its gradient to the held one, a
+    memory-bound pass (what Megatron-Core's gradient_accumulation_fusion
+    folds into the weight-gradient GEMM; Narayanan et al. 2021):
+    - fp32 parameters (autocast; DDP's no_sync): AccumulateGrad's in-place
+      add, read 4 + 4, write 4 = 12 B;
+    - FSDP2 without resharding (ZeRO-1/2, `set_requires_gradient_sync(False)`):
+      the unsharded bf16 gradient is upcast to the fp32 reduce dtype once
+      (read 2, write 4) then added to it (read 4 + 2, write 4 = 10 B;
+      `FSDPParam.accumulate_unsharded_grad_if_needed`);
+    - FSDP2 ZeRO-3 reduce-scatters every micro-batch and adds the fp32 shard:
+      12 B / shard_ranks.
+    """
+    extra = np.maximum(np.asarray(grad_accum, dtype=float) - 1.0, 0.0)
+    n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
+    fsdp, zero = np.asarray(fsdp), np.asarray(zero)
+    per_param = np.where(fsdp, np.where(zero == 3, 12.0 * extra / n,
+                                        10.0 * extra + np.where(extra > 0, 6.0, 0.0)),
+                         12.0 * extra)
+    return per_param
+
+
+def grad_accum_time(gpu: GPUSpec, stage_params, grad_accum, *, zero, shard_ranks, fsdp):
+    """Seconds per step of `grad_accum_bytes_per_param` at the achieved HBM rate."""
+    rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
+    return grad_accum_bytes_per_param(grad_accum, zero=zero, shard_ranks=shard_ranks,
+                                      fsdp=fsdp) * np.asarray(stage_params, dtype=float) / rate
+

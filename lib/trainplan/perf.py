@@ -3,10 +3,19 @@
     step = m t_mb + bubble + pipeline sends + blocking data-parallel traffic + optimizer
     t_mb = compute + tensor-parallel + expert all-to-all + exposed ring attention
            + exposed per-micro-batch data-parallel traffic
+    compute = blocks (GEMMs at the measured curve's fraction for their shape) + head
+              + gradient accumulation's adds / m
+    tensor-parallel = block collectives + embedding/norm/logits collectives
+                      + DTensor's layout copies around sequence-parallel collectives
 
 with m = grad_accum micro-batches per step. The pipeline bubble of 1F1B is
 (p - 1) / v micro-batch slots (Narayanan et al. 2021, eq. for interleaved
 1F1B: bubble fraction (p - 1) / (v m + p - 1)).
+
+The layout decides the precision the harness runs (`compute.autocast_layout`):
+without FSDP2 the fp32 weights run under autocast, so the residual stream,
+the tensors TP gathers and the pipeline sends are fp32, and the blocks take
+the autocast element-wise scale; DDP-wrapped blocks take `ddp_block_scale`.
 
 Data-parallel traffic includes the copy kernels its collectives need
 (`compute.dp_copy_time`: FSDP2's copy-in/copy-out, DDP's bucket copies),
@@ -63,6 +72,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     full = L.recompute == compute.FULL
     layers = m.n_layers / pp
     world = L.world
+    autocast = compute.autocast_layout(dp, L.zero, tp, pp)  # fp32 weights, fp32 stream
+    stream = np.where(autocast, 2.0, 1.0)  # residual-stream bytes / bf16
 
     mem = memory.breakdown(
         m, seq_len=seq_len, dp=dp, dp_shard=L.dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, zero=L.zero,
@@ -75,7 +86,12 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     # compute of one micro-batch on the slowest (last) stage
     compute_mb = compute.microbatch_compute_time(
         m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
-        sequence_parallel=sp, compiled=compiled)
+        sequence_parallel=sp, compiled=compiled, autocast=autocast,
+        ddp=compute.ddp_layout(dp, L.zero, tp, pp))
+    stage_params = params.stage_params_per_rank(m, tp, pp, ep)
+    # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
+    compute_mb = compute_mb + compute.grad_accum_time(
+        gpu, stage_params, ga, zero=L.zero, shard_ranks=L.dp_shard * cp, fsdp=~autocast) / ga
     tokens_mb = mb * seq_len / cp
     attn_layer = tokens_mb * (3.0 + full) * compute.attention_flops_per_token_per_layer(
         m, seq_len, tp) / (gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
@@ -83,24 +99,36 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     # communication of one micro-batch
     act_bytes = compute.BF16 * tokens_mb * m.hidden
     tp_mb = comms.tp_microbatch_time(cluster, act_bytes=act_bytes, tp=tp, layers=layers,
-                                     recompute_full=full, sequence_parallel=sp)
+                                     recompute_full=full, sequence_parallel=sp,
+                                     stream_scale=stream) \
+        + comms.tp_ends_time(cluster, act_bytes=act_bytes, tp=tp, sequence_parallel=sp,
+                             logits_bytes=compute.BF16 * tokens_mb * m.vocab,
+                             stream_scale=stream, first_stage=pp == 1) \
+        + compute.tp_layout_copy_time(gpu, act_elems=tokens_mb * m.hidden, tp=tp,
+                                      stream_bytes=stream * compute.BF16, layers=layers,
+                                      recompute_full=full, sequence_parallel=sp, micro_batch=mb)
     ep_mb = comms.ep_microbatch_time(cluster, token_bytes=act_bytes * m.top_k, ep=ep, tp=tp,
                                      layers=layers) if m.is_moe else 0.0
     kv_chunk = 2 * compute.BF16 * tokens_mb * m.kv_dim / tp
     cp_layer = comms.cp_layer_time(cluster, kv_chunk_bytes=kv_chunk, cp=cp, tp=tp)
     cp_mb = layers * np.maximum(cp_layer - attn_layer, 0.0)
-    stage_params = params.stage_params_per_rank(m, tp, pp, ep)
     dp_mb = comms.dp_microbatch_time(cluster, stage_params=stage_params, zero=L.zero,
                                      dp_shard=L.dp_shard, cp=cp, tp=tp)
     leak = gpu.overlap_exposed
     copy_mb, copy_step = compute.dp_copy_time(gpu, stage_params, zero=L.zero,
                                               shard_ranks=L.dp_shard * cp, dp_ranks=dp * cp)
-    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb / layers, leak) + copy_mb
+    # FSDP2's root group (embedding, final norm, output; bench/parallelize.apply_fsdp) is
+    # gathered first and reduced last, with no compute to hide under: the floor is the
+    # larger of one block's and the stage's ends' share of the traffic
+    ends = (params.output_params(m) + np.where(pp == 1, params.embedding_params(m), 0)) / tp
+    first_last = np.maximum(params.layer_params_per_rank(m, tp, ep), ends) / stage_params
+    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb * np.minimum(first_last, 1.0), leak) \
+        + copy_mb
     t_mb = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
 
     # once per step
     bubble = np.where(pp > 1, (pp - 1) / v * t_mb, 0.0)
-    boundary = compute.BF16 * tokens_mb * m.hidden / np.where(sp, tp, 1)
+    boundary = stream * compute.BF16 * tokens_mb * m.hidden / np.where(sp, tp, 1)
     pp_sends = comms.pp_exposed_time(cluster, boundary_bytes=boundary, pp=pp,
                                      n_transfers=ga * v + pp - 1, stage_span=tp * cp * dp)
     overlappable, blocking = comms.dp_step_time(cluster, stage_params=stage_params, zero=L.zero,

@@ -13,7 +13,6 @@ too. Only `yaml.safe_load` is used.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import typing
@@ -24,64 +23,16 @@ from typing import Literal
 import yaml
 
 from trainplan.errors import PresetNotFound, SpecError
+from trainplan.specs_checks import (  # noqa: F401 (MAX_INT: re-exported)
+    MAX_INT,
+    _validate,
+    _yaml11_float,
+    check_curve,
+)
 
 DATA_DIR = Path(os.environ.get("TRAINPLAN_DATA", Path(__file__).resolve().parents[2] / "data"))
 
 GiB = 1024**3
-MAX_INT = 2**40  # any size field above this is a typo, and would overflow int64 arithmetic
-
-
-# ---------------------------------------------------------------- validation
-
-
-def _check_field(spec: str, name: str, value, hint) -> None:
-    """Raise SpecError unless `value` has the annotated type (and is positive if numeric)."""
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        allowed = typing.get_args(hint)
-        if value not in allowed:
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use one of {list(allowed)}")
-        return
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use true or false")
-        return
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a whole number")
-        if abs(value) > MAX_INT:
-            raise SpecError(f"{spec}.{name} = {value} is too large; use at most {MAX_INT:,}")
-        return
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
-                value):
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a finite number")
-        return
-    if hint is str and not isinstance(value, str):
-        raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a string")
-
-
-def _validate(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
-    spec = type(obj).__name__
-    hints = typing.get_type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        _check_field(spec, f.name, getattr(obj, f.name), hints[f.name])
-    for name in positive:
-        if getattr(obj, name) <= 0:
-            raise SpecError(f"{spec}.{name} = {getattr(obj, name)!r} is not valid; it must be > 0")
-    for name in non_negative:
-        if getattr(obj, name) < 0:
-            raise SpecError(f"{spec}.{name} = {getattr(obj, name)!r} is not valid; it must be >= 0")
-
-
-def _yaml11_float(value):
-    """YAML 1.1 reads 2.6e11 (no sign in the exponent) as a string; take it as the number meant."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
 
 
 def from_mapping(cls, mapping, source: str):
@@ -197,13 +148,22 @@ class GPUSpec:
     overlap_exposed: float = 0.0  # fraction of overlapped collective time that still shows
     logits_scale: float = 1.0  # output layer + loss peak bytes / analytic 10 B per logit
     activation_scales: tuple = ()  # (compiled, recompute, measured / analytic bytes kept)
+    # Layouts that keep fp32 weights under autocast (no FSDP2 mixed precision) and their
+    # pieces; 0 = not measured, the bf16 scale above stands in.
+    autocast_elementwise_scale: float = 0.0  # compiled blocks, fp32 weights under autocast
+    eager_autocast_elementwise_scale: float = 0.0  # eager blocks, fp32 weights under autocast
+    compiled_head_scale: float = 0.0  # output layer + compiled loss time / analytic
+    ddp_block_scale: float = 1.0  # DDP-wrapped compiled block time, less bucket copies / alone
+    matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
 
     def __post_init__(self):
         _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
                                   "attention_efficiency", "memory_efficiency",
                                   "elementwise_scale", "eager_elementwise_scale", "head_scale",
-                                  "optimizer_scale", "logits_scale"),
-                  non_negative=("fp8_tflops", "overlap_exposed"))
+                                  "optimizer_scale", "logits_scale", "ddp_block_scale"),
+                  non_negative=("fp8_tflops", "overlap_exposed", "autocast_elementwise_scale",
+                                "eager_autocast_elementwise_scale", "compiled_head_scale"))
+        check_curve("GPUSpec.matmul_curve", self.matmul_curve)
         if self.overlap_exposed > 1:
             raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
         for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):

@@ -1,0 +1,84 @@
+"""Field checks shared by the specs: types from the annotations, signs, measured curves.
+
+Each check raises `SpecError` naming the field, the bad value and what is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Literal
+
+from trainplan.errors import SpecError
+
+MAX_INT = 2**40  # any size field above this is a typo, and would overflow int64 arithmetic
+
+
+def _check_field(spec: str, name: str, value, hint) -> None:
+    """Raise SpecError unless `value` has the annotated type (and is positive if numeric)."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use one of {list(allowed)}")
+        return
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use true or false")
+        return
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a whole number")
+        if abs(value) > MAX_INT:
+            raise SpecError(f"{spec}.{name} = {value} is too large; use at most {MAX_INT:,}")
+        return
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
+                value):
+            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a finite number")
+        return
+    if hint is str and not isinstance(value, str):
+        raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a string")
+
+
+def _validate(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    spec = type(obj).__name__
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        _check_field(spec, f.name, getattr(obj, f.name), hints[f.name])
+    for name in positive:
+        if getattr(obj, name) <= 0:
+            raise SpecError(f"{spec}.{name} = {getattr(obj, name)!r} is not valid; it must be > 0")
+    for name in non_negative:
+        if getattr(obj, name) < 0:
+            raise SpecError(f"{spec}.{name} = {getattr(obj, name)!r} is not valid; it must be >= 0")
+
+
+def _yaml11_float(value):
+    """YAML 1.1 reads 2.6e11 (no sign in the exponent) as a string; take it as the number meant."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+
+def check_curve(name: str, rows) -> None:
+    """Raise SpecError unless `rows` is ((tokens > 0, width > 0, fraction in (0, 1]), ...)
+    in strictly increasing (tokens, width) order.
+
+    The form of a measured GEMM efficiency table (`GPUSpec.matmul_curve`:
+    rows m, weight size n k, and the fraction of peak reached at that shape).
+    """
+    last = (0.0, 0.0)
+    for i, row in enumerate(rows):
+        ok = isinstance(row, (tuple, list)) and len(row) == 3 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in row)
+        if not ok or min(row[0], row[1]) <= 0 or tuple(row[:2]) <= last or not 0 < row[2] <= 1:
+            raise SpecError(f"{name}[{i}] = {row!r} is not valid; use (tokens > 0, width > 0, "
+                            "fraction of peak in (0, 1]) in increasing (tokens, width) order")
+        last = tuple(row[:2])
