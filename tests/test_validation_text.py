@@ -1,5 +1,7 @@
 """Page 4's record-dependent sentences say what is and is not measured."""
 
+import pytest
+
 from trainplan import validation_text as vt
 
 
@@ -16,3 +18,17 @@ def test_not_measured_note_lists_waiting_configs_and_the_missing_slice():
     out = {"predicted_not_measured": [], "rows": [{"model": "llama-13b:4-layers"}]}
     note = vt.not_measured_note(out)
     assert "tp4" not in note and "layer slice" not in note and "profiler trace" in note
+
+
+def test_worst_repredicted_picks_the_largest_miss_among_the_kept_rows():
+    from trainplan import validation_text as vt
+
+    def row(name, tp, meas, pred):
+        return {"config": name, "layout": {"tp": tp}, "measured_step_time_s": meas,
+                "repredicted": {"calibrated": {"step_time_s": pred}}}
+
+    rows = [row("a", 2, 1.0, 0.9), row("b", 2, 1.0, 1.2), row("c", 1, 1.0, 0.1),
+            {"config": "d", "layout": {"tp": 2}, "measured_step_time_s": 1.0, "repredicted": None}]
+    worst = vt.worst_repredicted(rows, lambda r: r["layout"]["tp"] > 1)
+    assert worst["config"] == "b" and worst["error"] == pytest.approx(0.2)
+    assert vt.worst_repredicted(rows, lambda r: r["config"] == "d") is None

@@ -23,3 +23,23 @@ def not_measured_note(out: dict, target_slice: str = "llama-13b") -> str:
     items.append("a profiler trace of one config, so the split of each measured step into its "
                  "terms below is the planner's, not the run's")
     return "; ".join(items[:-1]) + (", and " if len(items) > 1 else "") + items[-1] + "."
+
+
+def repredicted_step_error(row: dict) -> float | None:
+    """A compared row's step-time error re-predicted now with the calibrated constants
+    (predicted over measured minus one), or None where the row has no re-prediction."""
+    cal = (row.get("repredicted") or {}).get("calibrated") or {}
+    if cal.get("step_time_s") is None:
+        return None
+    return cal["step_time_s"] / row["measured_step_time_s"] - 1.0
+
+
+def worst_repredicted(rows: list[dict], keep) -> dict | None:
+    """{"config", "error"} of the row among those `keep(row)` accepts whose re-predicted step
+    time misses most, or None where none is re-predicted."""
+    found = [(r["config"], repredicted_step_error(r)) for r in rows if keep(r)]
+    found = [(c, e) for c, e in found if e is not None]
+    if not found:
+        return None
+    config, error = max(found, key=lambda ce: abs(ce[1]))
+    return {"config": config, "error": error}
