@@ -18,6 +18,7 @@ def test_not_measured_note_lists_waiting_configs_and_the_missing_slice():
     out = {"predicted_not_measured": [], "rows": [{"model": "llama-13b:4-layers"}]}
     note = vt.not_measured_note(out)
     assert "tp4" not in note and "layer slice" not in note and "profiler trace" in note
+    assert vt.not_measured_note(out, traced=True) == "nothing the page relies on."
 
 
 def test_worst_repredicted_picks_the_largest_miss_among_the_kept_rows():

@@ -10,8 +10,9 @@ def hosts_list(hosts: dict) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-def not_measured_note(out: dict, target_slice: str = "llama-13b") -> str:
-    """What the records do not cover yet, in the order a reader needs it."""
+def not_measured_note(out: dict, target_slice: str = "llama-13b", traced: bool = False) -> str:
+    """What the records do not cover yet, in the order a reader needs it (`traced`: a
+    profiler trace is committed, `trace_split.committed()`)."""
     items = []
     waiting = out["predicted_not_measured"]
     if waiting:
@@ -20,8 +21,11 @@ def not_measured_note(out: dict, target_slice: str = "llama-13b") -> str:
     if not any(r["model"].startswith(f"{target_slice}:") for r in out["rows"]):
         items.append(f"the layer slice of {target_slice} at its real width, on which the "
                      "extrapolation from the proxy to the full model should rest")
-    items.append("a profiler trace of one config, so the split of each measured step into its "
-                 "terms below is the planner's, not the run's")
+    if not traced:
+        items.append("a profiler trace of one config, so the split of each measured step into "
+                     "its terms below is the planner's, not the run's")
+    if not items:
+        return "nothing the page relies on."
     return "; ".join(items[:-1]) + (", and " if len(items) > 1 else "") + items[-1] + "."
 
 

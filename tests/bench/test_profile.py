@@ -41,6 +41,10 @@ def test_cpu_run_writes_the_breakdown(tmp_path):
     got = json.loads(out.read_text())
     assert got["active_steps"] == 2 and got["step_time_s"] > 0
     assert got["busy_s"] == pytest.approx(sum(got["buckets_s_per_step"].values()))
+    assert got["model"] and got["gpus"] == 0 and got["seq_len"] == 16 and got["provenance"]
+    from trainplan import trace_split  # the page's reader accepts what the profiler writes
+
+    assert trace_split.load(out)["layout"] == got["layout"]
     from trainplan.bench import step, train
 
     assert step.train_step.__name__ == "train_step" and train._summarise.__name__ == "_summarise"

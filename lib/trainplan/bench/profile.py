@@ -124,8 +124,14 @@ def main(argv=None) -> int:
     if code or int(os.environ.get("RANK", 0)) != 0:
         return code
     recorded = summary.get("step_times_s", [])[1:1 + active]  # the profiler's active steps
+    from trainplan.provenance import provenance
+
     out = {"impl": mine.impl, "sdpa": mine.sdpa, "layout": summary.get("layout"),
            "card": summary.get("card"), "active_steps": active,
+           # what trace_split.pair matches a compare row on (tag: --tag, as a suite passes)
+           "tag": summary.get("tag"), "model": summary.get("model"),
+           "gpus": summary.get("gpus"), "seq_len": summary.get("seq_len"),
+           "host_gpus": torch.cuda.device_count(), "provenance": provenance(),
            "step_time_s": sum(recorded) / len(recorded) if recorded else None,
            "step_time_s_unprofiled_median": summary.get("step_time_s"),
            **summarise(prof.key_averages(), active, device=torch.cuda.is_available())}

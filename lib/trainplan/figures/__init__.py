@@ -45,6 +45,10 @@ from trainplan.figures.resilience import (  # noqa: F401
     lost_work_distribution,
     simulation_table,
 )
+from trainplan.figures.trace import (  # noqa: F401
+    traced_split,
+    traced_split_table,
+)
 from trainplan.figures.tuning import (  # noqa: F401
     skip_grid,
     suggest_table,
