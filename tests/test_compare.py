@@ -172,7 +172,7 @@ def test_tagged_configs_of_one_layout_are_separate_rows(tmp_path):
     other = copy.deepcopy(pred)
     other["config"]["tag"] = "tp2-mb8-c-nw0"
     recs = [pred, other]
-    for m, tag in zip(meas, ("tp2-mb8-c", "tp2-mb8-c", "tp2-mb8-c-nw0")):
+    for m, tag in zip(meas, ("tp2-mb8-c", "tp2-mb8-c", "tp2-mb8-c-nw0"), strict=True):
         recs.append({**m, "tag": tag})
     out = compare.compare([_write(tmp_path / "r.jsonl", recs)], repredictions=False)
     rows = {r["config"]: r["launches"] for r in out["rows"]}
@@ -190,8 +190,10 @@ def test_prediction_of_a_rerun_is_not_refused_and_the_first_stands(tmp_path):
     so it is not refused; the launches pool and the first prediction is the one compared.
     Recorded in the middle of its run, it would be refused."""
     pred, meas = tp2_records()
-    again = {**copy.deepcopy(pred), "run_id": "rerun", "recorded_at": "2026-11-26T09:00:00+00:00"}
-    later = {**copy.deepcopy(meas[0]), "run_id": "rerun", "recorded_at": "2026-11-26T09:01:00+00:00"}
+    again = {**copy.deepcopy(pred), "run_id": "rerun",
+             "recorded_at": "2026-11-26T09:00:00+00:00"}
+    later = {**copy.deepcopy(meas[0]), "run_id": "rerun",
+             "recorded_at": "2026-11-26T09:01:00+00:00"}
     out = compare.compare([_write(tmp_path / "r.jsonl", [pred, again, *meas, later])],
                           repredictions=False)
     assert out["refused"] == [] and out["rows"][0]["launches"] == 4

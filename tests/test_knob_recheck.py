@@ -32,7 +32,7 @@ def test_records_that_name_their_tag_need_no_order(tmp_path):
     folder = _copy(tmp_path)
     lines = (folder / "measurements.jsonl").read_text().splitlines()
     tags = ["knob-best-4gpu"] * 2 + ["knob-mb4-4gpu"] * 2 + ["knob-nw0-4gpu"] * 2
-    tagged = [json.dumps({**json.loads(ln), "tag": t}) for ln, t in zip(lines, tags)]
+    tagged = [json.dumps({**json.loads(ln), "tag": t}) for ln, t in zip(lines, tags, strict=True)]
     (folder / "measurements.jsonl").write_text("\n".join(reversed(tagged)) + "\n")
     (folder / "validate.json").unlink()
     rows = {r["tag"]: r for r in knob_recheck.recheck(folder)["rows"]}
