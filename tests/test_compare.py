@@ -203,3 +203,24 @@ def test_prediction_of_a_rerun_is_not_refused_and_the_first_stands(tmp_path):
     out = compare.compare([_write(tmp_path / "r.jsonl", [pred, again, *meas, later, late])],
                           repredictions=False)
     assert len(out["refused"]) == 1
+
+
+def test_a_later_series_with_its_own_prediction_supersedes_the_earlier_in_the_headline(tmp_path):
+    """Re-measured with a new prediction recorded first (tagged, as the harness now writes):
+    the new series is the headline row, the old one stays listed with what replaced it."""
+    pred, meas = tp2_records()
+    new_pred = {**copy.deepcopy(pred), "run_id": "rerun",
+                "recorded_at": "2026-11-27T09:00:00+00:00",
+                "predicted": {**pred["predicted"], "step_time_s": 0.191}}
+    new_meas = [{**copy.deepcopy(m), "run_id": "rerun", "tag": "tp2-mb8-c",
+                 "recorded_at": f"2026-11-27T09:0{i + 1}:00+00:00"} for i, m in enumerate(meas)]
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, new_pred, *new_meas])],
+                          repredictions=False)
+    old, new = out["rows"]
+    assert old["superseded_by"]["first_measured_at"] == new["first_measured_at"]
+    assert "superseded_by" not in new and out["superseded"] == 1 and out["configs"] == 1
+    assert out["step_time_error"]["median"] == pytest.approx(abs(new["step_time_error"]))
+    # compared with the old prediction (none fresh), a later series replaces nothing
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, *new_meas])],
+                          repredictions=False)
+    assert out["superseded"] == 0 and out["configs"] == 2

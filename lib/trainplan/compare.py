@@ -9,7 +9,9 @@ the latest one counts.
 
 Errors are relative, predicted / measured - 1 (negative = optimistic); the
 headline is the median and the maximum of their absolute values over every
-compared config, none dropped. Step time is the median over the pooled kept
+compared config, none dropped; where a config was measured again on the same
+kind of host with a fresh prediction recorded first, the later series stands
+in the headline and the earlier one is listed with what superseded it. Step time is the median over the pooled kept
 steps of all launches with its rank-based 95% interval
 (`records.combine_launches`); memory is the peak reserved memory, the largest
 over launches. Configs with fewer than `MIN_LAUNCHES` launches are shown and
@@ -119,17 +121,39 @@ def host(rec: dict) -> str:
     return f"{n} x {rec['card']}" if n else rec["card"]
 
 
+def series_key(m: dict) -> tuple:
+    """What makes launches the same config on the same kind of host, the tag aside."""
+    extras = tuple(sorted(_extras(m).items()))
+    return (config_key(m), m["layout"]["compile"], m["impl"], extras, host(m))
+
+
 def group_measurements(measurements: list[dict]) -> list[list[dict]]:
     """Launches of one config (and implementation) on one kind of host together, in order of
     first launch. A record that names its suite tag (harness records from session 4 on)
     is grouped by it too: configs of one layout can differ in loader or NCCL settings."""
     groups = defaultdict(list)
     for m in measurements:
-        extras = tuple(sorted(_extras(m).items()))
-        key = (config_key(m), m["layout"]["compile"], m["impl"], extras, host(m), m.get("tag"))
-        groups[key].append(m)
+        groups[(series_key(m), m.get("tag"))].append(m)
     out = [sorted(g, key=stamp) for g in groups.values()]
     return sorted(out, key=lambda g: stamp(g[0]))
+
+
+def superseded_by(series: list[tuple[list[dict], dict]]) -> dict[int, int]:
+    """{index of a series: index of the later series that replaces it in the headline}.
+
+    A series of launches whose prediction was recorded after an earlier series of the same
+    config on the same kind of host (untagged, or with the same tag) had ended, and before
+    its own first launch, replaces that series: the headline judges today's planner by its
+    latest predictions, and the earlier series stays listed with what replaced it. A later
+    series compared with the same old prediction replaces nothing: both count."""
+    out = {}
+    for i, (a, _) in enumerate(series):
+        later = [j for j, (b, pred) in enumerate(series)
+                 if j > i and pred is not None and series_key(b[0]) == series_key(a[0])
+                 and a[0].get("tag") in (None, b[0].get("tag")) and stamp(pred) > stamp(a[-1])]
+        if later:
+            out[i] = later[-1]
+    return out
 
 
 def pick_prediction(launches: list[dict], predictions: list[dict]):
@@ -236,47 +260,6 @@ def error_summary(errors) -> dict:
     return {"median": statistics.median(vals), "max": max(vals), "n": len(vals)}
 
 
-# ---------------------------------------------------------------- after the fact
-
-
-def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
-    """Today's planner on the row's config: one fully pinned `plan` (the `trainplan plan` path)."""
-    from trainplan.calibrate import card_preset
-    from trainplan.plan import plan
-    from trainplan.specs import load_cluster, load_gpu, load_model
-
-    cfg = (pred or {}).get("config") or {}
-    lay = dict(cfg.get("full_layout") or {}) or {k: row["layout"][k] for k in PLAN_KEYS
-                                                   if k in row["layout"]}
-    seq = cfg.get("seq_len") or _extras({"kind": "measurement", **row}).get("seq_len") or 2048
-    gpu = load_gpu(cfg.get("gpu_preset") or card_preset(row["card"]) or row["card"],
-                   calibrated=calibrated)
-    tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
-    out = plan(load_model(row["model"]), gpu, load_cluster(CLUSTER), gpus=row["gpus"],
-               seq_len=seq, global_batch_tokens=tokens,
-               pins={k: lay[k] for k in PLAN_KEYS if k in lay},
-               compiled=bool(row["layout"].get("compile", True)))
-    p = out["plans"][0]
-    return {"step_time_s": p["step_time_s"], "memory_gib": p["memory_gib"]["total"],
-            "split_s": p["time_breakdown_s"], "calibration": out["calibration"]}
-
-
-def leave_one_out_scale(rows: list[dict]) -> dict:
-    """A single end-to-end factor k = median(measured / predicted) fitted on all rows but one,
-    applied to the one left out; the held-out errors' median and max. Reported apart: it is a
-    fit to end-to-end runs, which the planner itself never uses (DESIGN.md)."""
-    pairs = [(r["predicted_step_time_s"], r["measured_step_time_s"]) for r in rows
-             if r["predicted_step_time_s"] is not None]
-    if len(pairs) < 3:
-        return {"method": "one scale factor, leave-one-out", "median": None, "max": None}
-    errs = []
-    for i, (p, m) in enumerate(pairs):
-        k = statistics.median(mm / pp for j, (pp, mm) in enumerate(pairs) if j != i)
-        errs.append(k * p / m - 1.0)
-    return {"method": "one scale factor k = median(measured / predicted), leave-one-out",
-            "k_all": statistics.median(m / p for p, m in pairs), **error_summary(errs)}
-
-
 # ---------------------------------------------------------------- the comparison
 
 
@@ -284,7 +267,7 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     """The `trainplan compare` answer from the record files (default: the committed ones)."""
     files = record_paths(paths)
     kinds = read(files)
-    rows, refused, used, chosen = [], [], set(), set()
+    rows, refused, used, chosen, series = [], [], set(), set(), []
     for launches in group_measurements(kinds["measurement"]):
         pred, ref = pick_prediction(launches, kinds["prediction"])
         chosen.add(pred["_where"] if pred else None)
@@ -293,8 +276,13 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         if pred is None:
             row["note"] = "no prediction of this config recorded before it was measured"
         rows.append(row)
+        series.append((launches, pred))
         used.update(p["_where"] for p in kinds["prediction"] if same_config(p, launches[0]))
-    compared = [r for r in rows if r["predicted_step_time_s"] is not None]
+    for i, j in superseded_by(series).items():
+        rows[i]["superseded_by"] = {"config": rows[j]["config"],
+                                    "first_measured_at": rows[j]["first_measured_at"]}
+    compared = [r for r in rows
+                if r["predicted_step_time_s"] is not None and "superseded_by" not in r]
     out = {
         "configs": len(compared),
         "step_time_error": error_summary(r["step_time_error"] for r in compared),
@@ -302,6 +290,7 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         # a prediction another host's launches of its config were compared with stands there
         "rows": rows, "refused": [r for r in refused if r["prediction"] not in chosen],
         "measured_configs": len(rows), "flagged_configs": sum(r["flagged"] for r in rows),
+        "superseded": sum("superseded_by" in r for r in rows),
         "predicted_not_measured": sorted({(p.get("config") or {}).get("tag") or p["_where"]
                                           for p in kinds["prediction"]
                                           if p["_where"] not in used}),
@@ -314,6 +303,7 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     out["meets_targets"] = bool(compared) and all(
         out[k][q] <= TARGETS[q] for k in ("step_time_error", "memory_error") for q in TARGETS
         if out[k][q] is not None)
+    from trainplan.compare_after import leave_one_out_scale, repredicted
     if repredictions and compared:
         out["repredicted"] = repredicted(compared, kinds["prediction"])
     out["end_to_end_fit"] = leave_one_out_scale(compared)
@@ -335,27 +325,6 @@ def by_host(rows: list[dict]) -> dict:
                 "step_time_error": error_summary(r["step_time_error"] for r in groups[h]),
                 "memory_error": error_summary(r["memory_error"] for r in groups[h])}
             for h in sorted(groups, key=size, reverse=True)}
-
-
-def repredicted(rows: list[dict], predictions: list[dict]) -> dict:
-    """Re-predictions made now (after the measurements), datasheet and calibrated; per row too."""
-    by_where = {p["_where"]: p for p in predictions}
-    res = {"datasheet": [], "calibrated": []}
-    for row in rows:
-        pred = by_where.get(row["prediction"])
-        row["repredicted"] = {}
-        for name in res:
-            r = repredict(row, pred, calibrated=name == "calibrated")
-            row["repredicted"][name] = r
-            res[name].append((_rel(r["step_time_s"], row["measured_step_time_s"]),
-                              _rel(r["memory_gib"], row["measured_memory_gib"])))
-    calib = rows[0]["repredicted"]["calibrated"]["calibration"]
-    return {
-        "note": "made now, after the measurements: reported apart, not in the headline",
-        "calibration": calib,
-        **{name: {"step_time_error": error_summary(e for e, _ in v),
-                  "memory_error": error_summary(m for _, m in v)} for name, v in res.items()},
-    }
 
 
 def one_knob_pairs(rows: list[dict]) -> list[dict]:
