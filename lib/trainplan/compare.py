@@ -11,8 +11,9 @@ Errors are relative, predicted / measured - 1 (negative = optimistic); the
 headline is the median and the maximum of their absolute values over every
 compared config, none dropped; where a config was measured again on the same
 kind of host with a fresh prediction recorded first, the later series stands
-in the headline and the earlier one is listed with what superseded it. Step time is the median over the pooled kept
-steps of all launches with its rank-based 95% interval
+in the headline and the earlier one is listed with what superseded it. Step
+time is the median over the pooled kept steps of all launches with its
+rank-based 95% interval
 (`records.combine_launches`); memory is the peak reserved memory, the largest
 over launches. Configs with fewer than `MIN_LAUNCHES` launches are shown and
 counted, but flagged.
