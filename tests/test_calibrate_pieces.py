@@ -268,3 +268,65 @@ def test_apply_passes_a_piece_only_to_an_existing_scale_field():
                                        "ddp_exposed": 0.4, "matmul_curve": [[1.0, 1.0, 0.5]]})
     assert out.name == gpu.name and out.bf16_tflops == gpu.bf16_tflops
     assert out.head_scale == 2.0
+
+
+P_BLOCK = 50_000_000  # parameters of the synthetic FSDP2 block
+
+
+def _fsdp(seconds, *, zero, ag=0.002, rs=0.003, alone=0.030, world=4):
+    r = _block(seconds, 0, mb=8)
+    r["config"].update({"precision": "pure", "wrapper": "fsdp2", "zero": zero, "world": world,
+                        "params": P_BLOCK})
+    r["results"].update({"allgather_s": ag, "reduce_scatter_s": rs})
+    if alone is not None:
+        r["results"]["alone_s"] = alone
+    return r
+
+
+def _fsdp_priced(gpu, zero, ag=0.002, rs=0.003, world=4):
+    """What perf prices for the block besides its compute, all exposed: copies + collectives."""
+    copy, _ = calibrate_pieces.compute.dp_copy_time(gpu, P_BLOCK, zero=zero, shard_ranks=world,
+                                                    dp_ranks=world)
+    return float(copy) + (2 if zero == 3 else 1) * ag + rs
+
+
+def test_fsdp_block_scale_is_the_wrapped_block_less_what_perf_prices_over_the_block_alone():
+    gpu = _gpu()
+    slower = [_fsdp(1.2 * 0.030 + _fsdp_priced(gpu, z), zero=z) for z in (2, 3)]
+    scales, checks = calibrate_pieces.fit({"block": slower}, gpu)
+    assert scales["fsdp_block_scale"] == pytest.approx(1.2, rel=1e-6)
+    assert scales["fsdp_block_scales"] == [[2, pytest.approx(1.2)], [3, pytest.approx(1.2)]]
+    assert checks == []  # the wrapped rows are no block check
+    assert calibrate_pieces.apply(gpu, scales).fsdp_block_scale == pytest.approx(1.2, rel=1e-6)
+    # equal: the wrapped block is the block plus exactly the copies and collectives perf
+    # prices (ZeRO-3 gathers twice), however large the collectives are
+    for ag, rs in ((0.002, 0.003), (0.050, 0.080)):
+        equal = [_fsdp(0.030 + _fsdp_priced(gpu, z, ag, rs), zero=z, ag=ag, rs=rs)
+                 for z in (2, 3)]
+        same, _ = calibrate_pieces.fit({"block": equal}, gpu)
+        assert same["fsdp_block_scale"] == 1.0
+        assert same["fsdp_block_scales"] == [[2, 1.0], [3, 1.0]]
+    faster, _ = calibrate_pieces.fit({"block": [_fsdp(0.020, zero=2)]}, gpu)
+    assert faster["fsdp_block_scale"] == 1.0  # a wrapper never speeds a block up: noise
+
+
+def test_fsdp_block_scale_by_zero_and_its_reference_block():
+    gpu = _gpu()
+    z2 = _fsdp(1.1 * 0.030 + _fsdp_priced(gpu, 2), zero=2)
+    z3 = _fsdp(1.3 * 0.030 + _fsdp_priced(gpu, 3), zero=3)
+    scales, _ = calibrate_pieces.fit({"block": [z2, z3, z3]}, gpu)
+    assert scales["fsdp_block_scales"] == [[2, pytest.approx(1.1)], [3, pytest.approx(1.3)]]
+    assert scales["fsdp_block_scale"] == pytest.approx(1.3)  # pooled median of the three
+    # without its own alone_s: the plain pure block of the same shape; the DDP scales' and
+    # the fits' blocks are unchanged by the wrapped one
+    bare = _fsdp(1.25 * 0.040 + _fsdp_priced(gpu, 2), zero=2, alone=None)
+    ref = _block(0.040, 0, mb=8)
+    with_ref, _ = calibrate_pieces.fit({"block": [ref, bare]}, gpu)
+    alone_only, _ = calibrate_pieces.fit({"block": [ref]}, gpu)
+    assert with_ref["fsdp_block_scale"] == pytest.approx(1.25)
+    assert {k: v for k, v in with_ref.items() if "fsdp" not in k} == alone_only
+    other = _block(0.040, 0, mb=2)  # another shape: no reference
+    assert "fsdp_block_scale" not in calibrate_pieces.fit({"block": [other, bare]}, gpu)[0]
+    assert calibrate_pieces.fit({"block": [ref]}, gpu)[0].get("fsdp_block_scale") is None
+    out = calibrate_pieces.apply(gpu, scales)
+    assert out.fsdp_block_scale == pytest.approx(1.3) and out.ddp_block_scale == 1.0

@@ -38,6 +38,7 @@ def test_harness_precision_and_wrapper_by_layout():
     for (dp, zero, tp, pp), (amp, ddp) in cases.items():
         assert bool(compute.autocast_layout(dp, zero, tp, pp)) is amp, (dp, zero, tp, pp)
         assert bool(compute.ddp_layout(dp, zero, tp, pp)) is ddp, (dp, zero, tp, pp)
+        assert bool(compute.fsdp_layout(dp, zero, tp, pp)) is not amp, (dp, zero, tp, pp)
 
 
 # ---------------------------------------------------------------- tensor parallel
@@ -131,6 +132,37 @@ def test_ddp_block_scale_reaches_the_step():
     assert scaled.compute_s - plain.compute_s == pytest.approx(0.25 * blocks)
 
 
+def test_fsdp_block_scale_reaches_fsdp2_layouts_only_and_only_their_blocks():
+    m = tiny_model(n_layers=8)
+    cfgs = {"1 GPU": ParallelConfig(micro_batch=2), "DDP": ParallelConfig(dp=2, micro_batch=2),
+            "TP": ParallelConfig(tp=2, micro_batch=2), "PP": ParallelConfig(pp=2, grad_accum=4),
+            "ZeRO-2": ParallelConfig(dp=2, zero=2, micro_batch=2),
+            "ZeRO-3": ParallelConfig(dp=4, zero=3, micro_batch=2, grad_accum=2),
+            "FSDP2 + TP": ParallelConfig(dp=2, tp=2, micro_batch=2)}
+    plain = _rows(*cfgs.values(), m=m)
+    scaled = _rows(*cfgs.values(), m=m, gpu=easy_gpu(fsdp_block_scale=1.25))
+    for i, (name, cfg) in enumerate(cfgs.items()):
+        p, s = plain.iloc[i], scaled.iloc[i]
+        if not compute.fsdp_layout(cfg.dp, cfg.zero, cfg.tp, cfg.pp):
+            assert s.step_time_s == p.step_time_s, name  # bit for bit
+            continue
+        blocks = compute.microbatch_compute_time(
+            m, easy_gpu(), seq_len=SEQ, micro_batch=cfg.micro_batch, tp=cfg.tp, cp=1, pp=cfg.pp,
+            recompute=0, sequence_parallel=cfg.tp > 1, last_stage=False)
+        assert s.compute_s - p.compute_s == pytest.approx(0.25 * cfg.grad_accum * blocks), name
+        # the copies and collectives stay priced once, as traffic: the same terms (their
+        # exposure may only shrink, under the longer compute they hide under)
+        assert s.dp_comm_s <= p.dp_comm_s and s.tp_comm_s == p.tp_comm_s, name
+        assert s.step_time_s >= p.step_time_s * (1 - 1e-12), name  # tiny model: comm-bound
+    one = dict(seq_len=SEQ, micro_batch=2, tp=1, cp=1, pp=1, recompute=0,
+               sequence_parallel=False, last_stage=False)
+    gpu = easy_gpu(fsdp_block_scale=1.25, ddp_block_scale=1.5)
+    base = compute.microbatch_compute_time(m, easy_gpu(), **one)
+    assert compute.microbatch_compute_time(m, gpu, fsdp=True, **one) == pytest.approx(1.25 * base)
+    assert compute.microbatch_compute_time(m, gpu, ddp=True, **one) == pytest.approx(1.5 * base)
+    assert compute.microbatch_compute_time(m, gpu, **one) == base
+
+
 # ---------------------------------------------------------------- accumulation and pipeline
 
 
@@ -166,6 +198,12 @@ def test_bad_matmul_curves_are_rejected_by_name(curve):
 def test_bad_layout_scales_are_rejected():
     with pytest.raises(SpecError, match="ddp_block_scale"):
         easy_gpu(ddp_block_scale=0.0)
+    for bad in (0.0, -1.0):
+        with pytest.raises(SpecError, match=rf"GPUSpec\.fsdp_block_scale = {bad} is not valid; "
+                                            "it must be > 0"):
+            easy_gpu(fsdp_block_scale=bad)
+    with pytest.raises(SpecError, match="fsdp_block_scale = 'x' is not valid; use a finite"):
+        easy_gpu(fsdp_block_scale="x")
     with pytest.raises(SpecError, match="autocast_elementwise_scale"):
         easy_gpu(autocast_elementwise_scale=-1.0)
     cal = {"label": "bad", "matmul_efficiency": 0.8, "attention_efficiency": 0.5,

@@ -44,6 +44,10 @@ apart (`bench.micro_model.PRECISIONS`, `bench.micro_layouts`) and give:
   (`compute.microbatch_compute_time`); on H200 it is 1.85 x the block's
   all-reduce, more than the all-reduce itself, so it is priced as compute
   (graph split at bucket boundaries, NCCL kernels beside it), not as traffic;
+- fsdp_block_scale = (t_fsdp_block - t_copies - k t_allgather - t_reduce_scatter)
+  / t_block, k = 2 for ZeRO-3 and 1 for ZeRO-2, at least 1: FSDP2's own work
+  on a wrapped compiled block that no other term prices (`_fsdp_scales` says
+  why nothing is counted twice); applied to FSDP2 layouts' blocks;
 - matmul_curve: [tokens m, width n k, median fraction of peak] per GEMM
   shape measured, for `compute.matmul_efficiency_at` (interpolated in log
   width, then log tokens; flat outside); written only where shapes beyond
@@ -52,8 +56,9 @@ apart (`bench.micro_model.PRECISIONS`, `bench.micro_layouts`) and give:
   that they and the cost model split the same measured times the same way.
 
 `apply` passes a key on only where GPUSpec has a field of that name
-(autocast_activation_scales, compiled_logits_scale and the ddp_exposed
-fractions have none: memory and reports read them from the file).
+(autocast_activation_scales, compiled_logits_scale, the ddp_exposed
+fractions and fsdp_block_scales, per ZeRO stage, have none: memory and
+reports read them from the file).
 
 Every scale is a ratio of measured to modelled work on a microbenchmark, so
 it carries over to other widths only as far as the work's shape does; the
@@ -91,7 +96,7 @@ SCALE_NAMES = {  # the scales as the runbook names them, and their uncalibrated 
     "ddp_exposed_unsplit": ("the same, DDPOptimizer off", "overlap_exposed"),
     "ddp_block_scale": ("DDP-wrapped compiled block time, less bucket copies / alone",
                         "1 (no slowdown)"),
-}
+}  # fsdp_block_scale joins when a calibration has it (a row here changes notebook 04's table)
 NOT_PIECES = {"name", "bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",  # GPUSpec
               "attention_efficiency", "fp8_tflops", "source", "calibration", "collectives"}
 MIN_SCALE = 0.05  # a residual below this is noise, not a speed-up
@@ -193,6 +198,7 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
                                                  for (c, rc), v in sorted(scales.items())]
     out.update(_head_scales(by_bench.get("head", []), gpu))
     out.update(_ddp_scales(every, gpu))
+    out.update(_fsdp_scales(every, gpu))
     if by_bench.get("optimizer"):
         per_param = 32.0 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
         out["optimizer_scale"] = round(_median(
@@ -235,6 +241,17 @@ def _head_scales(heads: list[dict], gpu: GPUSpec) -> dict:
     return out
 
 
+def _alone(r: dict, blocks: list[dict]) -> float:
+    """Median time of the unwrapped blocks in `blocks` of the wrapped block `r`'s model,
+    shape, precision and compile mode, without recompute; 0 where none was measured."""
+    c = r["config"]
+    ref = [b["results"]["time_s"] for b in blocks if _plain(b, c["precision"])
+           and (b["config"]["compile"], b["config"]["recompute"], b["config"]["micro_batch"],
+                b["config"]["seq"]) == (c["compile"], "none", c["micro_batch"], c["seq"])
+           and _spec(b) == _spec(r)]
+    return _median(ref) if ref else 0.0
+
+
 def _ddp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
     """ddp_exposed(_unsplit), ddp_block_scale and ddp_activation_scales from DDP-wrapped
     block records, each against the same block measured alone."""
@@ -244,18 +261,13 @@ def _ddp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
         fractions = []
         for r in (r for r in blocks if r["config"].get("wrapper") == "ddp"
                   and r["config"]["optimize_ddp"] == on):
-            c = r["config"]
-            ref = [b["results"]["time_s"] for b in blocks if _plain(b, c["precision"])
-                   and b["config"]["compile"] == c["compile"]
-                   and b["config"]["recompute"] == "none"
-                   and (b["config"]["micro_batch"], b["config"]["seq"]) ==
-                   (c["micro_batch"], c["seq"]) and _spec(b) == _spec(r)]
+            c, ref = r["config"], _alone(r, blocks)
             if ref:
                 copy = 16.0 * c["grad_bytes"] / 4.0 / mem_rate  # compute.dp_copy_time, DDP
-                fractions.append((r["results"]["time_s"] - _median(ref) - copy)
+                fractions.append((r["results"]["time_s"] - ref - copy)
                                  / r["results"]["allreduce_s"])
                 if on:
-                    slowdowns.append((r["results"]["time_s"] - copy) / _median(ref))
+                    slowdowns.append((r["results"]["time_s"] - copy) / ref)
             if on and r["results"]["activation_bytes"] > 0:
                 kept.append(_activation_scale(r))
         if fractions:
@@ -265,6 +277,47 @@ def _ddp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
     if kept:
         out["ddp_activation_scales"] = [[True, round(_median(kept), 4)]]
     return out
+
+
+def _fsdp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
+    """fsdp_block_scale (all stages pooled) and fsdp_block_scales [[zero, scale], ...] from
+    FSDP2-wrapped block records (`bench.micro_layouts.bench_fsdp_block`):
+
+        s = (t_fsdp - t_copy - k t_ag - t_rs) / t_block,  k = 2 (ZeRO-3) or 1 (ZeRO-2)
+
+    t_fsdp: the wrapped block's fwd + bwd; t_block: the same block unwrapped, same
+    compute dtype and compile, in the same process (`alone_s`; else the plain block
+    records of that shape); t_ag, t_rs: an all-gather of its bf16 and a reduce-scatter
+    of its fp32 parameter bytes alone on the same ranks; t_copy: `compute.dp_copy_time`
+    per micro-batch of its parameters at n = world. What `perf.evaluate` prices for an
+    FSDP2 block besides the block itself: the copies, in full (copy_mb), and the
+    gathers and reduce-scatters as traffic (dp_mb) hidden under the other blocks'
+    compute bar the first/last block's floor, plus `overlap_exposed` x the hidden part.
+    With one block there is nothing to hide them under: its forward waits for its
+    gather, ZeRO-3's backward for its second, and the root's final callback for the
+    reduce-scatter, so they add their whole time and come off in full; nor does
+    anything run beside them, so no leak is in the time to take off twice. What stays
+    is what no term prices: FSDP2's hooks around the compiled graphs, the waits between
+    its streams and the compute stream, the unsharded parameters' and gradients'
+    allocations and frees, the casts of the inputs (and the root's per-call hooks,
+    once a micro-batch in a step, here once per block: an upper bound).
+    """
+    by_zero: dict[int, list[float]] = {}
+    for r in (r for r in blocks if r["config"].get("wrapper") == "fsdp2"):
+        c, res = r["config"], r["results"]
+        ref = res.get("alone_s") or _alone(r, blocks)
+        if not ref:
+            continue  # nothing to measure the wrapper against
+        copy, _ = compute.dp_copy_time(gpu, c["params"], zero=c["zero"], shard_ranks=c["world"],
+                                       dp_ranks=c["world"])
+        comm = (2 if c["zero"] == 3 else 1) * res["allgather_s"] + res["reduce_scatter_s"]
+        by_zero.setdefault(c["zero"], []).append((res["time_s"] - float(copy) - comm) / ref)
+    if not by_zero:
+        return {}
+    pooled = _median(v for values in by_zero.values() for v in values)
+    return {"fsdp_block_scale": round(max(1.0, pooled), 4),  # a wrapper never speeds it up
+            "fsdp_block_scales": [[z, round(max(1.0, _median(v)), 4)]
+                                  for z, v in sorted(by_zero.items())]}
 
 
 def matmul_curve(recs: list[dict], peak_tflops: float) -> list[list[float]]:

@@ -118,6 +118,12 @@ def ddp_layout(dp, zero, tp, pp):
     return (dp > 1) & (zero == 0) & (tp == 1) & (pp == 1)
 
 
+def fsdp_layout(dp, zero, tp, pp):
+    """True where the harness wraps every block in FSDP2 (`fully_shard`): the layouts that do
+    not autocast, dp > 1 with zero > 0 or beside tp or pp (bench/parallelize.py)."""
+    return ~autocast_layout(dp, zero, tp, pp)
+
+
 def _interp_log(x, xs, ys):
     """np.interp in log x, held flat beyond the ends."""
     return np.interp(np.log(x), np.log(np.asarray(xs, dtype=float)), np.asarray(ys, dtype=float))
@@ -205,7 +211,7 @@ def head_time_per_token(m: ModelSpec, gpu: GPUSpec, *, tokens, tp, compiled):
 
 def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch, tp, cp, pp,
                             recompute, sequence_parallel, last_stage=True, compiled=True,
-                            autocast=False, ddp=False):
+                            autocast=False, ddp=False, fsdp=False):
     """Seconds one rank of a pipeline stage computes one micro-batch, forward and backward.
 
     Sum of matmul, attention and element-wise terms over the stage's
@@ -217,6 +223,8 @@ def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch,
     uncalibrated), chosen by compile mode and by `autocast` (fp32 weights).
     `ddp`: the blocks run DDP-wrapped, at the measured `ddp_block_scale`
     (DDPOptimizer's graph split and NCCL beside compute; bench.micro_layouts).
+    `fsdp`: the blocks run FSDP2-wrapped, at the measured `fsdp_block_scale` (its hooks
+    and stream waits; its copies and collectives are priced apart, `perf.evaluate`).
     """
     tokens = micro_batch * seq_len / np.asarray(cp)  # tokens of this rank
     layers = m.n_layers / np.asarray(pp)
@@ -232,8 +240,8 @@ def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch,
     elem = elementwise_scale(gpu, compiled, autocast) * (
         1.0 + recompute_elementwise_factor(recompute)) * layers * \
         elementwise_bytes_per_token_per_layer(m, tp, sequence_parallel)
-    blocks = np.where(ddp, gpu.ddp_block_scale, 1.0) * (mm / mm_rate + attn / attn_rate
-                                                        + elem / mem_rate)
+    wrapper = np.where(ddp, gpu.ddp_block_scale, np.where(fsdp, gpu.fsdp_block_scale, 1.0))
+    blocks = wrapper * (mm / mm_rate + attn / attn_rate + elem / mem_rate)
     head = head_time_per_token(m, gpu, tokens=tokens, tp=tp, compiled=compiled) \
         if last_stage else 0.0
     return tokens * (blocks + head)

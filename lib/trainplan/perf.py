@@ -15,7 +15,8 @@ with m = grad_accum micro-batches per step. The pipeline bubble of 1F1B is
 The layout decides the precision the harness runs (`compute.autocast_layout`):
 without FSDP2 the fp32 weights run under autocast, so the residual stream,
 the tensors TP gathers and the pipeline sends are fp32, and the blocks take
-the autocast element-wise scale; DDP-wrapped blocks take `ddp_block_scale`.
+the autocast element-wise scale; DDP-wrapped blocks take `ddp_block_scale`,
+FSDP2-wrapped ones `fsdp_block_scale`.
 
 Data-parallel traffic includes the copy kernels its collectives need
 (`compute.dp_copy_time`: FSDP2's copy-in/copy-out, DDP's bucket copies),
@@ -87,7 +88,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     compute_mb = compute.microbatch_compute_time(
         m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
         sequence_parallel=sp, compiled=compiled, autocast=autocast,
-        ddp=compute.ddp_layout(dp, L.zero, tp, pp))
+        ddp=compute.ddp_layout(dp, L.zero, tp, pp), fsdp=~autocast)
     stage_params = params.stage_params_per_rank(m, tp, pp, ep)
     # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
     compute_mb = compute_mb + compute.grad_accum_time(

@@ -154,13 +154,15 @@ class GPUSpec:
     eager_autocast_elementwise_scale: float = 0.0  # eager blocks, fp32 weights under autocast
     compiled_head_scale: float = 0.0  # output layer + compiled loss time / analytic
     ddp_block_scale: float = 1.0  # DDP-wrapped compiled block time, less bucket copies / alone
+    fsdp_block_scale: float = 1.0  # FSDP2-wrapped block, less copies and collectives / alone
     matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
 
     def __post_init__(self):
         _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
                                   "attention_efficiency", "memory_efficiency",
                                   "elementwise_scale", "eager_elementwise_scale", "head_scale",
-                                  "optimizer_scale", "logits_scale", "ddp_block_scale"),
+                                  "optimizer_scale", "logits_scale", "ddp_block_scale",
+                                  "fsdp_block_scale"),
                   non_negative=("fp8_tflops", "overlap_exposed", "autocast_elementwise_scale",
                                 "eager_autocast_elementwise_scale", "compiled_head_scale"))
         check_curve("GPUSpec.matmul_curve", self.matmul_curve)

@@ -34,11 +34,13 @@ def test_variant_lists():
     assert lay.head_modes("eager,compiled:autocast-fp32") == [(False, "pure"),
                                                               (True, "autocast-fp32")]
     assert lay.ddp_modes("on,off") == [True, False]
+    assert lay.fsdp_modes("z2, z3") == [2, 3] and lay.fsdp_modes("z3") == [3]
     assert lay.whole_list("4096, 16384", "--matmul-tokens") == [4096, 16384]
     assert lay.whole_list(None, "--matmul-tp") == []
     for call, bad in ((lay.block_modes, "compiled"), (lay.block_modes, "compiled:none:fp8"),
                       (lay.block_modes, "compiled:none:pure:x"), (lay.head_modes, "jit"),
-                      (lay.ddp_modes, "maybe"), (lay.ddp_modes, "")):
+                      (lay.ddp_modes, "maybe"), (lay.ddp_modes, ""), (lay.fsdp_modes, "z1"),
+                      (lay.fsdp_modes, "2,3"), (lay.fsdp_modes, " , ")):
         with pytest.raises(SpecError, match="is not valid") as err:
             call(bad)
         assert "\n" not in str(err.value)
@@ -124,3 +126,59 @@ def test_two_rank_ddp_block_and_layout_pieces_feed_a_calibration(tmp_path, tiny)
     assert 0.0 <= pieces["ddp_exposed"] <= 1.0 and 0.0 <= pieces["ddp_exposed_unsplit"] <= 1.0
     assert cal["matmul"]["token_counts"] == [128]  # the single fraction: the model's own shapes
     assert calibrate.apply(cpu, cal).calibration == cal["label"]
+
+
+def test_bad_fsdp_flags_give_one_line_and_exit_2(tmp_path, tiny, capsys):
+    from trainplan.bench import micro
+
+    out = tmp_path / "micro.jsonl"
+    assert micro.main(["--out", str(out), "--model", tiny, "--benches", "fsdp",
+                       "--fsdp-modes", "z2,z4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "trainplan.bench.micro: --fsdp-modes 'z2,z4' is not valid; use a comma list " \
+        "of z2, z3"
+    assert not out.exists()
+    assert micro.main(["--out", str(out), "--model", tiny, "--benches", "fsdp,zero"]) == 2
+    assert "--benches 'zero' is not valid" in capsys.readouterr().err
+    with pytest.raises(SpecError, match="zero = 1 is not valid for the fsdp block; use 2 or 3"):
+        lay.bench_fsdp_block(tiny, 2, 32, zero=1)
+
+
+@pytest.mark.slow
+def test_two_rank_fsdp_block_records_feed_fsdp_block_scale(tmp_path, tiny):
+    """Real torchrun, 2 gloo ranks: the FSDP2-wrapped compiled block, ZeRO-2 and ZeRO-3, each
+    beside the block alone and its collectives alone; then the scale fitted from them."""
+    out = tmp_path / "micro.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainplan.bench.micro", "--out", str(out), "--model", tiny,
+           "--benches", "fsdp", "--fsdp-modes", "z2,z3", "--tokens", "128", "--seq-len", "64"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = records.load(out)
+    assert [(r["bench"], r["config"]["wrapper"], r["config"]["zero"]) for r in got] == [
+        ("block", "fsdp2", 2), ("block", "fsdp2", 3)]
+    params = sum(p.numel() for p in lay._BlockNet(load_model(tiny)).parameters())
+    for r in got:
+        c, res = r["config"], r["results"]
+        assert records.validate(r) is r
+        assert r["gpus"] == c["world"] == 2 and c["backend"] == "gloo" and c["compile"]
+        assert c["reshard_after_forward"] is (c["zero"] == 3)
+        assert (c["precision"], c["recompute"], c["micro_batch"], c["seq"]) == ("pure", "none",
+                                                                                  2, 64)
+        assert c["params"] == params and c["param_bytes"] == 4 * params
+        assert c["param_dtype"] == c["reduce_dtype"] == "float32"  # CPU: no bf16 policy
+        for key in ("time_s", "alone_s", "allgather_s", "reduce_scatter_s"):
+            assert res[key] > 0, key
+        assert len(res["times_s"]) == len(res["alone_times_s"]) == 6
+        assert res["activation_bytes"] == res["peak_bytes"] == 0  # CPU: not measured
+    cpu = dataclasses.replace(load_gpu("h100-sxm", calibrated=False), name="cpu",
+                              bf16_tflops=0.5, hbm_tbps=0.2)
+    from trainplan import calibrate_pieces
+
+    pieces, checks = calibrate_pieces.fit({"block": got}, cpu)
+    assert pieces["fsdp_block_scale"] >= 1.0 and checks == []  # no plain block to check
+    assert [z for z, _ in pieces["fsdp_block_scales"]] == [2, 3]
+    assert calibrate.apply(cpu, {"label": "t", "matmul_efficiency": 0.5,
+                                 "attention_efficiency": 0.5, "collectives": {},
+                                 "pieces": pieces}).fsdp_block_scale == pieces["fsdp_block_scale"]

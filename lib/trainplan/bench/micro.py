@@ -44,7 +44,7 @@ from trainplan.specs import ModelSpec, load_model
 from trainplan.stats import median_ci
 
 MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
-BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap", "ddp")
+BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap", "ddp", "fsdp")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -220,6 +220,8 @@ def _parser():
                    "(compiled: the loss compiled, as --compile runs do)")
     p.add_argument("--ddp-modes", default="on,off",
                    help="bench ddp: Dynamo's DDPOptimizer (optimize_ddp) on, off, or both")
+    p.add_argument("--fsdp-modes", default="z2,z3",
+                   help="bench fsdp: FSDP2 ZeRO-2 (z2), ZeRO-3 (z3, reshard after forward) or both")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
     p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
     p.add_argument("--matmul-tp", default=None,
@@ -246,7 +248,7 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
         raise SpecError(f"--benches {sorted(unknown)[0]!r} is not valid; "
                         f"use {', '.join(BENCHES)}")
     modes, heads = lay.block_modes(args.block_modes), lay.head_modes(args.head_modes)
-    ddp = lay.ddp_modes(args.ddp_modes)
+    ddp, fsdp = lay.ddp_modes(args.ddp_modes), lay.fsdp_modes(args.fsdp_modes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
         bus_factor(op, 2)  # validates the name
@@ -279,15 +281,17 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
                       {"gemm": 256, "gemms": 4, "size_bytes": 2**20}))
     if world > 1 and "ddp" in benches:
         tasks += [("ddp", {**piece, "optimize_ddp": on}) for on in ddp]
+    if world > 1 and "fsdp" in benches:
+        tasks += [("fsdp", {**piece, "zero": z}) for z in fsdp]
     return tasks
 
 
 def _run(kind: str, kw: dict, common: dict) -> dict:
     from trainplan.bench import micro_layouts, micro_model
 
-    if kind == "ddp":
+    if kind in ("ddp", "fsdp"):
         keep = {k: v for k, v in common.items() if k in ("run_id", "extra", "dtype")}
-        return micro_layouts.bench_ddp_block(**kw, **keep)
+        return getattr(micro_layouts, f"bench_{kind}_block")(**kw, **keep)
     if kind in MODEL_BENCHES:
         typed = kind in ("block", "head", "overlap")
         keep = {k: v for k, v in common.items()

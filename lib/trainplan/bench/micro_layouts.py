@@ -1,4 +1,4 @@
-"""Microbenchmarks for layouts other than FSDP2: a DDP-wrapped compiled block; variant lists.
+"""Microbenchmarks of a compiled block under a data-parallel wrapper (DDP, FSDP2); variant lists.
 
 - ddp block: one block, compiled per block as the harness does, wrapped in
   `DistributedDataParallel` on every rank of the world, forward + backward
@@ -14,8 +14,19 @@
   the warm-up calls), and an all-reduce of all the block's gradient bytes
   alone on the same ranks, the collective time the exposure is measured
   against.
+- fsdp block: the same block, compiled per block, wrapped as the harness wraps
+  FSDP2 layouts (`parallelize.apply_fsdp`: `fully_shard` on the block, then
+  on its holder as the root, on a 1-D mesh of every rank, its bf16
+  `MixedPrecisionPolicy`, reshard after forward for ZeRO-3 only), timed
+  forward + backward; beside it, on the same ranks and in the same process,
+  the block alone in the dtype FSDP2 computes in (bf16 weights, "pure") and
+  the all-gather (bf16) and reduce-scatter (fp32) of the block's parameter
+  bytes alone. Recorded as bench "block" with `wrapper: "fsdp2"` and `zero`.
+  Gradients are set to None before every call, wrapped or not, as a step
+  of one micro-batch finds them: no accumulating add is timed.
 - the parsing of the variant lists of `micro.py`'s command line: block modes
-  (compiled|eager:recompute[:precision]), head modes, DDPOptimizer modes, and
+  (compiled|eager:recompute[:precision]), head modes, DDPOptimizer modes, FSDP2
+  ZeRO stages, and
   the extra GEMM shapes (`--matmul-tp`, `--matmul-tokens`) at which the
   matmul efficiency is measured beside the model's own (the tp shards and the
   pipeline's smaller micro-batches run GEMMs of other sizes).
@@ -38,6 +49,7 @@ from trainplan.specs import ModelSpec, load_model
 from trainplan.stats import median_ci
 
 DDP_MODES = {"on": True, "off": False}
+FSDP_MODES = {"z2": 2, "z3": 3}  # FSDP2 without / with resharding after forward
 
 
 class _BlockNet(_OneBlock):
@@ -117,6 +129,107 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
                                  card=_card(dev), run_id=run_id, extra=extra)
 
 
+def _slowest(*rows: list[float], dev: torch.device) -> list[list[float]]:
+    """Each row of per-block times as the slowest rank's (element-wise max over ranks)."""
+    t = torch.tensor(rows, dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compile: bool = True,
+                     dtype: str = "bfloat16", warmup: int = 3, iters: int = 5, repeats: int = 6,
+                     run_id: str | None = None, extra: dict | None = None) -> dict:
+    """Seconds and bytes of one FSDP2-wrapped (compiled) block, fwd + bwd, beside the same
+    block alone and its collectives alone; all ranks call it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainplan.bench.parallelize import apply_compile, apply_fsdp
+
+    if zero not in FSDP_MODES.values():
+        raise SpecError(f"zero = {zero!r} is not valid for the fsdp block; use 2 or 3")
+    n = dist.get_world_size()
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    spec = load_model(model)
+    mixed = _dtype(dtype) != torch.float32  # the harness's bf16 policy wherever it computes low
+    compute_dt = torch.bfloat16 if mixed else torch.float32
+    reduce_dt = torch.float32
+    cos, sin = rope_tables(seq, spec.head_dim, dev)
+    x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=compute_dt,
+                    requires_grad=True)
+    grad = torch.randn_like(x)
+    cuda = dev.type == "cuda"
+
+    def timed(net, *tables):
+        def step():
+            net.zero_grad(set_to_none=True)
+            x.grad = None
+            net(x, *tables).backward(grad)
+        return _time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
+
+    torch.manual_seed(0)
+    alone = _BlockNet(spec).to(dev, compute_dt)  # the block as FSDP2 computes it, unwrapped
+    if compile:
+        torch._dynamo.reset()
+        apply_compile(alone)
+    alone_times = timed(alone, cos.to(compute_dt), sin.to(compute_dt))  # as FSDP2 casts them
+    params = sum(p.numel() for p in alone.parameters())
+    del alone
+    torch.manual_seed(0)
+    net = _BlockNet(spec).to(dev, torch.float32)  # fp32 master weights, sharded below
+    if compile:
+        torch._dynamo.reset()  # a fresh compile with FSDP2's hooks around the block
+        apply_compile(net)
+    reshard = zero == 3  # ZeRO-3 frees the gathered weights after forward, ZeRO-2 keeps them
+    apply_fsdp(net, init_device_mesh(dev.type, (n,)), reshard=reshard, mixed_precision=mixed)
+    times = timed(net, cos, sin)
+    _sync(dev)
+    net.zero_grad(set_to_none=True)
+    before = torch.cuda.memory_allocated(dev) if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    out = net(x, cos, sin)
+    _sync(dev)
+    kept = (torch.cuda.memory_allocated(dev) if cuda else 0) - before  # ZeRO-2: + bf16 weights
+    out.backward(grad)
+    del out
+    _sync(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - before if cuda else 0
+    shard = -(-params // n)  # one flat buffer per group, as FSDP2 gathers and reduces
+    part, full = (torch.zeros(k * shard, device=dev, dtype=compute_dt) for k in (1, n))
+    r_part, r_full = (torch.zeros(k * shard, device=dev, dtype=reduce_dt) for k in (1, n))
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    gather_times = _time_blocks(lambda: gather(full, part), dev, warmup, iters, repeats,
+                                before_block=dist.barrier)
+    scatter_times = _time_blocks(lambda: scatter(r_part, r_full), dev, warmup, iters, repeats,
+                                 before_block=dist.barrier)
+    times, alone_times, gather_times, scatter_times = _slowest(
+        times, alone_times, gather_times, scatter_times, dev=dev)
+    kept, peak = (int(v) for v in _slowest([kept, peak], dev=dev)[0])
+    tokens = micro_batch * seq
+    results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+    results.update({"activation_bytes": kept, "activation_bytes_per_token": kept / tokens,
+                    "peak_bytes": peak, "alone_s": median_ci(alone_times).estimate,
+                    "alone_times_s": alone_times,
+                    "allgather_s": median_ci(gather_times).estimate,
+                    "allgather_times_s": gather_times,
+                    "reduce_scatter_s": median_ci(scatter_times).estimate,
+                    "reduce_scatter_times_s": scatter_times})
+    name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+    config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
+              "micro_batch": micro_batch, "seq": seq, "compile": compile, "recompute": "none",
+              "precision": "pure", "autocast_dtype": None, "wrapper": "fsdp2", "zero": zero,
+              "reshard_after_forward": reshard, "world": n, "backend": dist.get_backend(),
+              "params": params, "param_bytes": 4 * params,
+              "gather_bytes": params * compute_dt.itemsize,
+              "reduce_bytes": params * reduce_dt.itemsize, "param_dtype": name[compute_dt],
+              "reduce_dtype": name[reduce_dt], "dtype": dtype, "device": dev.type,
+              "tokens": tokens, "warmup": warmup, "iters": iters, "repeats": repeats}
+    return microbenchmark_record(bench="block", config=config, results=results, gpus=n,
+                                 card=_card(dev), run_id=run_id, extra=extra)
+
+
 # ---------------------------------------------------------------- variant lists
 
 
@@ -158,6 +271,14 @@ def ddp_modes(text: str) -> list[bool]:
     if not items or any(i not in DDP_MODES for i in items):
         raise SpecError(f"--ddp-modes {text!r} is not valid; use a comma list of on, off")
     return [DDP_MODES[i] for i in items]
+
+
+def fsdp_modes(text: str) -> list[int]:
+    """'z2,z3' -> [2, 3]: FSDP2 ZeRO-2 (weights kept until backward) and ZeRO-3 (resharded)."""
+    items = _items(text)
+    if not items or any(i not in FSDP_MODES for i in items):
+        raise SpecError(f"--fsdp-modes {text!r} is not valid; use a comma list of z2, z3")
+    return [FSDP_MODES[i] for i in items]
 
 
 def whole_list(text: str | None, name: str) -> list[int]:
