@@ -326,6 +326,13 @@ def test_recipe_sentences_say_only_what_was_measured(tmp_path):
     words = tune_report.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")),
                                          recheck)
     assert "re-checked on 4 x NVIDIA H200" in words["missing"]
+    assert "Re-checked on" not in words["decision"]  # nothing measurable in this re-check
+    recheck["rows"].append({"tag": "c", "change": "micro_batch 16 -> 4", "launches": 2,
+                            "effect_pct": -13.9, "measurable": True})
+    words = tune_report.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")),
+                                         recheck)
+    assert "Re-checked on 4 x NVIDIA H200: `micro_batch 16 -> 4` changed tokens/s/GPU by " \
+           "-13.9% (intervals apart)." in words["decision"]
     assert "Not run there: `prefetch_factor 2 -> 8`" in words["missing"]
 
 

@@ -303,10 +303,21 @@ def recipe_sentences(rep: dict | None, recheck: dict | None = None) -> dict[str,
         decision += " Avoid: " + "; ".join(avoid) + "."
     if alone:
         decision += " Leave alone (no measurable effect): " + ", ".join(alone) + "."
+    decision += _recheck_sentence(recheck)
     return {"status": status, "decision": decision,
             "risk": "The study ran on the proxy at one scale; effects on a larger job can "
                     "differ, so measure the top knobs again on the real job's first hour.",
             "missing": _missing_on_more_gpus(rep, recheck)}
+
+
+def _recheck_sentence(recheck: dict | None) -> str:
+    """The re-check's measurable changes, in words ("" when there are none)."""
+    hits = [r for r in (recheck or {}).get("rows", []) if r.get("measurable")]
+    if not hits:
+        return ""
+    return (f" Re-checked on {recheck['gpus']} x {recheck['card']}: "
+            + "; ".join(f"`{r['change']}` changed tokens/s/GPU by {r['effect_pct']:+.1f}% "
+                        "(intervals apart)" for r in hits) + ".")
 
 
 def _missing_on_more_gpus(rep: dict, recheck: dict | None) -> str:
