@@ -256,13 +256,53 @@ def apply_ac(model: Transformer, mode: str) -> None:
 # ---------------------------------------------------------------- 3. compile
 
 
+class _WaitAsync(torch.autograd.Function):
+    """Wait for an in-flight collective's result; the gradient passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = x.trigger_wait()  # the plain tensor the collective wrote
+        return out.view_as(out)  # a fresh object: autograd writes its history into it
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _resolve_async(module, inputs, output):
+    """Forward hook: hand an AsyncCollectiveTensor output on as a plain tensor, waited for.
+
+    Under tensor parallel the embedding's output hook redistributes with
+    async_op=True and `to_local()`s the result, so the first block receives an
+    AsyncCollectiveTensor (ACT) whose autograd history sits on the wrapper
+    while its inner tensor has none. AOTAutograd (torch >= 2.12, pytorch PR
+    179849) resolves ACT inputs with `trigger_wait()` before tracing, which
+    returns that inner tensor: the compiled block is traced as if its input
+    needed no gradient and returns none for it. The embedding then gets no
+    gradient, and DTensor's redistribute backward, handed a materialised
+    plain-tensor zero, fails with "'Tensor' object has no attribute
+    '_local_tensor'". Waiting here, in eager code and through autograd, gives
+    the compiled block a plain input that requires grad.
+    """
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    if isinstance(output, AsyncCollectiveTensor):
+        return _WaitAsync.apply(output)
+    return output
+
+
 def apply_compile(model: Transformer) -> None:
     """Compile each block in place (parameter names unchanged).
 
     Per block rather than the whole model: identical blocks reuse one
     compiled graph (short compile), and FSDP's per-block hooks stay outside
-    the compiled code.
+    the compiled code. What enters the first block from eager code must be a
+    plain tensor (or DTensor), not an in-flight collective: see
+    `_resolve_async`, which runs after tensor parallel's own output hook on
+    the embedding (hooks run in the order registered).
     """
+    if model.tok_embeddings is not None:
+        model.tok_embeddings.register_forward_hook(_resolve_async)
     for block in model.layers.values():
         block.compile(fullgraph=True)
 
