@@ -19,22 +19,19 @@ a small machine.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from trainplan.bench import train
 
+from .sweep_runs import run_sweep
+
 RTOL = 1e-4
 STEPS = 5
 TINY = "n_layers: 4\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n"
 BASE = ["--seq-len", "32", "--micro-batch", "2", "--steps", str(STEPS), "--warmup", "1",
         "--lr", "3e-3", "--seed", "0", "--synthetic", "--cpu"]
-LIB = Path(__file__).resolve().parents[2] / "lib"
 
 # tag -> train.py arguments. (dp, grad_accum) decide the reference single process.
 DATA_PARALLEL_2 = {
@@ -107,23 +104,8 @@ def _reference(tiny_yaml: str, micro: int) -> dict:
     return train.run(args)
 
 
-def _sweep(tiny_yaml: str, layouts: dict[str, str], ranks: int, tmp: Path) -> dict[str, dict]:
-    runs = [{"tag": t, "args": ["--model", tiny_yaml, *BASE, *a.split()]}
-            for t, a in layouts.items()]
-    spec = tmp / f"runs{ranks}.json"
-    spec.write_text(json.dumps(runs))
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(LIB), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(ranks), "-m", "trainplan.bench.sweep", str(spec)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"tag"')]
-    return {line["tag"]: line for line in lines}
-
-
 def _check(tiny_yaml: str, layouts: dict[str, str], ranks: int, tmp: Path) -> None:
-    results = _sweep(tiny_yaml, layouts, ranks, tmp)
+    results = run_sweep(tiny_yaml, layouts, BASE, ranks, tmp)
     refs: dict[int, dict] = {}
     failures = []
     for tag, a in layouts.items():

@@ -44,7 +44,9 @@ def test_cpu_run_writes_the_breakdown(tmp_path):
     assert got["model"] and got["gpus"] == 0 and got["seq_len"] == 16 and got["provenance"]
     from trainplan import trace_split  # the page's reader accepts what the profiler writes
 
-    assert trace_split.load(out)["layout"] == got["layout"]
+    prof = trace_split.load(out)
+    assert prof["layout"] == got["layout"] and prof["card"] == "cpu"
+    assert trace_split.measured_split(prof).step_s > 0
     from trainplan.bench import step, train
 
     assert step.train_step.__name__ == "train_step" and train._summarise.__name__ == "_summarise"

@@ -21,20 +21,15 @@ fresh Inductor cache per test makes the timing that of a cold start (about
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from .sweep_runs import run_sweep
 
 RTOL = 1e-5
 STEPS = 6
 TINY = "n_layers: 2\nhidden: 64\nn_heads: 4\nffn: 128\nvocab: 256\n"
 BASE = ["--seq-len", "32", "--micro-batch", "2", "--steps", str(STEPS), "--warmup", "1",
         "--lr", "3e-3", "--seed", "0", "--synthetic", "--cpu"]
-LIB = Path(__file__).resolve().parents[2] / "lib"
 
 # tag -> train.py arguments; each "-compile" run is checked against the same tag without it.
 LAYOUTS = {
@@ -45,21 +40,6 @@ LAYOUTS = {
 }
 
 
-def _sweep(model: Path, tmp: Path) -> dict[str, dict]:
-    runs = [{"tag": t, "args": ["--model", str(model), *BASE, *a.split()]}
-            for t, a in LAYOUTS.items()]
-    spec = tmp / "runs.json"
-    spec.write_text(json.dumps(runs))
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
-               PYTHONPATH=os.pathsep.join([str(LIB), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", "-m", "trainplan.bench.sweep", str(spec)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"tag"')]
-    return {line["tag"]: line for line in lines}
-
-
 def _worst(mine: list[float], ref: list[float]) -> float:
     return max(abs(g - r) / abs(r) for g, r in zip(mine, ref, strict=True))
 
@@ -68,7 +48,8 @@ def _worst(mine: list[float], ref: list[float]) -> float:
 def test_tp2_compile_matches_uncompiled(tmp_path):
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY)
-    results = _sweep(model, tmp_path)
+    results = run_sweep(str(model), LAYOUTS, BASE, 2, tmp_path,
+                        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     failures = []
     for tag in LAYOUTS:
         got = results.get(tag)
