@@ -59,6 +59,11 @@ def test_contract_on_committed_records(committed, capsys):
     cli = json.loads(capsys.readouterr().out)
     assert cli["configs"] == out["configs"] and cli["step_time_error"] == out["step_time_error"]
     assert "repredicted" not in cli
+    # the headline is the headline host's; every host, pooled, is under all_hosts
+    head = out["hosts"][out["headline_host"]]
+    assert out["configs"] == head["configs"] and out["step_time_error"] == head["step_time_error"]
+    assert out["all_hosts"]["configs"] == sum(h["configs"] for h in out["hosts"].values())
+    assert out["all_hosts"]["configs"] >= out["configs"] and out["headline_rule"]
 
 
 def test_headline_uses_only_the_recorded_predictions(committed):
@@ -142,7 +147,7 @@ def test_leave_one_out_is_reported_apart(committed):
 
 def test_throughput_band_spans_the_errors(committed):
     band = compare.throughput_band(committed)
-    assert band["n"] == committed["configs"]
+    assert band["n"] == committed["all_hosts"]["configs"]  # every host's configs, pooled
     factors = [1 + r["step_time_error"] for r in committed["rows"]]
     assert (band["low"], band["high"]) == (min(factors), max(factors))
     assert band["low"] <= band["median"] <= band["high"]
@@ -224,3 +229,38 @@ def test_a_later_series_with_its_own_prediction_supersedes_the_earlier_in_the_he
     out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, *new_meas])],
                           repredictions=False)
     assert out["superseded"] == 0 and out["configs"] == 2
+
+
+def _on_host(meas: list[dict], gpu_count: int, scale: float, day: str) -> list[dict]:
+    """The launches run again on a host of `gpu_count` GPUs on `day`, each step `scale` times
+    as long."""
+    out = copy.deepcopy(meas)
+    for m in out:
+        m["provenance"]["gpu_count"] = gpu_count
+        m["recorded_at"] = m["recorded_at"].replace("2026-11-26", day)
+        m["step_times_s"] = [t * scale for t in m["step_times_s"]]
+        m["step_time_s"] *= scale
+        m["step_time_s_ci"] = [t * scale for t in m["step_time_s_ci"]]
+        m["tokens_per_s_per_gpu"] /= scale
+        m["tokens_per_s_per_gpu_ci"] = sorted(v / scale for v in m["tokens_per_s_per_gpu_ci"])
+    return out
+
+
+def test_headline_is_the_largest_host_not_all_hosts_pooled(tmp_path):
+    """A config measured on a 4-GPU host close to its prediction and on a 2-GPU host far from
+    it: the headline (and meets_targets) is the 4-GPU host's, the pooled figures are apart."""
+    pred, meas = tp2_records()  # on the 2-GPU host: the step about 25% longer than predicted
+    four = _on_host(meas, 4, 0.76, "2026-11-27")  # within about 1% of the prediction
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, *four])],
+                          repredictions=False)
+    small, large = (next(r for r in out["rows"] if r["host"] == h)
+                    for h in ("4 x NVIDIA H200", "2 x NVIDIA H200"))
+    assert abs(small["step_time_error"]) < 0.02 < 0.2 < abs(large["step_time_error"])
+    assert out["headline_host"] == "4 x NVIDIA H200" and out["configs"] == 1
+    assert out["step_time_error"]["max"] == pytest.approx(abs(small["step_time_error"]))
+    assert out["signed_step_time_error_median"] == pytest.approx(small["step_time_error"])
+    assert out["all_hosts"]["configs"] == 2
+    assert out["all_hosts"]["step_time_error"]["max"] == pytest.approx(
+        abs(large["step_time_error"]))
+    assert out["meets_targets"]  # judged on the headline host: the 2-GPU miss is not in it
+    assert out["end_to_end_fit"]["median"] is None  # fitted on the headline host's one config

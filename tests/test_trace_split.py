@@ -258,3 +258,41 @@ def test_figure_without_a_trace_draws_the_prediction_only():
     assert any("no profiler trace" in t.get_text() for t in fig.axes[0].texts)
     table = figures.traced_split_table(trace_split.pair(make_profile(), [row()]))
     assert list(table["predicted s"]) == ["0.120", "0.030", "0.000", "0.004"]
+
+
+# ---------------------------------------------------------------- annotations
+
+
+def test_drop_annotations_corrects_a_written_profile(tmp_path):
+    """A JSON of profile.py before is_annotation: the listed annotations leave their buckets,
+    busy_s and top_kernels, by exactly their seconds; a second pass changes nothing."""
+    prof = make_profile()
+    b = prof["buckets_s_per_step"]
+    extra = {"ProfilerStep*": ("other", 0.2), "nccl:_all_gather_base": ("collectives", 0.05),
+             "Optimizer.step#AdamW.step": ("optimizer", 0.003)}
+    raw = {**prof, "buckets_s_per_step": {k: b[k] + sum(s for bk, s in extra.values() if bk == k)
+                                          for k in b},
+           "busy_s": prof["busy_s"] + 0.253,
+           "top_kernels": [{"kernel": n, "bucket": bk, "s_per_step": s, "calls_per_step": 1.0}
+                           for n, (bk, s) in extra.items()] + prof["top_kernels"]}
+    fixed = trace_split.drop_annotations(raw)
+    assert fixed["annotations_removed"] is True
+    assert fixed["buckets_s_per_step"] == pytest.approx(b)
+    assert fixed["busy_s"] == pytest.approx(prof["busy_s"])
+    assert fixed["top_kernels"] == prof["top_kernels"]
+    assert fixed["annotations_removed_s_per_step"] == {n: s for n, (_, s) in extra.items()}
+    assert raw["busy_s"] == pytest.approx(prof["busy_s"] + 0.253)  # the input is left as is
+    assert trace_split.drop_annotations(fixed) == fixed
+    loaded = trace_split.load(write(tmp_path, raw))  # load applies it
+    assert loaded["buckets_s_per_step"] == pytest.approx(b) and loaded["annotations_removed"]
+    assert trace_split.measured_split(loaded).compute_s == pytest.approx(COMPUTE_S)
+
+
+def test_committed_profiles_read_corrected():
+    """The committed profiles carry no annotation and pair or are left out, never refused."""
+    for path in trace_split.committed():
+        prof = trace_split.load(path)
+        assert prof["annotations_removed"]
+        assert not any(profile.is_annotation(k["kernel"]) for k in prof["top_kernels"])
+    rows = [row()]
+    assert all(pp["card"] == "NVIDIA H200" for pp in trace_split.pair_committed(rows))

@@ -199,8 +199,9 @@ def build(paths, gpu: GPUSpec) -> dict:
             coll[op] = collective_fit(worlds[max(worlds)])
     n = sum(s["records"] for s in sources)
     day = max(s["recorded"][1] for s in sources)[:10]
-    base = dataclasses.replace(gpu, matmul_efficiency=mm["fraction"],
-                               attention_efficiency=att["fraction"])
+    base = dataclasses.replace(  # the pieces are priced at the links just fitted (TP blocks)
+        gpu, matmul_efficiency=mm["fraction"], attention_efficiency=att["fraction"],
+        collectives=tuple((op, f["latency_us"], f["busbw_gbps"]) for op, f in sorted(coll.items())))
     scales, checks = calibrate_pieces.fit(by_bench, base)
     return {
         "gpu": gpu.name, "card": sorted({r["card"] for v in by_bench.values() for r in v}),

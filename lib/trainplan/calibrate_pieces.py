@@ -72,7 +72,7 @@ import statistics
 
 import numpy as np
 
-from trainplan import compute, memory
+from trainplan import calibrate_tp, compute, memory
 from trainplan.layouts import RECOMPUTE
 from trainplan.specs import GPUSpec, ModelSpec
 
@@ -199,6 +199,7 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     out.update(_head_scales(by_bench.get("head", []), gpu))
     out.update(_ddp_scales(every, gpu))
     out.update(_fsdp_scales(every, gpu))
+    out.update(calibrate_tp.tp_scales(every, gpu, _spec))
     if by_bench.get("optimizer"):
         per_param = 32.0 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
         out["optimizer_scale"] = round(_median(

@@ -8,20 +8,23 @@ refused, and each refusal is reported. Where several predictions came first,
 the latest one counts.
 
 Errors are relative, predicted / measured - 1 (negative = optimistic); the
-headline is the median and the maximum of their absolute values over every
-compared config, none dropped; where a config was measured again on the same
-kind of host with a fresh prediction recorded first, the later series stands
-in the headline and the earlier one is listed with what superseded it. Step
-time is the median over the pooled kept steps of all launches with its
-rank-based 95% interval
+headline is the median and the maximum of their absolute values on the
+headline host: the proxy on the largest kind of host measured (most GPUs,
+then most configs; `by_host`), over every compared config of that host, none
+dropped. Figures are compared within one kind of host (`host`): each host's
+are under `hosts`, and all hosts pooled under `all_hosts`, so nothing is
+hidden. Where a config was measured again on the same kind of host with a
+fresh prediction recorded first, the later series stands in the headline and
+the earlier one is listed with what superseded it. Step time is the median
+over the pooled kept steps of all launches with its rank-based 95% interval
 (`records.combine_launches`); memory is the peak reserved memory, the largest
 over launches. Configs with fewer than `MIN_LAUNCHES` launches are shown and
 counted, but flagged.
 
 Two further comparisons are reported apart from the headline, because they
-are made after the measurements: re-predictions with today's planner
-(datasheet and calibrated), and a one-factor fit to the end-to-end runs with
-its leave-one-out error.
+are made after the measurements, both on the headline host's configs:
+re-predictions with today's planner (datasheet and calibrated), and a
+one-factor fit to the end-to-end runs with its leave-one-out error.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "grad_accum"
 EXTRA_KEYS = ("dp_shard", "pp_schedule", "pp_virtual")  # compared where both records hold them
 PLAN_KEYS = LAYOUT_KEYS + EXTRA_KEYS
 CLUSTER = "dgx-h100"  # the suites' interconnect preset (data/suites/*.yaml)
+HEADLINE_RULE = ("The headline figures are those of the proxy on the largest host measured "
+                 "(headline_host); every other host's are under hosts, and all hosts pooled "
+                 "under all_hosts.")
 
 
 # ---------------------------------------------------------------- reading
@@ -284,10 +290,21 @@ def compare(paths=None, repredictions: bool = True) -> dict:
                                     "first_measured_at": rows[j]["first_measured_at"]}
     compared = [r for r in rows
                 if r["predicted_step_time_s"] is not None and "superseded_by" not in r]
+    hosts = by_host(compared)
+    head = next(iter(hosts), None)
+    head_rows = [r for r in compared if r["host"] == head]
     out = {
-        "configs": len(compared),
-        "step_time_error": error_summary(r["step_time_error"] for r in compared),
-        "memory_error": error_summary(r["memory_error"] for r in compared),
+        # the headline: the compared configs of the headline host, none dropped
+        "headline_host": head, "headline_rule": HEADLINE_RULE,
+        "configs": len(head_rows),
+        "step_time_error": error_summary(r["step_time_error"] for r in head_rows),
+        "memory_error": error_summary(r["memory_error"] for r in head_rows),
+        "signed_step_time_error_median": statistics.median(
+            [r["step_time_error"] for r in head_rows]) if head_rows else None,
+        "hosts": hosts,
+        "all_hosts": {"configs": len(compared),
+                      "step_time_error": error_summary(r["step_time_error"] for r in compared),
+                      "memory_error": error_summary(r["memory_error"] for r in compared)},
         # a prediction another host's launches of its config were compared with stands there
         "rows": rows, "refused": [r for r in refused if r["prediction"] not in chosen],
         "measured_configs": len(rows), "flagged_configs": sum(r["flagged"] for r in rows),
@@ -296,18 +313,14 @@ def compare(paths=None, repredictions: bool = True) -> dict:
                                           for p in kinds["prediction"]
                                           if p["_where"] not in used}),
         "targets": TARGETS, "files": [str(f) for f in files],
-        "signed_step_time_error_median": statistics.median(
-            [r["step_time_error"] for r in compared]) if compared else None,
     }
-    out["hosts"] = by_host(compared)
-    out["headline_host"] = next(iter(out["hosts"]), None)
-    out["meets_targets"] = bool(compared) and all(
+    out["meets_targets"] = bool(head_rows) and all(
         out[k][q] <= TARGETS[q] for k in ("step_time_error", "memory_error") for q in TARGETS
         if out[k][q] is not None)
     from trainplan.compare_after import leave_one_out_scale, repredicted
-    if repredictions and compared:
-        out["repredicted"] = repredicted(compared, kinds["prediction"])
-    out["end_to_end_fit"] = leave_one_out_scale(compared)
+    if repredictions and head_rows:
+        out["repredicted"] = repredicted(head_rows, kinds["prediction"])
+    out["end_to_end_fit"] = leave_one_out_scale(head_rows)
     return out
 
 
@@ -354,7 +367,8 @@ def one_knob_pairs(rows: list[dict]) -> list[dict]:
 
 
 def throughput_band(out: dict) -> dict:
-    """Measured / predicted tokens per second over the compared configs: low, median, high.
+    """Measured / predicted tokens per second over the configs of every host, pooled (not the
+    headline host alone): low, median, high.
 
     Tokens per step are fixed, so measured / predicted throughput = predicted /
     measured step time = 1 + step-time error. A predicted rate times these

@@ -1,7 +1,7 @@
 """What `trainplan compare` reports apart from its headline, because it is made after the
-measurements: re-predictions of every compared config with today's planner (datasheet and
-calibrated constants), and one scale factor fitted to the end-to-end runs, judged by its
-leave-one-out error (DESIGN.md, "Honest measurement")."""
+measurements: re-predictions of every compared config of the headline host with today's
+planner (datasheet and calibrated constants), and one scale factor fitted to the end-to-end runs
+of that host, judged by its leave-one-out error (DESIGN.md, "Honest measurement")."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ def repredicted(rows: list[dict], predictions: list[dict]) -> dict:
                               _rel(r["memory_gib"], row["measured_memory_gib"])))
     calib = rows[0]["repredicted"]["calibrated"]["calibration"]
     return {
-        "note": "made now, after the measurements: reported apart, not in the headline",
+        "note": "made now, after the measurements, on the headline host's configs: reported "
+                "apart, not in the headline",
         "calibration": calib,
         **{name: {"step_time_error": error_summary(e for e, _ in v),
                   "memory_error": error_summary(m for _, m in v)} for name, v in res.items()},

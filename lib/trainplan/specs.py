@@ -155,6 +155,7 @@ class GPUSpec:
     compiled_head_scale: float = 0.0  # output layer + compiled loss time / analytic
     ddp_block_scale: float = 1.0  # DDP-wrapped compiled block time, less bucket copies / alone
     fsdp_block_scale: float = 1.0  # FSDP2-wrapped block, less copies and collectives / alone
+    tp_block_scales: tuple = ()  # ((tp, with FSDP2 0|1, TP block less priced comm / compute),)
     matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
 
     def __post_init__(self):

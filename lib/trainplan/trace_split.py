@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainplan.bench.profile import is_annotation
 from trainplan.compare import EXTRA_KEYS, LAYOUT_KEYS
 from trainplan.errors import RecordError
 from trainplan.specs import DATA_DIR
@@ -110,8 +111,34 @@ def _check_kernels(path, kernels) -> None:
         _seconds(path, f"top_kernels[{i}].s_per_step", k.get("s_per_step"))
 
 
+def drop_annotations(prof: dict) -> dict:
+    """The profile without the user annotations that profile.py before `is_annotation`
+    counted as kernels (`ProfilerStep*`, `nccl:...`, `Optimizer.step#AdamW.step`: ranges whose
+    kernels are counted already): each such `top_kernels` entry leaves `top_kernels`, and
+    its seconds leave its bucket and `busy_s`. Marked `"annotations_removed": true`, with the
+    removed entries in `annotations_removed_s_per_step`; a marked profile is returned as is.
+
+    Only the 15 listed kernels can be corrected: an annotation below the 15th stays in its
+    bucket (each at most the 15th entry's seconds)."""
+    if prof.get("annotations_removed"):
+        return dict(prof)
+    out = {**prof, "buckets_s_per_step": dict(prof["buckets_s_per_step"])}
+    buckets, removed, kept = out["buckets_s_per_step"], {}, []
+    for k in prof["top_kernels"]:
+        if not is_annotation(k["kernel"]):
+            kept.append(k)
+            continue
+        removed[k["kernel"]] = k["s_per_step"]
+        if k.get("bucket") in buckets:
+            buckets[k["bucket"]] = max(0.0, buckets[k["bucket"]] - k["s_per_step"])
+    out.update(top_kernels=kept, busy_s=sum(buckets.values()), annotations_removed=True,
+               annotations_removed_s_per_step=removed)
+    return out
+
+
 def load(path) -> dict:
-    """One profile JSON (bench/profile.py's `main`), checked; `_where` names its file.
+    """One profile JSON (bench/profile.py's `main`), checked, with `drop_annotations` applied;
+    `_where` names its file.
 
     Anything malformed raises one RecordError naming the file and the field."""
     try:
@@ -137,7 +164,7 @@ def load(path) -> dict:
     _check_kernels(path, prof["top_kernels"])
     if prof.get("busy_union_s") is not None:
         _seconds(path, "busy_union_s", prof["busy_union_s"])
-    return {**prof, "_where": str(path)}
+    return {**drop_annotations(prof), "_where": str(path)}
 
 
 def committed() -> list[Path]:
@@ -177,8 +204,9 @@ def _same_layout(profile: dict, row: dict) -> bool:
 
 
 def _optional_match(profile: dict, row: dict) -> bool:
-    """Fields profile.py does not record today, equal where the profile has them: the suite
-    tag (the row's `config`), model, GPUs, and the host's GPU count (`host_gpus`)."""
+    """Fields profile.py writes (older profiles may lack them), equal where the profile has
+    them: the suite tag (the row's `config`), model, GPUs, and the host's GPU count
+    (`host_gpus`)."""
     fields = {"tag": "config", "model": "model", "gpus": "gpus"}
     same = all(profile[k] == row.get(v) for k, v in fields.items() if profile.get(k) is not None)
     n = profile.get("host_gpus")
@@ -208,6 +236,20 @@ def pair(profile: dict, rows: list[dict], host: str | None = None) -> dict:
         raise RecordError(f"{where}: layout matches {len(found)} compare rows "
                           f"({[(r['config'], r['host']) for r in found]}); pass host=")
     return paired(profile, found[0])
+
+
+def pair_committed(rows: list[dict], host: str | None = None) -> list[dict]:
+    """`pair` of each committed profile that has a compare row of its own card and layout;
+    profiles of a card or layout no compare row has (e.g. the H100 profiles of session 5,
+    whose layouts were compared on H200) are left out instead of refused."""
+    out = []
+    for path in committed():
+        prof = load(path)
+        if any(r.get("predicted_split_s") and r["impl"] == prof["impl"]
+               and r["card"] == prof["card"] and _same_layout(prof, r)
+               and _optional_match(prof, r) for r in rows):
+            out.append(pair(prof, rows, host))
+    return out
 
 
 def paired(profile: dict | None, row: dict) -> dict:

@@ -251,8 +251,10 @@ def compare_records(out: Path, repredict: bool) -> dict:
         result = compare(files, repredictions=repredict)
     else:  # nothing predicted (all done before): compare() would read the committed records
         none = error_summary([])
-        result = {"configs": 0, "step_time_error": none, "memory_error": none, "rows": [],
-                  "refused": [], "measured_configs": 0, "flagged_configs": 0,
+        result = {"headline_host": None, "configs": 0, "step_time_error": none,
+                  "memory_error": none, "hosts": {},
+                  "all_hosts": {"configs": 0, "step_time_error": none, "memory_error": none},
+                  "rows": [], "refused": [], "measured_configs": 0, "flagged_configs": 0,
                   "predicted_not_measured": [], "files": []}
     result["scaling"] = weak_scaling(result["rows"])
     failed = out / "failed.jsonl"

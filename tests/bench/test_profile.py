@@ -50,3 +50,36 @@ def test_cpu_run_writes_the_breakdown(tmp_path):
     from trainplan.bench import step, train
 
     assert step.train_step.__name__ == "train_step" and train._summarise.__name__ == "_summarise"
+
+
+def test_annotations_are_not_counted():
+    """key_averages() on GPU lists user annotations (the step, nccl: ranges, the optimizer
+    step) as device events beside the kernels they enclose: summarise counts only kernels,
+    by the event's is_user_annotation where set and by name where not (older torch)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def ev(key, us, annotation=None):
+        e = SimpleNamespace(key=key, device_type=DeviceType.CUDA, self_device_time_total=us,
+                            self_cpu_time_total=0, count=1)
+        if annotation is not None:
+            e.is_user_annotation = annotation
+        return e
+
+    kernels = [ev("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 100),
+               ev("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 40),
+               ev("void at::native::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>",
+                  10, annotation=False)]
+    annotations = [ev("ProfilerStep*", 500), ev("ProfilerStep#7", 500),
+                   ev("nccl:all_gather_into_tensor_coalesced", 40),
+                   ev("nccl:_reduce_scatter_base", 30), ev("nccl:all_reduce", 20),
+                   ev("Optimizer.step#AdamW.step", 10),
+                   ev("an annotation by attribute only", 70, annotation=True)]
+    assert not any(profile.is_annotation(e) for e in kernels)
+    assert all(profile.is_annotation(e) for e in annotations)
+    got = profile.summarise(kernels + annotations, active=1)
+    assert got["buckets_s_per_step"] == pytest.approx(
+        {"matmul": 100e-6, "collectives": 40e-6, "optimizer": 10e-6})
+    assert got["busy_s"] == pytest.approx(150e-6)
+    assert [k["kernel"][:5] for k in got["top_kernels"]] == ["nvjet", "ncclD", "void "]

@@ -44,7 +44,8 @@ from trainplan.specs import ModelSpec, load_model
 from trainplan.stats import median_ci
 
 MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
-BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap", "ddp", "fsdp")
+BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap", "ddp", "fsdp",
+                                                         "tp")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -222,6 +223,9 @@ def _parser():
                    help="bench ddp: Dynamo's DDPOptimizer (optimize_ddp) on, off, or both")
     p.add_argument("--fsdp-modes", default="z2,z3",
                    help="bench fsdp: FSDP2 ZeRO-2 (z2), ZeRO-3 (z3, reshard after forward) or both")
+    p.add_argument("--tp-modes", default="tp2,tp4,tp2-z3",
+                   help="bench tp: a block under tensor parallel, tpN, or tpN-z2|z3 with FSDP2 "
+                   "on the other mesh dimension; those the ranks cannot lay out are skipped")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
     p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
     p.add_argument("--matmul-tp", default=None,
@@ -241,6 +245,7 @@ def _parser():
 
 def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict]]:
     from trainplan.bench import micro_layouts as lay
+    from trainplan.bench import micro_tp
 
     benches = {b.strip() for b in args.benches.split(",") if b.strip()}
     unknown = benches - set(BENCHES)
@@ -249,6 +254,7 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
                         f"use {', '.join(BENCHES)}")
     modes, heads = lay.block_modes(args.block_modes), lay.head_modes(args.head_modes)
     ddp, fsdp = lay.ddp_modes(args.ddp_modes), lay.fsdp_modes(args.fsdp_modes)
+    tps = micro_tp.tp_modes(args.tp_modes)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
         bus_factor(op, 2)  # validates the name
@@ -283,12 +289,17 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
         tasks += [("ddp", {**piece, "optimize_ddp": on}) for on in ddp]
     if world > 1 and "fsdp" in benches:
         tasks += [("fsdp", {**piece, "zero": z}) for z in fsdp]
+    if world > 1 and "tp" in benches:
+        tasks += [("tp", {**piece, "tp": t, "zero": z}) for t, z in micro_tp.runnable(tps, world)]
     return tasks
 
 
 def _run(kind: str, kw: dict, common: dict) -> dict:
-    from trainplan.bench import micro_layouts, micro_model
+    from trainplan.bench import micro_layouts, micro_model, micro_tp
 
+    if kind == "tp":
+        keep = {k: v for k, v in common.items() if k in ("run_id", "extra", "dtype")}
+        return micro_tp.bench_tp_block(**kw, **keep)
     if kind in ("ddp", "fsdp"):
         keep = {k: v for k, v in common.items() if k in ("run_id", "extra", "dtype")}
         return getattr(micro_layouts, f"bench_{kind}_block")(**kw, **keep)
@@ -320,7 +331,8 @@ def _summary(record: dict) -> tuple[str, str, str, str]:
             record["bench"], lambda: f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, "
                                      f"{r.get('activation_bytes', 0) / 2**20:.0f} MiB kept")()
         shape = " ".join(f"{k}={c[k]}" for k in ("micro_batch", "compile", "recompute",
-                                                  "precision", "optimize_ddp", "params",
+                                                  "precision", "wrapper", "tp", "zero",
+                                                  "optimize_ddp", "params",
                                                   "size_bytes", "world") if k in c)
         t = r.get("time_s")
         return record["bench"], shape, f"{t * 1e3:.3f} ms" if t else "-", rate

@@ -37,6 +37,10 @@ BUCKETS = (  # first match wins; names of CUDA kernels as the profiler reports t
     ("copies", re.compile(r"memcpy|memset|copy|cat_|CatArray", re.I)),
 )
 SDPA = ("default", "flash", "cudnn", "efficient")
+# profiler labels that key_averages() lists beside the kernels (`is_annotation`'s fallback):
+# the step (ProfilerStep#3, or ProfilerStep* averaged), the c10d ranges (nccl:all_reduce), FSDP's
+# ranges (FSDP::all_gather) and the optimizer hooks' Class.method labels (Optimizer.step#AdamW.step)
+ANNOTATION = re.compile(r"^(ProfilerStep[#*]|nccl:|FSDP::|[\w.]+#[\w.]+$)")
 
 
 def set_sdpa_backend(name: str) -> None:
@@ -53,10 +57,28 @@ def bucket_of(kernel: str) -> str:
     return next((name for name, pattern in BUCKETS if pattern.search(kernel)), "other")
 
 
+def is_annotation(event) -> bool:
+    """True where a `key_averages()` entry is a user annotation, not a kernel or an operator.
+
+    On GPU, torch (2.11-2.13, kineto) lists each `record_function` range that encloses kernels
+    as a device event of its own (a "gpu_user_annotation": the whole step, `nccl:all_reduce`
+    around its ncclDevKernel, `Optimizer.step#AdamW.step` around the fused AdamW kernels), so
+    counting it counts its kernels twice. `event` is a FunctionEvent / FunctionEventAvg or a
+    name: its `is_user_annotation` where torch sets it, else (older torch, a name from a
+    written JSON) the names in ANNOTATION. Kernel names (ncclDevKernel_*, multi_tensor_apply
+    ..., cutlass::...) never match."""
+    if not isinstance(event, str):
+        if getattr(event, "is_user_annotation", None):
+            return True
+        event = event.key
+    return bool(ANNOTATION.match(event))
+
+
 def summarise(events, active: int, device: bool = True) -> dict:
     """Per-step kernel seconds by bucket, and the 15 longest kernels, from `key_averages()`.
 
-    `device=False` (a CPU run) buckets the operators' own CPU time instead.
+    `device=False` (a CPU run) buckets the operators' own CPU time instead. User annotations
+    (`is_annotation`: the profiler step, nccl: and optimizer-step ranges) are not counted.
     """
     from torch.autograd import DeviceType
 
@@ -65,6 +87,8 @@ def summarise(events, active: int, device: bool = True) -> dict:
     for e in events:
         if device and e.device_type == DeviceType.CPU:
             continue  # an operator: its kernels are listed as events of their own
+        if is_annotation(e):
+            continue  # a range around kernels that are listed themselves
         t = e.self_device_time_total if device else e.self_cpu_time_total
         if t <= 0:
             continue

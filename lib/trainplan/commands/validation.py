@@ -104,13 +104,22 @@ def _pct(value) -> str:
 
 
 def format_compare(out: dict) -> str:
-    st, mem = out["step_time_error"], out["memory_error"]
-    lines = [f"{out['configs']} configs compared (predictions recorded before the "
-             f"measurements); |error| median / max: step time "
-             f"{_pct(st['median'])[1:]} / {_pct(st['max'])[1:]}, peak reserved memory "
-             f"{_pct(mem['median'])[1:]} / {_pct(mem['max'])[1:]}",
-             f"{'config':<22}{'n':>3}{'pred s':>8}{'meas s':>8}{'95% interval':>18}{'err':>8}"
-             f"{'pred GiB':>9}{'meas GiB':>9}{'err':>8}"]
+    def errors(fig):
+        st, mem = fig["step_time_error"], fig["memory_error"]
+        return (f"|error| median / max: step time {_pct(st['median'])[1:]} / "
+                f"{_pct(st['max'])[1:]}, peak reserved memory {_pct(mem['median'])[1:]} / "
+                f"{_pct(mem['max'])[1:]}")
+
+    head = out.get("headline_host")
+    where = f" on {head}, the largest host measured (the headline; " if head else " ("
+    lines = [f"{out['configs']} configs compared{where}predictions recorded before the "
+             f"measurements); {errors(out)}"]
+    hosts, pooled = out.get("hosts") or {}, out.get("all_hosts")
+    if pooled and len(hosts) > 1:
+        lines.append(f"all {len(hosts)} hosts pooled: {pooled['configs']} configs; "
+                     f"{errors(pooled)}")
+    lines.append(f"{'config':<22}{'n':>3}{'pred s':>8}{'meas s':>8}{'95% interval':>18}"
+                 f"{'err':>8}{'pred GiB':>9}{'meas GiB':>9}{'err':>8}")
     for r in out["rows"]:
         ci = r["measured_step_time_ci"]
         pred = "-" if r["predicted_step_time_s"] is None else f"{r['predicted_step_time_s']:.3f}"
@@ -126,7 +135,7 @@ def format_compare(out: dict) -> str:
         lines.append(f"refused: {r['prediction']} for {r['config']} ({r['reason']})")
     if "repredicted" in out:
         rp = out["repredicted"]
-        lines.append(f"re-predicted now (not in the headline): datasheet "
+        lines.append(f"re-predicted now on the headline host (not in the headline): datasheet "
                      f"{_pct(rp['datasheet']['step_time_error']['median'])[1:]} median, "
                      f"calibrated [{rp['calibration']}] "
                      f"{_pct(rp['calibrated']['step_time_error']['median'])[1:]} median")

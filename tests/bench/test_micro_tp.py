@@ -1,0 +1,62 @@
+"""The TP block microbenchmark: its flags, and a real 4-rank gloo run feeding a calibration."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainplan import calibrate_tp, records
+from trainplan.bench import micro, micro_tp
+from trainplan.errors import SpecError
+from trainplan.specs import load_gpu, load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 4\nffn: 128\nvocab: 256\n"
+
+
+def test_tp_modes_and_what_a_world_can_lay_out():
+    assert micro_tp.tp_modes("tp2, tp4,tp2-z3") == [(2, 0), (4, 0), (2, 3)]
+    assert micro_tp.runnable([(2, 0), (4, 0), (2, 3), (8, 0)], 4) == [(2, 0), (4, 0), (2, 3)]
+    assert micro_tp.runnable([(2, 0), (4, 0), (2, 3)], 2) == [(2, 0)]  # FSDP needs dp >= 2
+    for bad in ("tp1", "tp", "2", "tp2-z1", "tp2-z3-x", " , "):
+        with pytest.raises(SpecError, match="--tp-modes"):
+            micro_tp.tp_modes(bad)
+
+
+def test_bad_tp_modes_give_one_line_and_exit_2(tmp_path, capsys):
+    out = tmp_path / "micro.jsonl"
+    assert micro.main(["--out", str(out), "--benches", "tp", "--tp-modes", "tp2,z3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'z3'" in err[0] and not out.exists()
+
+
+@pytest.mark.slow
+def test_four_rank_tp_blocks_record_and_calibrate(tmp_path):
+    """Real torchrun, 4 gloo ranks: TP 2 (two groups side by side), TP 4, TP 2 x FSDP2."""
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY)
+    out = tmp_path / "micro.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+           "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
+           "--benches", "tp", "--tp-modes", "tp2,tp4,tp2-z3,tp8", "--tokens", "128",
+           "--seq-len", "64", "--warmup", "1", "--iters", "2", "--repeats", "6"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = [r for r in records.load(out) if r["bench"] == "block"]
+    assert [(r["config"]["wrapper"], r["config"]["tp"], r["config"]["dp"], r["config"]["zero"])
+            for r in got] == [("tp", 2, 2, 0), ("tp", 4, 1, 0), ("tp+fsdp2", 2, 2, 3)]  # no tp8
+    for r in got:
+        c = r["config"]
+        assert r["gpus"] == c["world"] == 4 and c["sequence_parallel"] and c["compile"]
+        assert c["precision"] == "pure"  # float32 on CPU: no autocast
+        assert c["micro_batch"] == 2 and c["tokens"] == 128 and r["results"]["time_s"] > 0
+        assert len(r["results"]["times_s"]) == 6
+    cpu = dataclasses.replace(load_gpu("h100-sxm", calibrated=False), bf16_tflops=0.5,
+                              hbm_tbps=0.2)
+    scales = calibrate_tp.tp_scales(got, cpu, lambda r: load_model(str(model)))
+    assert [row[:2] for row in scales["tp_block_scales"]] == [[2, 0], [2, 1], [4, 0]]
+    assert all(row[2] >= calibrate_tp.MIN_TP_SCALE for row in scales["tp_block_scales"])
