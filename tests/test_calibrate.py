@@ -85,11 +85,12 @@ def test_committed_calibration_matches_its_records():
 
 
 def test_load_gpu_uses_calibration_where_present(monkeypatch):
-    h200, h100 = load_gpu("h200-sxm"), load_gpu("h100-sxm")
+    h200, a100 = load_gpu("h200-sxm"), load_gpu("a100-80gb")  # a100: no calibration file
     assert h200.calibration.startswith("h200-sxm (85 microbenchmark records")
     assert h200.matmul_efficiency == calibrate.load("h200-sxm")["matmul_efficiency"]
     assert {op for op, *_ in h200.collectives} == set(calibrate.COLLECTIVES)
-    assert h100.calibration == "datasheet" and h100.collectives == ()
+    assert a100.calibration == "datasheet" and a100.collectives == ()
+    assert load_gpu("h100-sxm").calibration.startswith("h100-sxm (66 microbenchmark records")
     assert load_gpu("h200-sxm", calibrated=False).calibration == "datasheet"
     monkeypatch.setenv(calibrate.OFF_ENV, "off")
     assert load_gpu("h200-sxm").calibration == "datasheet"
@@ -148,5 +149,5 @@ def test_plan_says_which_constants(capsys):
     args = ["plan", "--model", "llama-1.3b", "--gpus", "2", "--top", "1", "--json", "--gpu"]
     assert main([*args, "h200-sxm"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration"].startswith("h200-sxm (85 ")
-    assert main([*args, "h100-sxm"]) == 0
+    assert main([*args, "a100-80gb"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration"] == "datasheet"
