@@ -5,7 +5,12 @@ TP with sequence parallel, alone or with FSDP2 on the other mesh dimension):
 
     s = (t_block - t_tp - t_copy - t_fsdp) / t_compute
 
-t_block: the measured fwd + bwd of the block on one rank (the slowest).
+t_block: the measured fwd + bwd of one block on one rank (the slowest):
+`results["time_s"]`, which in records that time two nets (config `blocks: [1, 2]`)
+is the per-block difference two_blocks_s - one_block_s, so the once-per-call
+work of the net as FSDP2's and DTensor's root (`results["root_s"]`, paid once
+per step in the real model) is left out; where that difference was not positive
+(`per_block_from`) and in older records, the one-block time.
 t_compute: `compute.microbatch_compute_time` of one layer at the record's shard
 (tp), tokens and precision (fp32 weights under autocast for TP alone, bf16
 weights under FSDP2), head excluded: the GEMMs, attention and element-wise work.
@@ -16,7 +21,7 @@ for a block FSDP2 wraps, its copies (`compute.dp_copy_time`) and its gathers and
 reduce-scatter (`comms.dp_microbatch_time`) in full: alone, nothing hides them.
 
 So s x t_compute + t_tp + ... reproduces the block's time, and the planner
-(`compute.tp_block_scale`) prices every TP block of that degree at s x its
+(`overheads.tp_block_scale`) prices every TP block of that degree at s x its
 compute. What s holds is what no term prices: DTensor's and FSDP2's hooks on
 the host, the waits between collectives and their consumers, and a block that
 is host-bound (the host issuing its kernels more slowly than the GPU runs

@@ -34,6 +34,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -59,6 +60,29 @@ class _BlockNet(_OneBlock):
         return self.layers["0"](x, cos, sin)
 
 
+def _kept_and_peak(net, x, grad, cos, sin, amp, dev: torch.device, *,
+                   zero_grad: bool = True) -> tuple[int, int]:
+    """Bytes one forward of `net` (under `amp()`) keeps for backward, and the fwd + bwd peak
+    above the start (both 0 on CPU). `zero_grad` first frees the gradients (a step's first
+    micro-batch); without it those the warm-up left stay allocated and count in neither."""
+    cuda = dev.type == "cuda"
+    _sync(dev)
+    if zero_grad:
+        net.zero_grad(set_to_none=True)
+    before = torch.cuda.memory_allocated(dev) if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    with amp():
+        out = net(x, cos, sin)
+    _sync(dev)
+    kept = (torch.cuda.memory_allocated(dev) if cuda else 0) - before
+    out.backward(grad)
+    del out
+    _sync(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - before if cuda else 0
+    return kept, peak
+
+
 def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: bool,
                     compile: bool = True, precision: str = "autocast-fp32",
                     dtype: str = "bfloat16", warmup: int = 3, iters: int = 5, repeats: int = 6,
@@ -82,7 +106,6 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
     cos, sin = rope_tables(seq, spec.head_dim, dev)
     x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=dt, requires_grad=True)
     grad = torch.randn_like(x)
-    cuda = dev.type == "cuda"
 
     def step():
         with amp():
@@ -91,18 +114,7 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
 
     with torch._dynamo.config.patch(optimize_ddp=optimize_ddp):  # read when the frame compiles
         times = _time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
-        _sync(dev)
-        before = torch.cuda.memory_allocated(dev) if cuda else 0
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(dev)
-        with amp():
-            out = ddp(x, cos, sin)
-        _sync(dev)
-        kept = (torch.cuda.memory_allocated(dev) if cuda else 0) - before
-        out.backward(grad)
-        del out
-        _sync(dev)
-        peak = torch.cuda.max_memory_allocated(dev) - before if cuda else 0
+        kept, peak = _kept_and_peak(ddp, x, grad, cos, sin, amp, dev, zero_grad=False)
     grad_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
     flat = torch.zeros(grad_bytes // 4, device=dev, dtype=torch.float32)  # DDP reduces in fp32
     reduce_times = _time_blocks(lambda: dist.all_reduce(flat), dev, warmup, iters, repeats,
@@ -158,7 +170,6 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
     x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=compute_dt,
                     requires_grad=True)
     grad = torch.randn_like(x)
-    cuda = dev.type == "cuda"
 
     def timed(net, *tables):
         def step():
@@ -183,18 +194,8 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
     reshard = zero == 3  # ZeRO-3 frees the gathered weights after forward, ZeRO-2 keeps them
     apply_fsdp(net, init_device_mesh(dev.type, (n,)), reshard=reshard, mixed_precision=mixed)
     times = timed(net, cos, sin)
-    _sync(dev)
-    net.zero_grad(set_to_none=True)
-    before = torch.cuda.memory_allocated(dev) if cuda else 0
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(dev)
-    out = net(x, cos, sin)
-    _sync(dev)
-    kept = (torch.cuda.memory_allocated(dev) if cuda else 0) - before  # ZeRO-2: + bf16 weights
-    out.backward(grad)
-    del out
-    _sync(dev)
-    peak = torch.cuda.max_memory_allocated(dev) - before if cuda else 0
+    # kept: with ZeRO-2 also the gathered bf16 weights, held until backward
+    kept, peak = _kept_and_peak(net, x, grad, cos, sin, contextlib.nullcontext, dev)
     shard = -(-params // n)  # one flat buffer per group, as FSDP2 gathers and reduces
     part, full = (torch.zeros(k * shard, device=dev, dtype=compute_dt) for k in (1, n))
     r_part, r_full = (torch.zeros(k * shard, device=dev, dtype=reduce_dt) for k in (1, n))
