@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trainplan import calibrate_pieces, calibrate_tp, compute
+from trainplan import calibrate_pieces, calibrate_tp, overheads
 from trainplan.layouts import Layouts
 from trainplan.perf import evaluate
 from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
@@ -50,11 +50,12 @@ def test_tp_scale_is_the_block_less_what_the_planner_prices_over_its_compute():
 
 def test_tp_block_scale_interpolates_and_holds_beyond_the_largest_degree():
     gpu = dataclasses.replace(_gpu(), tp_block_scales=((2, 0, 1.2), (4, 0, 1.6), (2, 1, 1.5)))
-    got = compute.tp_block_scale(gpu, [1, 2, 4, 8, 2, 4, 8], [0, 0, 0, 0, 1, 1, 1])
+    got = overheads.tp_block_scale(gpu, [1, 2, 4, 8, 2, 4, 8], [0, 0, 0, 0, 1, 1, 1])
     assert got.tolist() == pytest.approx([1.0, 1.2, 1.6, 1.6, 1.5, 1.5, 1.5])
     only_plain = dataclasses.replace(gpu, tp_block_scales=((4, 0, 1.6),))
-    assert compute.tp_block_scale(only_plain, [2, 4], [1, 1]).tolist() == pytest.approx([1.3, 1.6])
-    assert compute.tp_block_scale(_gpu(), [2, 8], [0, 1]).tolist() == [1.0, 1.0]
+    got = overheads.tp_block_scale(only_plain, [2, 4], [1, 1])
+    assert got.tolist() == pytest.approx([1.3, 1.6])
+    assert overheads.tp_block_scale(_gpu(), [2, 8], [0, 1]).tolist() == [1.0, 1.0]
 
 
 def test_the_planner_slows_tp_layouts_by_their_scale_and_no_other():

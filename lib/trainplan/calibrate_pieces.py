@@ -72,7 +72,7 @@ import statistics
 
 import numpy as np
 
-from trainplan import calibrate_tp, compute, memory
+from trainplan import calibrate_host, calibrate_tp, compute, memory
 from trainplan.layouts import RECOMPUTE
 from trainplan.specs import GPUSpec, ModelSpec
 
@@ -170,6 +170,9 @@ def _median(values) -> float:
 
 def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     """Scales from the piece records in `by_bench` (bench -> records); and held-out checks."""
+    every = by_bench.get("block", [])  # host-bench blocks (tiny): only calibrate_host reads them
+    host = [r for r in every if calibrate_host.is_host(r)]
+    by_bench = {**by_bench, "block": [r for r in every if not calibrate_host.is_host(r)]}
     out: dict = {}
     if by_bench.get("hbm"):
         tbps = _median(r["results"]["tbps"] for r in by_bench["hbm"])
@@ -200,6 +203,7 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     out.update(_ddp_scales(every, gpu))
     out.update(_fsdp_scales(every, gpu))
     out.update(calibrate_tp.tp_scales(every, gpu, _spec))
+    out.update(calibrate_host.host_scales(host))
     if by_bench.get("optimizer"):
         per_param = 32.0 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
         out["optimizer_scale"] = round(_median(

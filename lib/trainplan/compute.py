@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainplan import params
+from trainplan import overheads, params
 from trainplan.specs import GPUSpec, ModelSpec
 
 # recompute codes used by vectorised layouts
@@ -242,34 +242,13 @@ def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch,
     elem = elementwise_scale(gpu, compiled, autocast) * (
         1.0 + recompute_elementwise_factor(recompute)) * layers * \
         elementwise_bytes_per_token_per_layer(m, tp, sequence_parallel)
-    wrapper = np.where(np.asarray(tp) > 1, tp_block_scale(gpu, tp, fsdp),
+    wrapper = np.where(np.asarray(tp) > 1, overheads.tp_block_scale(gpu, tp, fsdp),
                        np.where(ddp, gpu.ddp_block_scale, np.where(fsdp, gpu.fsdp_block_scale,
                                                                    1.0)))
     blocks = wrapper * (mm / mm_rate + attn / attn_rate + elem / mem_rate)
     head = head_time_per_token(m, gpu, tokens=tokens, tp=tp, compiled=compiled) \
         if last_stage else 0.0
     return tokens * (blocks + head)
-
-
-def tp_block_scale(gpu: GPUSpec, tp, fsdp):
-    """The measured TP block scale (`trainplan.calibrate_tp`) at degree `tp`, FSDP2 or not.
-
-    Interpolated in log2(tp) between the measured degrees, from 1 at tp = 1, and held at
-    the largest measured degree beyond it; a wrapper with no record of its own takes the
-    other's. 1 where nothing is measured (the analytic terms alone).
-    """
-    tp = np.asarray(tp, dtype=float)
-    fsdp = np.asarray(fsdp, dtype=bool)
-    out = np.ones(np.broadcast(tp, fsdp).shape)
-    rows = [(float(t), bool(f), float(s)) for t, f, s in gpu.tp_block_scales]
-    for flag in (False, True):
-        pts = sorted((t, s) for t, f, s in rows if f == flag) \
-            or sorted((t, s) for t, f, s in rows if f != flag)
-        if pts:
-            x = np.log2([1.0] + [t for t, _ in pts])
-            y = [1.0] + [s for _, s in pts]
-            out = np.where(fsdp == flag, np.interp(np.log2(np.maximum(tp, 1.0)), x, y), out)
-    return out
 
 
 def tp_layout_copy_time(gpu: GPUSpec, *, act_elems, stream_bytes, tp, layers, recompute_full,

@@ -8,7 +8,12 @@
     tensor-parallel = block collectives + embedding/norm/logits collectives
                       + DTensor's layout copies around sequence-parallel collectives
 
-with m = grad_accum micro-batches per step. The pipeline bubble of 1F1B is
+with m = grad_accum micro-batches per step; t_mb is at least the host's time to issue
+the micro-batch, layers x `GPUSpec.host_block_s` of the layout's block wrapper
+(`overheads.host_time_per_microbatch`, `trainplan.calibrate_host`): the harness syncs
+once a step, so within a step host and GPU overlap and the slower sets the pace
+(host-bound vs device-bound, as a roofline); the wait shows as `host_wait_s`, a part
+of `compute_s`. The pipeline bubble of 1F1B is
 (p - 1) / v micro-batch slots (Narayanan et al. 2021, eq. for interleaved
 1F1B: bubble fraction (p - 1) / (v m + p - 1)).
 
@@ -36,7 +41,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from trainplan import comms, compute, memory, params
+from trainplan import comms, compute, memory, overheads, params
 from trainplan.layouts import Layouts, labels, strategy_family, strategy_label
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
 
@@ -125,7 +130,11 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     first_last = np.maximum(params.layer_params_per_rank(m, tp, ep), ends) / stage_params
     dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb * np.minimum(first_last, 1.0), leak) \
         + copy_mb
-    t_mb = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
+    t_dev = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
+    # the host's issue time sets a floor (a roofline's second roof; calibrate_host)
+    host_mb = overheads.host_time_per_microbatch(gpu, layers, tp, ~autocast)
+    t_mb = np.maximum(t_dev, host_mb)
+    host_wait = ga * (t_mb - t_dev)  # 0 where device-bound or nothing measured
 
     # once per step
     bubble = np.where(pp > 1, (pp - 1) / v * t_mb, 0.0)
@@ -139,7 +148,9 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     held = stage_params / memory.shard_degree(L.zero, L.dp_shard, cp, 1)
     optimizer = compute.optimizer_step_time(gpu, held)
 
-    compute_s = ga * compute_mb
+    # plan's time_breakdown_s (plan.TIME_KEYS) and its readers (compare, trace_split,
+    # figures) know four terms: the host wait is folded into compute, host_wait_s a part of it
+    compute_s = ga * compute_mb + host_wait
     exposed = ga * (tp_mb + ep_mb + cp_mb + dp_mb_exposed) + pp_sends + dp_step
     step = compute_s + exposed + bubble + optimizer
 
@@ -155,6 +166,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         df[f"{name}_gib"] = np.broadcast_to(mem[name], len(L)) / GiB
     df["fits"] = memory.fits(mem["total"], gpu.memory_gib)
     df["compute_s"] = compute_s
+    df["host_wait_s"] = host_wait
     df["exposed_comm_s"] = exposed
     df["tp_comm_s"] = ga * tp_mb
     df["dp_comm_s"] = ga * dp_mb_exposed + dp_step

@@ -157,6 +157,7 @@ class GPUSpec:
     fsdp_block_scale: float = 1.0  # FSDP2-wrapped block, less copies and collectives / alone
     tp_block_scales: tuple = ()  # ((tp, with FSDP2 0|1, TP block less priced comm / compute),)
     matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
+    host_block_s: tuple = ()  # ((wrapper, host s per block), ...) (calibrate_host); () = no floor
 
     def __post_init__(self):
         _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
@@ -167,6 +168,9 @@ class GPUSpec:
                   non_negative=("fp8_tflops", "overlap_exposed", "autocast_elementwise_scale",
                                 "eager_autocast_elementwise_scale", "compiled_head_scale"))
         check_curve("GPUSpec.matmul_curve", self.matmul_curve)
+        for row in self.host_block_s:
+            if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
+                raise SpecError(f"GPUSpec.host_block_s row {row!r} is not (wrapper, seconds >= 0)")
         if self.overlap_exposed > 1:
             raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
         for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):

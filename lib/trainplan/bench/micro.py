@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from trainplan.bench.shapes import (
     COLLECTIVES,
     GiB,
-    KiB,
     attention_flops,
     bus_factor,
     gemm_shapes,  # noqa: F401  (re-exported: tests and notebooks use micro.gemm_shapes)
@@ -45,7 +44,8 @@ from trainplan.stats import median_ci
 
 MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
 BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap", "ddp", "fsdp",
-                                                         "tp")
+                                                         "tp", "host")
+HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -226,6 +226,9 @@ def _parser():
     p.add_argument("--tp-modes", default="tp2,tp4,tp2-z3",
                    help="bench tp: a block under tensor parallel, tpN, or tpN-z2|z3 with FSDP2 "
                    "on the other mesh dimension; those the ranks cannot lay out are skipped")
+    p.add_argument("--host-seq", type=int, default=HOST_SEQ,
+                   help="bench host: the tiny sequence (micro-batch 1) at which a block's time "
+                   "is the host's; the --tp-modes degrees must divide it")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
     p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
     p.add_argument("--matmul-tp", default=None,
@@ -291,12 +294,35 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
         tasks += [("fsdp", {**piece, "zero": z}) for z in fsdp]
     if world > 1 and "tp" in benches:
         tasks += [("tp", {**piece, "tp": t, "zero": z}) for t, z in micro_tp.runnable(tps, world)]
+    if "host" in benches:
+        tasks += _host_tasks(args, rank, world, micro_tp.runnable(tps, world))
     return tasks
+
+
+def _host_tasks(args, rank: int, world: int, tps: list) -> list[tuple[str, dict]]:
+    """The block benches at micro-batch 1 and --host-seq tokens, where a fwd + bwd is the
+    host's issue time (Python, wrapper hooks, launches; `trainplan.calibrate_host`): the
+    compiled block alone (rank 0), FSDP2 ZeRO-2 and the runnable TP modes (world > 1)."""
+    whole(host_seq=args.host_seq)
+    bad = [t for t, _ in tps if args.host_seq % t]  # none runnable on one rank
+    if bad:
+        raise SpecError(f"--host-seq {args.host_seq} is not valid: tp = {bad[0]} must divide it")
+    tiny = {"model": args.model, "micro_batch": 1, "seq": args.host_seq}
+    out = [("host", {**tiny, "of": "block", "compile": True, "recompute": "none",
+                     "precision": "pure"})] if rank == 0 else []
+    if world > 1:
+        out.append(("host", {**tiny, "of": "fsdp", "zero": 2}))
+        out += [("host", {**tiny, "of": "tp", "tp": t, "zero": z}) for t, z in tps]
+    return out
 
 
 def _run(kind: str, kw: dict, common: dict) -> dict:
     from trainplan.bench import micro_layouts, micro_model, micro_tp
 
+    if kind == "host":  # marked top-level, so that only calibrate_host reads these blocks
+        kw = dict(kw)
+        extra = {**(common.get("extra") or {}), "purpose": "host"}
+        return _run(kw.pop("of"), kw, {**common, "extra": extra})
     if kind == "tp":
         keep = {k: v for k, v in common.items() if k in ("run_id", "extra", "dtype")}
         return micro_tp.bench_tp_block(**kw, **keep)
@@ -313,34 +339,6 @@ def _run(kind: str, kw: dict, common: dict) -> dict:
     if kind == "attention":
         return bench_attention(**kw, **common)
     return bench_collective(kind, **kw, **common)
-
-
-def _summary(record: dict) -> tuple[str, str, str, str]:
-    c, r = record["config"], record["results"]
-    if record["bench"] == "matmul":
-        return "matmul", f"{c['name']} {c['m']}x{c['n']}x{c['k']}", \
-            f"{r['time_s'] * 1e3:.3f} ms", f"{r['tflops']:.1f} TFLOP/s"
-    if record["bench"] == "attention":
-        return "attention", f"b{c['batch']} a{c['heads']} s{c['seq']} d{c['head_dim']}", \
-            f"{r['time_s'] * 1e3:.3f} ms", f"{r['tflops']:.1f} TFLOP/s (causal)"
-    if record["bench"] in MODEL_BENCHES:
-        r = record["results"]
-        rate = {"hbm": lambda: f"{r['tbps']:.2f} TB/s",
-                "optimizer": lambda: f"{r['params_per_s'] / 1e9:.2f} Gparam/s",
-                "overlap": lambda: f"{r['exposed_fraction']:.2f} of all-reduce exposed"}.get(
-            record["bench"], lambda: f"{r['tokens_per_s'] / 1e3:.1f}k tok/s, "
-                                     f"{r.get('activation_bytes', 0) / 2**20:.0f} MiB kept")()
-        shape = " ".join(f"{k}={c[k]}" for k in ("micro_batch", "compile", "recompute",
-                                                  "precision", "wrapper", "tp", "zero",
-                                                  "optimize_ddp", "params",
-                                                  "size_bytes", "world") if k in c)
-        t = r.get("time_s")
-        return record["bench"], shape, f"{t * 1e3:.3f} ms" if t else "-", rate
-    size = next((f"{c['size_bytes'] / scale:g} {unit}" for unit, scale in
-                 (("GiB", GiB), ("MiB", 2**20), ("KiB", KiB)) if c["size_bytes"] >= scale),
-                f"{c['size_bytes']} B")
-    return record["bench"], f"{size} x {c['world']} ranks", \
-        f"{r['time_s'] * 1e6:.1f} us", f"{r['busbw_gbps']:.3g} GB/s busbw"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,20 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
     if rank == 0:
-        _print_table(records, args.out)
+        from trainplan.bench.micro_report import print_table
+
+        print_table(records, args.out)
     return 0
-
-
-def _print_table(records: list[dict], out: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"microbenchmarks -> {out}")
-    for column in ("bench", "shape", "time (median)", "rate"):
-        table.add_column(column)
-    for record in records:
-        table.add_row(*_summary(record))
-    Console().print(table)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""Measured layout overheads the analytic terms leave out: two cost terms read from the card's
+calibration, both neutral where nothing is measured.
+
+- `tp_block_scale`: a tensor-parallel block's time over its priced compute, measured on one
+  block laid out as the harness lays it out (`trainplan.calibrate_tp`).
+- `host_time_per_microbatch`: the host's time to issue a micro-batch's blocks, measured on
+  blocks too small to keep the GPU busy (`trainplan.calibrate_host`); `perf.evaluate`
+  prices a micro-batch at the larger of it and the device time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainplan.specs import GPUSpec
+
+
+def tp_block_scale(gpu: GPUSpec, tp, fsdp):
+    """The measured TP block scale (`trainplan.calibrate_tp`) at degree `tp`, FSDP2 or not.
+
+    Interpolated in log2(tp) between the measured degrees, from 1 at tp = 1, and held at
+    the largest measured degree beyond it; a wrapper with no record of its own takes the
+    other's. 1 where nothing is measured (the analytic terms alone).
+    """
+    tp = np.asarray(tp, dtype=float)
+    fsdp = np.asarray(fsdp, dtype=bool)
+    out = np.ones(np.broadcast(tp, fsdp).shape)
+    rows = [(float(t), bool(f), float(s)) for t, f, s in gpu.tp_block_scales]
+    for flag in (False, True):
+        pts = sorted((t, s) for t, f, s in rows if f == flag) \
+            or sorted((t, s) for t, f, s in rows if f != flag)
+        if pts:
+            x = np.log2([1.0] + [t for t, _ in pts])
+            y = [1.0] + [s for _, s in pts]
+            out = np.where(fsdp == flag, np.interp(np.log2(np.maximum(tp, 1.0)), x, y), out)
+    return out
+
+
+def host_time_per_microbatch(gpu: GPUSpec, layers, tp, fsdp):
+    """Seconds the host takes to issue one micro-batch's fwd + bwd of `layers` blocks:
+    layers x `host_block_s` of the layout's block wrapper (`trainplan.calibrate_host`).
+
+    Wrapper: "tpN+fsdp2" (tp > 1 with FSDP2), "tpN" (tp > 1), "fsdp2", else "plain" (one
+    GPU, DDP, PP alone). A TP degree not measured takes the nearest measured one's (in
+    log2 tp), a TP wrapper with no degree measured the other TP wrapper's, then the
+    non-TP one's; "fsdp2" unmeasured takes "plain" (both lower bounds). 0 where nothing
+    is measured: no host floor, the planner as before.
+    """
+    table = {str(w): float(t) for w, t in gpu.host_block_s}
+    tp, fsdp = np.asarray(tp, dtype=float), np.asarray(fsdp, dtype=bool)
+    shape = np.broadcast(np.asarray(layers), tp, fsdp).shape
+    plain = table.get("plain", 0.0)
+    per_block = np.where(fsdp, table.get("fsdp2", plain), plain) * np.ones(shape)
+    tp = np.broadcast_to(tp, shape)
+    for flag, mine, other in ((False, "", "+fsdp2"), (True, "+fsdp2", "")):
+        pts = {}
+        for suffix in (mine, other):
+            pts = pts or {float(w[2:len(w) - len(suffix)]): t for w, t in table.items()
+                          if w.startswith("tp") and w[2:len(w) - len(suffix)].isdigit()
+                          and w.endswith(suffix)}
+        if pts:
+            degs = np.array(sorted(pts))
+            near = np.abs(np.log2(np.maximum(tp, 1.0))[..., None] - np.log2(degs)).argmin(-1)
+            value = np.array([pts[d] for d in degs])[near]
+            per_block = np.where((tp > 1) & (fsdp == flag), value, per_block)
+    return np.asarray(layers, dtype=float) * per_block

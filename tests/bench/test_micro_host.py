@@ -1,0 +1,62 @@
+"""The host-time bench: its task list per rank and world, and a real 2-rank gloo run."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainplan import calibrate_host, records
+from trainplan.bench import micro
+from trainplan.errors import SpecError
+from trainplan.specs import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 4\nffn: 128\nvocab: 256\n"
+
+
+def _tasks(rank, world, *flags):
+    args = micro._parser().parse_args(["--out", "x", "--benches", "host", *flags])
+    return micro._tasks(args, load_model("llama-1.3b"), rank, world)
+
+
+def test_host_tasks_are_tiny_blocks_per_rank_and_world():
+    tiny = {"model": "llama-1.3b", "micro_batch": 1, "seq": micro.HOST_SEQ}
+    plain = ("host", {**tiny, "of": "block", "compile": True, "recompute": "none",
+                      "precision": "pure"})
+    assert _tasks(0, 1) == [plain]  # one rank: the plain block only
+    four = [("host", {**tiny, "of": "fsdp", "zero": 2}),
+            ("host", {**tiny, "of": "tp", "tp": 2, "zero": 0}),
+            ("host", {**tiny, "of": "tp", "tp": 4, "zero": 0}),
+            ("host", {**tiny, "of": "tp", "tp": 2, "zero": 3})]
+    assert _tasks(0, 4) == [plain] + four and _tasks(1, 4) == four
+    assert micro.HOST_SEQ % 4 == 0
+    assert [kw["seq"] for _, kw in _tasks(0, 2, "--host-seq", "32")] == [32, 32, 32]
+    with pytest.raises(SpecError, match="--host-seq 34"):
+        _tasks(0, 4, "--host-seq", "34")  # tp 4 does not divide it
+    with pytest.raises(SpecError, match="host_seq"):
+        _tasks(0, 1, "--host-seq", "0")
+
+
+@pytest.mark.slow
+def test_two_rank_host_bench_records_marked_blocks(tmp_path):
+    """Real torchrun, 2 gloo ranks: plain (rank 0), FSDP2 ZeRO-2 and TP 2 at seq 64."""
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY)
+    out = tmp_path / "micro.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
+           "--benches", "host", "--warmup", "1", "--iters", "2", "--repeats", "6"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = list(records.load(out))
+    assert all(r["bench"] == "block" and r["purpose"] == "host" for r in got)
+    assert [calibrate_host.wrapper_name(r["config"]) for r in got] == ["plain", "fsdp2", "tp2"]
+    for r in got:
+        c = r["config"]
+        assert c["micro_batch"] == 1 and c["seq"] == micro.HOST_SEQ and c["compile"]
+        assert r["results"]["time_s"] > 0 and len(r["results"]["times_s"]) == 6
+    table = calibrate_host.host_scales(got)["host_block_s"]
+    assert [w for w, _ in table] == ["fsdp2", "plain", "tp2"] and all(t > 0 for _, t in table)

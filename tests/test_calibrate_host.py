@@ -1,0 +1,131 @@
+"""Host time per block: its fit from made-up records, its isolation from the other scales, and
+the planner's host floor (max of device and host time per micro-batch)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from trainplan import calibrate_host, calibrate_pieces, overheads
+from trainplan.errors import SpecError
+from trainplan.layouts import Layouts
+from trainplan.perf import evaluate
+from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+
+M = load_model("llama-1.3b")  # 24 layers
+P_BLOCK = 12 * M.hidden**2  # about one block's parameters; only the copies' price reads it
+
+
+def _gpu(**kw):
+    return dataclasses.replace(load_gpu("h100-sxm", calibrated=False), **kw)
+
+
+def _rec(seconds, *, wrapper=None, tp=1, host=True, mb=2, seq=2048, **config):
+    r = {"config": {"model": M.name, "model_spec": dataclasses.asdict(M), "tokens": mb * seq,
+                    "seq": seq, "micro_batch": mb, "compile": True, "recompute": "none",
+                    "precision": "pure", "wrapper": wrapper, "tp": tp, **config},
+         "results": {"time_s": seconds, "activation_bytes": 0}}
+    if host:
+        r["purpose"] = "host"
+    return r
+
+
+def _fsdp(seconds, **kw):
+    r = _rec(seconds, wrapper="fsdp2", zero=2, world=2, params=P_BLOCK, **kw)
+    r["results"].update({"allgather_s": 0.001, "reduce_scatter_s": 0.001, "alone_s": 0.02})
+    return r
+
+
+def test_host_scales_are_the_median_per_wrapper_named_from_the_config():
+    recs = [_rec(0.001), _rec(0.003), _rec(0.002), _fsdp(0.006), _fsdp(0.008),
+            _rec(0.010, wrapper="tp", tp=2), _rec(0.020, wrapper="tp", tp=4),
+            _rec(0.012, wrapper="tp+fsdp2", tp=2, zero=3),
+            _rec(0.5, wrapper="ddp")]  # no host term for DDP: left out
+    got = calibrate_host.host_scales(recs)
+    assert got == {"host_block_s": [["fsdp2", 0.007], ["plain", 0.002], ["tp2", 0.01],
+                                    ["tp2+fsdp2", 0.012], ["tp4", 0.02]]}
+    assert calibrate_host.host_scales([]) == {}
+    assert calibrate_host.is_host(recs[0]) and not calibrate_host.is_host(_rec(1, host=False))
+
+
+def test_fit_keeps_host_records_away_from_every_other_scale():
+    gpu = _gpu()
+    t = calibrate_pieces.block_terms(M, gpu, tokens=4096, seq=2048, recompute="none")
+    plain = _rec(t["matmul"] + t["attention"] + 1.7 * t["elementwise"], host=False)
+    fsdp = _fsdp(0.03, host=False)
+    tiny = [_rec(0.004, mb=1, seq=64), _fsdp(0.009, mb=1, seq=64),
+            _rec(0.011, wrapper="tp", tp=2, mb=1, seq=64)]
+    alone, checks = calibrate_pieces.fit({"block": [plain, fsdp]}, gpu)
+    both, checks2 = calibrate_pieces.fit({"block": [plain, fsdp] + tiny}, gpu)
+    assert both.pop("host_block_s") == [["fsdp2", 0.009], ["plain", 0.004], ["tp2", 0.011]]
+    assert both == alone and checks2 == checks
+    assert alone["elementwise_scale"] == pytest.approx(1.7, rel=1e-3)
+    # the same tiny records read as ordinary blocks would move the scales: the filter matters
+    for r in tiny:
+        del r["purpose"]
+    leaked, _ = calibrate_pieces.fit({"block": [plain, fsdp] + tiny}, gpu)
+    assert leaked["elementwise_scale"] != alone["elementwise_scale"]
+    assert leaked["fsdp_block_scale"] != alone["fsdp_block_scale"]
+
+
+def test_apply_passes_the_table_on_and_the_spec_refuses_bad_rows():
+    gpu = calibrate_pieces.apply(_gpu(), {"host_block_s": [["fsdp2", 0.006], ["plain", 0.001]]})
+    assert gpu.host_block_s == (("fsdp2", 0.006), ("plain", 0.001))
+    for bad in ((("fsdp2",),), ((2, 0.1),), (("plain", -1.0),)):
+        with pytest.raises(SpecError, match="host_block_s"):
+            _gpu(host_block_s=bad)
+
+
+def test_host_time_picks_the_wrapper_and_the_nearest_tp_degree():
+    gpu = _gpu(host_block_s=(("plain", 0.001), ("fsdp2", 0.006), ("tp2", 0.01), ("tp4", 0.02),
+                             ("tp2+fsdp2", 0.03)))
+    tp = np.array([1, 1, 2, 4, 8, 2, 8])
+    fsdp = np.array([0, 1, 0, 0, 0, 1, 1], dtype=bool)
+    got = overheads.host_time_per_microbatch(gpu, 10.0, tp, fsdp)
+    assert got.tolist() == pytest.approx([0.01, 0.06, 0.1, 0.2, 0.2, 0.3, 0.3])
+    only_tp4 = _gpu(host_block_s=(("tp4", 0.02),))  # the other TP wrapper's, no plain floor
+    assert overheads.host_time_per_microbatch(only_tp4, 10.0, tp, fsdp).tolist() == \
+        pytest.approx([0, 0, 0.2, 0.2, 0.2, 0.2, 0.2])
+    assert not overheads.host_time_per_microbatch(_gpu(), 10.0, tp, fsdp).any()
+
+
+def _eval(gpu, *cfgs):
+    return evaluate(M, gpu, load_cluster("dgx-h100"), Layouts.from_configs(list(cfgs)), 2048)
+
+
+def test_a_host_bound_micro_batch_takes_the_host_time_and_a_device_bound_one_does_not():
+    small = ParallelConfig(dp=2, zero=2, micro_batch=1, grad_accum=2)
+    big = ParallelConfig(dp=2, zero=2, micro_batch=16)
+    before = _eval(_gpu(), small, big)
+    after = _eval(_gpu(host_block_s=(("fsdp2", 0.006),)), small, big)
+    b, a = before.iloc[0], after.iloc[0]
+    floor = 24 * 0.006
+    assert b["step_time_s"] < 2 * floor  # device-bound, the planner would say 2 x < 0.144 s
+    assert a["step_time_s"] >= 2 * floor + a["optimizer_s"]
+    assert a["host_wait_s"] > 0
+    assert a["step_time_s"] - b["step_time_s"] == pytest.approx(a["host_wait_s"])
+    assert a["compute_s"] - b["compute_s"] == pytest.approx(a["host_wait_s"])
+    assert a["step_time_s"] == pytest.approx(sum(a[k] for k in ("compute_s", "exposed_comm_s",
+                                                                "bubble_s", "optimizer_s")))
+    assert a["tokens_per_s"] < b["tokens_per_s"]
+    assert before.iloc[1]["compute_s"] > floor  # the mb 16 layout's GPU time exceeds it
+    pd_equal(after.iloc[[1]], before.iloc[[1]])
+
+
+def pd_equal(x, y):
+    assert list(x.columns) == list(y.columns)
+    for c in x.columns:
+        assert (x[c].astype(object).to_numpy() == y[c].astype(object).to_numpy()).all(), c
+
+
+def test_no_host_records_leave_the_planner_unchanged_bit_for_bit():
+    cfgs = [ParallelConfig(dp=2, zero=2, micro_batch=1), ParallelConfig(dp=4, micro_batch=2),
+            ParallelConfig(tp=2, dp=2, zero=3, micro_batch=1),
+            ParallelConfig(tp=4, micro_batch=1), ParallelConfig(pp=2, dp=2, micro_batch=1,
+                                                                grad_accum=4)]
+    plain = _eval(_gpu(), *cfgs)
+    assert (plain["host_wait_s"] == 0).all()
+    zeros = _gpu(host_block_s=(("plain", 0.0), ("fsdp2", 0.0), ("tp2", 0.0), ("tp2+fsdp2", 0.0)))
+    pd_equal(_eval(zeros, *cfgs), plain)
+    floor = _eval(_gpu(host_block_s=(("plain", 0.01), ("fsdp2", 0.01), ("tp2", 0.01))), *cfgs)
+    assert (floor["host_wait_s"] > 0).all()  # the same layouts do feel a floor when measured
