@@ -296,3 +296,22 @@ def test_committed_profiles_read_corrected():
         assert not any(profile.is_annotation(k["kernel"]) for k in prof["top_kernels"])
     rows = [row()]
     assert all(pp["card"] == "NVIDIA H200" for pp in trace_split.pair_committed(rows))
+
+
+def test_the_profiled_wall_is_the_median_of_the_active_steps(tmp_path):
+    """The last active step also runs the profiler's stop: a mean would count it."""
+    prof = make_profile(step_s=0.4, step_times_s_profiled=[0.20, 0.21, 0.80])
+    got = trace_split.load(write(tmp_path, prof))
+    assert got["step_time_s"] == 0.21
+    assert trace_split.measured_split(got).step_s == 0.21
+    assert trace_split.load(write(tmp_path, make_profile(step_s=0.4)))["step_time_s"] == 0.4
+    for bad in ([], "fast", [0.2, -1.0], [0.2, None]):
+        with pytest.raises(RecordError, match="step_times_s_profiled"):
+            trace_split.load(write(tmp_path, make_profile(step_times_s_profiled=bad)))
+
+
+def test_committed_profiles_keep_their_profiled_steps():
+    for path in trace_split.committed():
+        prof = trace_split.load(path)
+        steps = prof.get("step_times_s_profiled")
+        assert steps is None or prof["step_time_s"] == sorted(steps)[len(steps) // 2]

@@ -25,13 +25,37 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainplan.bench.profile import is_annotation
 from trainplan.compare import EXTRA_KEYS, LAYOUT_KEYS
 from trainplan.errors import RecordError
 from trainplan.specs import DATA_DIR
+
+# profiler labels that key_averages() lists beside the kernels (`is_annotation`'s fallback):
+# the step (ProfilerStep#3, or ProfilerStep* averaged), the c10d ranges (nccl:all_reduce), FSDP's
+# ranges (FSDP::all_gather) and the optimizer hooks' Class.method labels (Optimizer.step#AdamW.step)
+ANNOTATION = re.compile(r"^(ProfilerStep[#*]|nccl:|FSDP::|[\w.]+#[\w.]+$)")
+
+
+def is_annotation(event) -> bool:
+    """True where a `key_averages()` entry is a user annotation, not a kernel or an operator.
+
+    On GPU, torch (2.11-2.13, kineto) lists each `record_function` range that encloses kernels
+    as a device event of its own (a "gpu_user_annotation": the whole step, `nccl:all_reduce`
+    around its ncclDevKernel, `Optimizer.step#AdamW.step` around the fused AdamW kernels), so
+    counting it counts its kernels twice. `event` is a FunctionEvent / FunctionEventAvg or a
+    name: its `is_user_annotation` where torch sets it, else (older torch, a name from a
+    written JSON) the names in ANNOTATION. Kernel names (ncclDevKernel_*, multi_tensor_apply
+    ..., cutlass::...) never match."""
+    if not isinstance(event, str):
+        if getattr(event, "is_user_annotation", None):
+            return True
+        event = event.key
+    return bool(ANNOTATION.match(event))
+
 
 PROFILE_DIR = DATA_DIR / "measurements" / "profiles"
 BUCKETS = ("attention", "collectives", "optimizer", "matmul", "elementwise_fused", "copies",
@@ -164,6 +188,15 @@ def load(path) -> dict:
     _check_kernels(path, prof["top_kernels"])
     if prof.get("busy_union_s") is not None:
         _seconds(path, "busy_union_s", prof["busy_union_s"])
+    profiled = prof.get("step_times_s_profiled")
+    if profiled is not None:
+        if not isinstance(profiled, list) or not profiled:
+            raise _bad(path, "step_times_s_profiled", profiled, "is not a non-empty list")
+        for t in profiled:
+            _seconds(path, "step_times_s_profiled", t, positive=True)
+        # the wall is their median: the last profiled step also runs the profiler's stop and
+        # trace collection (profiles written before bench/profile.py said so took the mean)
+        prof = {**prof, "step_time_s": statistics.median(profiled)}
     return {**drop_annotations(prof), "_where": str(path)}
 
 
