@@ -5,8 +5,9 @@ collectives: DTensor's hooks around the block's input and output, the waits
 between its collectives and their consumers, and (with FSDP2 on the other mesh
 dimension) FSDP2's hooks over DTensor parameters. At small shards the host
 work that issues all this can outlast the GPU work, and the block becomes
-host-bound. Profiles of the 1.3B proxy on 4 x H100 showed the GPU idle for
-half of a TP 4 step (data/measurements/profiles/). No analytic term prices
+host-bound. Profiles of the 1.3B proxy on 4 x H100 showed compute kernels
+filling under half of a TP 4 step, collective kernels (much of them waiting on
+other ranks) the rest (data/measurements/profiles/). No analytic term prices
 that, so it is measured here, on the block alone, and
 `trainplan.calibrate_tp` turns it into `tp_block_scales`.
 
