@@ -150,9 +150,11 @@ def test_leave_one_out_is_reported_apart(committed):
 def test_throughput_band_spans_the_errors(committed):
     band = compare.throughput_band(committed)
     assert band["n"] == committed["all_hosts"]["configs"]  # every host's configs, pooled
-    factors = [1 + r["step_time_error"] for r in committed["rows"]]
+    current = [r for r in committed["rows"] if "superseded_by" not in r]
+    factors = [1 + r["step_time_error"] for r in current]
     assert (band["low"], band["high"]) == (min(factors), max(factors))
     assert band["low"] <= band["median"] <= band["high"]
+    assert f"on up to {max(r['gpus'] for r in current)} GPUs of " in band["basis"]
 
 
 def test_one_config_on_two_kinds_of_host_is_two_rows_largest_host_first(tmp_path):

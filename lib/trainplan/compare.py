@@ -368,16 +368,21 @@ def one_knob_pairs(rows: list[dict]) -> list[dict]:
 
 def throughput_band(out: dict) -> dict:
     """Measured / predicted tokens per second over the configs of every host, pooled (not the
-    headline host alone): low, median, high.
+    headline host alone; a series superseded by a later one of its config left out, as in
+    the headline): low, median, high.
 
     Tokens per step are fixed, so measured / predicted throughput = predicted /
     measured step time = 1 + step-time error. A predicted rate times these
     factors is the range the proxy's errors imply (issue 4, item 5); it is
     carried over from the proxy's scale, not measured at the target's.
     """
-    f = sorted(1.0 + r["step_time_error"] for r in out["rows"]
-               if r["step_time_error"] is not None)
+    rows = [r for r in out["rows"]
+            if r["step_time_error"] is not None and "superseded_by" not in r]
+    f = sorted(1.0 + r["step_time_error"] for r in rows)
     if not f:
         return {"low": None, "median": None, "high": None, "n": 0}
+    cards = sorted({r["card"] for r in rows})
     return {"low": f[0], "median": statistics.median(f), "high": f[-1], "n": len(f),
-            "basis": f"{len(f)} proxy configs, predictions recorded before the measurements"}
+            "basis": f"{len(f)} configs of the {rows[0]['model']} proxy on up to "
+                     f"{max(r['gpus'] for r in rows)} GPUs of {' and '.join(cards)}, "
+                     "predictions recorded before the measurements"}
