@@ -26,7 +26,7 @@ def test_host_tasks_are_tiny_blocks_per_rank_and_world():
     plain = ("host", {**tiny, "of": "block", "compile": True, "recompute": "none",
                       "precision": "pure"})
     assert _tasks(0, 1) == [plain]  # one rank: the plain block only
-    four = [("host", {**tiny, "of": "fsdp", "zero": 2}),
+    four = [("host", {**tiny, "of": "fsdp", "zero": 2, "two_blocks": True}),
             ("host", {**tiny, "of": "tp", "tp": 2, "zero": 0}),
             ("host", {**tiny, "of": "tp", "tp": 4, "zero": 0}),
             ("host", {**tiny, "of": "tp", "tp": 2, "zero": 3})]
@@ -58,5 +58,9 @@ def test_two_rank_host_bench_records_marked_blocks(tmp_path):
         c = r["config"]
         assert c["micro_batch"] == 1 and c["seq"] == micro.HOST_SEQ and c["compile"]
         assert r["results"]["time_s"] > 0 and len(r["results"]["times_s"]) == 6
+        if c.get("wrapper"):  # FSDP2 and TP: two blocks under one root, less one
+            assert c["blocks"] == [1, 2] and "per_block_from" in r["results"]
+            assert r["results"]["root_s"] == pytest.approx(
+                r["results"]["one_block_s"] - r["results"]["time_s"])
     table = calibrate_host.host_scales(got)["host_block_s"]
     assert [w for w, _ in table] == ["fsdp2", "plain", "tp2"] and all(t > 0 for _, t in table)

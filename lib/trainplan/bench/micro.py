@@ -311,7 +311,7 @@ def _host_tasks(args, rank: int, world: int, tps: list) -> list[tuple[str, dict]
     out = [("host", {**tiny, "of": "block", "compile": True, "recompute": "none",
                      "precision": "pure"})] if rank == 0 else []
     if world > 1:
-        out.append(("host", {**tiny, "of": "fsdp", "zero": 2}))
+        out.append(("host", {**tiny, "of": "fsdp", "zero": 2, "two_blocks": True}))
         out += [("host", {**tiny, "of": "tp", "tp": t, "zero": z}) for t, z in tps]
     return out
 

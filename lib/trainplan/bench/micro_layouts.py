@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from trainplan.bench.micro import _card, _dtype, _sync, _time_blocks, _timed_results
 from trainplan.bench.micro_model import PRECISIONS, RECOMPUTE_MODES, _OneBlock, _precision
-from trainplan.bench.model import rope_tables
+from trainplan.bench.model import TransformerBlock, rope_tables
 from trainplan.bench.shapes import gemm_shapes
 from trainplan.errors import SpecError
 from trainplan.records import microbenchmark_record
@@ -54,10 +54,18 @@ FSDP_MODES = {"z2": 2, "z3": 3}  # FSDP2 without / with resharding after forward
 
 
 class _BlockNet(_OneBlock):
-    """One block with a forward, so `DistributedDataParallel` can wrap it."""
+    """`n_blocks` blocks (one by default) with a forward, so `DistributedDataParallel` or
+    FSDP2 can wrap them: two blocks under one root tell the per-block work from the root's."""
+
+    def __init__(self, spec, n_blocks: int = 1):
+        super().__init__(spec)
+        for i in range(1, n_blocks):
+            self.layers[str(i)] = TransformerBlock(spec)
 
     def forward(self, x, cos, sin):
-        return self.layers["0"](x, cos, sin)
+        for block in self.layers.values():
+            x = block(x, cos, sin)
+        return x
 
 
 def _kept_and_peak(net, x, grad, cos, sin, amp, dev: torch.device, *,
@@ -150,9 +158,15 @@ def _slowest(*rows: list[float], dev: torch.device) -> list[list[float]]:
 
 def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compile: bool = True,
                      dtype: str = "bfloat16", warmup: int = 3, iters: int = 5, repeats: int = 6,
-                     run_id: str | None = None, extra: dict | None = None) -> dict:
+                     two_blocks: bool = False, run_id: str | None = None,
+                     extra: dict | None = None) -> dict:
     """Seconds and bytes of one FSDP2-wrapped (compiled) block, fwd + bwd, beside the same
-    block alone and its collectives alone; all ranks call it."""
+    block alone and its collectives alone; all ranks call it.
+
+    `two_blocks`: also time two blocks under one root and report the difference as the
+    block's time (`micro_tp.per_block`): alone, the block is FSDP2's root as well, whose
+    per-call work runs once per step in the model. The host bench asks for it; the
+    `fsdp_block_scale` records keep the one-block time that `_fsdp_scales` reads."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from trainplan.bench.parallelize import apply_compile, apply_fsdp
@@ -192,10 +206,22 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
         torch._dynamo.reset()  # a fresh compile with FSDP2's hooks around the block
         apply_compile(net)
     reshard = zero == 3  # ZeRO-3 frees the gathered weights after forward, ZeRO-2 keeps them
-    apply_fsdp(net, init_device_mesh(dev.type, (n,)), reshard=reshard, mixed_precision=mixed)
+    mesh = init_device_mesh(dev.type, (n,))
+    apply_fsdp(net, mesh, reshard=reshard, mixed_precision=mixed)
     times = timed(net, cos, sin)
     # kept: with ZeRO-2 also the gathered bf16 weights, held until backward
     kept, peak = _kept_and_peak(net, x, grad, cos, sin, contextlib.nullcontext, dev)
+    del net
+    two_times = None
+    if two_blocks:
+        torch.manual_seed(0)
+        net = _BlockNet(spec, n_blocks=2).to(dev, torch.float32)
+        if compile:
+            torch._dynamo.reset()
+            apply_compile(net)
+        apply_fsdp(net, mesh, reshard=reshard, mixed_precision=mixed)
+        (two_times,) = _slowest(timed(net, cos, sin), dev=dev)
+        del net
     shard = -(-params // n)  # one flat buffer per group, as FSDP2 gathers and reduces
     part, full = (torch.zeros(k * shard, device=dev, dtype=compute_dt) for k in (1, n))
     r_part, r_full = (torch.zeros(k * shard, device=dev, dtype=reduce_dt) for k in (1, n))
@@ -209,7 +235,12 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
         times, alone_times, gather_times, scatter_times, dev=dev)
     kept, peak = (int(v) for v in _slowest([kept, peak], dev=dev)[0])
     tokens = micro_batch * seq
-    results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+    if two_times is None:
+        results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+    else:
+        from trainplan.bench.micro_tp import per_block
+
+        results = per_block(times, two_times, tokens)
     results.update({"activation_bytes": kept, "activation_bytes_per_token": kept / tokens,
                     "peak_bytes": peak, "alone_s": median_ci(alone_times).estimate,
                     "alone_times_s": alone_times,
@@ -221,6 +252,7 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
     config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
               "micro_batch": micro_batch, "seq": seq, "compile": compile, "recompute": "none",
               "precision": "pure", "autocast_dtype": None, "wrapper": "fsdp2", "zero": zero,
+              "blocks": [1, 2] if two_blocks else [1],
               "reshard_after_forward": reshard, "world": n, "backend": dist.get_backend(),
               "params": params, "param_bytes": 4 * params,
               "gather_bytes": params * compute_dt.itemsize,

@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from trainplan.bench.micro import _card, _time_blocks, _timed_results
 from trainplan.bench.micro_layouts import _BlockNet, _items, _kept_and_peak, _slowest
-from trainplan.bench.model import TransformerBlock, rope_tables
+from trainplan.bench.model import rope_tables
 from trainplan.errors import SpecError
 from trainplan.records import microbenchmark_record
 from trainplan.specs import load_model
@@ -62,16 +62,6 @@ class _TPBlockNet(_BlockNet):
 
     tok_embeddings = None
     output = None
-
-    def __init__(self, spec, n_blocks: int = 1):
-        super().__init__(spec)
-        for i in range(1, n_blocks):
-            self.layers[str(i)] = TransformerBlock(spec)
-
-    def forward(self, x, cos, sin):
-        for block in self.layers.values():
-            x = block(x, cos, sin)
-        return x
 
 
 def per_block(one: list[float], two: list[float], tokens: int) -> dict:
