@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -188,11 +189,22 @@ def predict_all(jobs: list[tuple[dict, dict]], out: Path, card: str, run_id: str
 FIRST_LAUNCH_GUESS_S = 40.0  # before any launch has been timed (H200 x 2: 23-42 s a launch)
 
 
+def time_needed(took: list[float], launches_left: int) -> float:
+    """Seconds `launches_left` more launches of a config should take, from the launches timed
+    so far: the slowest once and the median for the rest (FIRST_LAUNCH_GUESS_S each before
+    any). One slow launch (a config's first compiles and warms its loader; on 4 x H100 a PP 4
+    first launch took 71 s against a 36 s median) no longer counts for every launch: pricing
+    all three at the slowest stopped a validate call with 180 s left, room for a config."""
+    if not took:
+        return FIRST_LAUNCH_GUESS_S * launches_left
+    return max(took) + statistics.median(took) * (launches_left - 1)
+
+
 def measure(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: float):
     """Launch each config `launches` times, in order, until `deadline` (time.monotonic()).
 
-    A config starts only if all its launches fit, at the longest launch seen
-    so far (FIRST_LAUNCH_GUESS_S before the first); a launch still running at
+    A config starts only if all its launches fit (`time_needed`: the longest launch
+    seen so far once, the median for the others); a launch still running at
     the deadline is stopped. A failed launch (out of memory, layout error,
     timeout) ends its config: a line goes to DIR/failed.jsonl with the reason
     and the next config runs. Returns (rows of (tag, predicted, summaries),
@@ -200,12 +212,12 @@ def measure(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: 
     `not run`, and the reason).
     """
     env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
-    rows, outcomes, longest = [], [], None
+    rows, outcomes, took_all = [], [], []
     for i, (suite, cfg) in enumerate(jobs, 1):
         done, status, reason = [], "not run", "time budget spent before it started"
         for launch in range(launches):
             left = deadline - time.monotonic()
-            need = (longest or FIRST_LAUNCH_GUESS_S) * ((launches - launch) if not done else 1)
+            need = time_needed(took_all, (launches - launch) if not done else 1)
             if need > left:
                 if done:
                     reason = f"time budget spent after {len(done)} launch(es)"
@@ -213,7 +225,7 @@ def measure(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: 
             t0 = time.monotonic()
             summary, failure = launch_once(train_command(suite, cfg, out, run_id), env, left)
             took = time.monotonic() - t0
-            longest = max(longest or 0.0, took)
+            took_all.append(took)
             if failure:
                 status, reason = ("measured" if done else "failed"), failure
                 print(f"[{i}/{len(jobs)}] {cfg['tag']} launch {launch + 1}: FAILED ({failure})",
