@@ -170,9 +170,9 @@ def _median(values) -> float:
 
 def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     """Scales from the piece records in `by_bench` (bench -> records); and held-out checks."""
-    every = by_bench.get("block", [])  # host-bench blocks (tiny): only calibrate_host reads them
-    host = [r for r in every if calibrate_host.is_host(r)]
-    by_bench = {**by_bench, "block": [r for r in every if not calibrate_host.is_host(r)]}
+    given = by_bench.get("block", [])  # host-bench blocks (tiny): only calibrate_host reads them
+    host = [r for r in given if calibrate_host.is_host(r)]
+    by_bench = {**by_bench, "block": [r for r in given if not calibrate_host.is_host(r)]}
     out: dict = {}
     if by_bench.get("hbm"):
         tbps = _median(r["results"]["tbps"] for r in by_bench["hbm"])

@@ -35,18 +35,10 @@ import dataclasses
 import statistics
 
 from trainplan import comms, compute
-from trainplan.specs import GPUSpec, ModelSpec
+from trainplan.compare import CLUSTER
+from trainplan.specs import GPUSpec, ModelSpec, load_cluster
 
 MIN_TP_SCALE = 0.5  # below this a residual is the comm model's error, not a faster block
-CLUSTER = "dgx-h100"  # the interconnect preset of the suites; calibrated links replace its own
-
-
-def _cluster(gpu: GPUSpec):
-    from trainplan.specs import load_cluster
-
-    cluster = load_cluster(CLUSTER)
-    return dataclasses.replace(cluster, collectives=gpu.collectives) if gpu.collectives \
-        else cluster
 
 
 def priced(spec: ModelSpec, gpu: GPUSpec, config: dict) -> tuple[float, float]:
@@ -60,7 +52,7 @@ def priced(spec: ModelSpec, gpu: GPUSpec, config: dict) -> tuple[float, float]:
         one, gpu, seq_len=seq, micro_batch=mb, tp=tp, cp=1, pp=1, recompute=compute.NONE,
         sequence_parallel=True, last_stage=False, compiled=config.get("compile", True),
         autocast=autocast))
-    cluster = _cluster(gpu)
+    cluster = comms.with_measured_links(load_cluster(CLUSTER), gpu)  # the suites' preset
     act = compute.BF16 * mb * seq * spec.hidden
     rest = comms.tp_microbatch_time(cluster, act_bytes=act, tp=tp, layers=1,
                                     recompute_full=False, sequence_parallel=True,

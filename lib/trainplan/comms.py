@@ -13,6 +13,8 @@ a node rides NVLink; one that spans nodes is limited by each GPU's own NIC.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from trainplan.specs import ClusterSpec
@@ -50,6 +52,14 @@ def measured_link(cluster: ClusterSpec, kind: str, span, bw, lat):
             return (np.where(inside, busbw_gbps * 1e9, bw),
                     np.where(inside, latency_us * 1e-6, lat))
     return bw, lat
+
+
+def with_measured_links(cluster: ClusterSpec, gpu) -> ClusterSpec:
+    """`cluster` with a calibrated card's measured in-node collectives (`gpu.collectives`),
+    unless the cluster carries its own; unchanged for an uncalibrated card."""
+    if gpu.collectives and not cluster.collectives:
+        return dataclasses.replace(cluster, collectives=gpu.collectives)
+    return cluster
 
 
 def collective_time(cluster: ClusterSpec, kind: str, nbytes, n, span):

@@ -36,8 +36,6 @@ hide under the attention kernel of the same block.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 
@@ -70,8 +68,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     """
     from trainplan.calibrate_pieces import activation_scale
 
-    if gpu.collectives and not cluster.collectives:  # a calibrated card's measured links
-        cluster = dataclasses.replace(cluster, collectives=gpu.collectives)
+    cluster = comms.with_measured_links(cluster, gpu)
     tp, pp, cp, ep, dp = L.tp, L.pp, L.cp, L.ep, L.dp
     mb, ga, v = L.micro_batch, L.grad_accum, L.pp_virtual
     sp = L.sequence_parallel & (tp > 1)

@@ -48,6 +48,7 @@ from trainplan.bench.micro import _card, _time_blocks, _timed_results
 from trainplan.bench.micro_layouts import _BlockNet, _items, _kept_and_peak, _slowest
 from trainplan.bench.model import rope_tables
 from trainplan.errors import SpecError
+from trainplan.params import layer_params
 from trainplan.records import microbenchmark_record
 from trainplan.specs import load_model
 from trainplan.stats import median_ci
@@ -173,7 +174,7 @@ def bench_tp_block(model: str, micro_batch: int, seq: int, *, tp: int, zero: int
     two = timed(build(2))
     one, two = _slowest(one, two, dev=dev)
     kept, peak = (int(v) for v in _slowest([kept, peak], dev=dev)[0])
-    params = sum(p.numel() for p in _BlockNet(spec).parameters())
+    params = layer_params(spec)  # one block, unsharded
     tokens = micro_batch * seq  # the tokens one tp group's block processes
     results = per_block(one, two, tokens)
     results.update({"activation_bytes": kept, "activation_bytes_per_token": kept / tokens,
