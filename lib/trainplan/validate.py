@@ -43,8 +43,16 @@ from trainplan.commands.args import UsageError
 from trainplan.errors import TrainplanError
 
 COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the report
-GPU_MICRO = ["--block-modes", "compiled:none,eager:none,compiled:selective"]
-MICRO_LIMIT_S = 280.0  # 4 x H100 took 123 s before the host bench (one compile per tiny block)
+# The plain block also in DDP's precision (fp32 weights under autocast), so that the DDP
+# block records have their unwrapped reference (calibrate_pieces._alone): without it the
+# 4 x H100 calibration had no ddp_block_scale and DDP was priced as one GPU (-15%).
+# GEMMs at the token counts and tp shards the suite runs (micro-batch 1-8, pp micro-
+# batches of 2, tp 2 and 4), so the planner reads a measured curve, not the 16k point.
+GPU_MICRO = ["--block-modes",
+             "compiled:none,eager:none,compiled:selective,compiled:none:autocast-fp32",
+             "--head-modes", "eager,compiled",
+             "--matmul-tp", "1,2,4", "--matmul-tokens", "2048,4096,8192,16384"]
+MICRO_LIMIT_S = 300.0  # 4 x H100 took 123 s before the host bench (one compile per tiny block)
 CPU_MICRO = ["--benches", "matmul,attention,collectives", "--tokens", "64", "--seq-len", "32",
              "--sizes", "4K,1M,16M", "--warmup", "1", "--iters", "3", "--repeats", "6"]  # seconds
 RECORD_FILES = ("micro.jsonl", "predictions.jsonl", "measurements.jsonl", "failed.jsonl")
