@@ -235,6 +235,34 @@ def test_a_later_series_with_its_own_prediction_supersedes_the_earlier_in_the_he
     assert out["superseded"] == 0 and out["configs"] == 2
 
 
+def test_same_tag_measured_again_after_a_changed_prediction_is_a_new_series(tmp_path):
+    """Both series tagged alike (the harness tags every record): a changed prediction
+    recorded between them starts a new series that supersedes the old one, and a copy of
+    that prediction recorded earlier in the new session (a call that measured other
+    configs) is no peek at the new series, so it is not refused."""
+    pred, meas = tp2_records()
+    old = [{**copy.deepcopy(m), "tag": "tp2-mb8-c"} for m in meas]
+    new_pred = {**copy.deepcopy(pred), "run_id": "callB",
+                "recorded_at": "2026-11-27T09:00:00+00:00",
+                "predicted": {**pred["predicted"], "step_time_s": 0.191}}
+    early = {**copy.deepcopy(new_pred), "run_id": "callA",
+             "recorded_at": "2026-11-27T08:00:00+00:00"}
+    new_meas = [{**copy.deepcopy(m), "run_id": "callB",
+                 "recorded_at": f"2026-11-27T09:0{i + 1}:00+00:00"} for i, m in enumerate(old)]
+    out = compare.compare([_write(tmp_path / "r.jsonl",
+                                  [pred, *old, early, new_pred, *new_meas])],
+                          repredictions=False)
+    first, second = out["rows"]
+    assert first["launches"] == 3 and second["launches"] == 3
+    assert "superseded_by" in first and out["configs"] == 1 and out["refused"] == []
+    assert second["predicted_step_time_s"] == 0.191
+    # the same prediction recorded again (a rerun of the same planner) pools the launches
+    same = {**copy.deepcopy(pred), "run_id": "callB", "recorded_at": new_pred["recorded_at"]}
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *old, same, *new_meas])],
+                          repredictions=False)
+    assert len(out["rows"]) == 1 and out["rows"][0]["launches"] == 6
+
+
 def _on_host(meas: list[dict], gpu_count: int, scale: float, day: str) -> list[dict]:
     """The launches run again on a host of `gpu_count` GPUs on `day`, each step `scale` times
     as long."""

@@ -14,8 +14,9 @@ then most configs; `by_host`), over every compared config of that host, none
 dropped. Figures are compared within one kind of host (`host`): each host's
 are under `hosts`, and all hosts pooled under `all_hosts`, so nothing is
 hidden. Where a config was measured again on the same kind of host with a
-fresh prediction recorded first, the later series stands in the headline and
-the earlier one is listed with what superseded it. Step time is the median
+fresh prediction recorded first (one that differs from the earlier series'), the
+later series stands in the headline and the earlier one is listed with what
+superseded it (`split_at_fresh_predictions`, `superseded_by`). Step time is the median
 over the pooled kept steps of all launches with its rank-based 95% interval
 (`records.combine_launches`); memory is the peak reserved memory, the largest
 over launches. Configs with fewer than `MIN_LAUNCHES` launches are shown and
@@ -143,6 +144,34 @@ def group_measurements(measurements: list[dict]) -> list[list[dict]]:
         groups[(series_key(m), m.get("tag"))].append(m)
     out = [sorted(g, key=stamp) for g in groups.values()]
     return sorted(out, key=lambda g: stamp(g[0]))
+
+
+def split_at_fresh_predictions(launches: list[dict], predictions: list[dict]) -> list[list[dict]]:
+    """One group's launches cut into series where a fresh prediction came between them.
+
+    A launch starts a new series when a prediction of its config was recorded after the
+    launch before it and before it, and that prediction differs from the one the series so
+    far is compared with: the planner changed and predicted again before measuring again.
+    An unchanged prediction recorded again (a rerun) keeps the launches pooled."""
+    out = [[launches[0]]]
+    for prev, m in zip(launches, launches[1:]):
+        fresh = [p for p in predictions
+                 if same_config(p, m) and stamp(prev) < stamp(p) < stamp(m)]
+        current, _ = pick_prediction(out[-1], predictions)
+        if fresh and _differs(max(fresh, key=stamp), current):
+            out.append([m])
+        else:
+            out[-1].append(m)
+    return out
+
+
+def _differs(pred: dict, other: dict | None) -> bool:
+    """Whether two predictions give another step time or peak memory."""
+    if other is None:
+        return True
+    a, b = pred.get("predicted") or {}, other.get("predicted") or {}
+    return (a.get("step_time_s") != b.get("step_time_s")
+            or (a.get("memory_gib") or {}).get("total") != (b.get("memory_gib") or {}).get("total"))
 
 
 def superseded_by(series: list[tuple[list[dict], dict]]) -> dict[int, int]:
@@ -274,10 +303,14 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     """The `trainplan compare` answer from the record files (default: the committed ones)."""
     files = record_paths(paths)
     kinds = read(files)
-    rows, refused, used, chosen, series = [], [], set(), set(), []
-    for launches in group_measurements(kinds["measurement"]):
+    rows, refused, used, chosen, eligible, series = [], [], set(), set(), set(), []
+    groups = [part for g in group_measurements(kinds["measurement"])
+              for part in split_at_fresh_predictions(g, kinds["prediction"])]
+    for launches in groups:
         pred, ref = pick_prediction(launches, kinds["prediction"])
         chosen.add(pred["_where"] if pred else None)
+        eligible.update(p["_where"] for p in kinds["prediction"]  # came before this series
+                        if same_config(p, launches[0]) and stamp(p) < stamp(launches[0]))
         refused += [{"config": label(launches, pred), **r} for r in ref]
         row = make_row(launches, pred)
         if pred is None:
@@ -305,8 +338,9 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         "all_hosts": {"configs": len(compared),
                       "step_time_error": error_summary(r["step_time_error"] for r in compared),
                       "memory_error": error_summary(r["memory_error"] for r in compared)},
-        # a prediction another host's launches of its config were compared with stands there
-        "rows": rows, "refused": [r for r in refused if r["prediction"] not in chosen],
+        # a prediction another host's launches of its config were compared with stands there,
+        # and one recorded before a later series of its config is no peek at that series
+        "rows": rows, "refused": [r for r in refused if r["prediction"] not in chosen | eligible],
         "measured_configs": len(rows), "flagged_configs": sum(r["flagged"] for r in rows),
         "superseded": sum("superseded_by" in r for r in rows),
         "predicted_not_measured": sorted({(p.get("config") or {}).get("tag") or p["_where"]
