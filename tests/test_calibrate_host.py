@@ -94,8 +94,8 @@ def _eval(gpu, *cfgs):
 
 
 def test_a_host_bound_micro_batch_takes_the_host_time_and_a_device_bound_one_does_not():
-    small = ParallelConfig(dp=2, zero=2, micro_batch=1, grad_accum=2)
-    big = ParallelConfig(dp=2, zero=2, micro_batch=16)
+    small = ParallelConfig(dp=2, zero=3, micro_batch=1, grad_accum=2)  # hooks every micro-batch
+    big = ParallelConfig(dp=2, zero=3, micro_batch=16)
     before = _eval(_gpu(), small, big)
     after = _eval(_gpu(host_block_s=(("fsdp2", 0.006),)), small, big)
     b, a = before.iloc[0], after.iloc[0]
@@ -110,6 +110,26 @@ def test_a_host_bound_micro_batch_takes_the_host_time_and_a_device_bound_one_doe
     assert a["tokens_per_s"] < b["tokens_per_s"]
     assert before.iloc[1]["compute_s"] > floor  # the mb 16 layout's GPU time exceeds it
     pd_equal(after.iloc[[1]], before.iloc[[1]])
+
+
+def test_host_wait_sums_each_micro_batch_s_shortfall():
+    gpu = _gpu(host_block_s=(("plain", 0.002), ("fsdp2", 0.006)))
+    t_dev = np.array([0.03, 0.03, 0.03, 0.2])
+    wait = overheads.host_wait_per_step(gpu, t_dev, layers=24.0, tp=1,
+                                        fsdp=np.array([True, True, False, True]),
+                                        zero=np.array([2, 3, 0, 2]), grad_accum=4)
+    full, light = 24 * 0.006 - 0.03, 24 * 0.002 - 0.03
+    # ZeRO-2: one micro-batch gathers and reduce-scatters, three run as plain blocks; ZeRO-3:
+    # all four; no FSDP2: four plain ones; device-bound: no wait
+    assert wait.tolist() == pytest.approx([full + 3 * light, 4 * full, 4 * light, 0.0])
+
+
+def test_zero2_accumulation_waits_on_the_host_less_than_zero3():
+    gpu = _gpu(host_block_s=(("plain", 0.002), ("fsdp2", 0.006)))
+    z2 = ParallelConfig(dp=2, zero=2, micro_batch=1, grad_accum=4)
+    z3 = ParallelConfig(dp=2, zero=3, micro_batch=1, grad_accum=4)
+    r2, r3 = (row for _, row in _eval(gpu, z2, z3).iterrows())
+    assert 0 < r2["host_wait_s"] < r3["host_wait_s"]
 
 
 def pd_equal(x, y):

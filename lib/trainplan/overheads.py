@@ -4,8 +4,8 @@ calibration, both neutral where nothing is measured.
 - `tp_block_scale`: a tensor-parallel block's time over its priced compute, measured on one
   block laid out as the harness lays it out (`trainplan.calibrate_tp`).
 - `host_time_per_microbatch`: the host's time to issue a micro-batch's blocks, measured on
-  blocks too small to keep the GPU busy (`trainplan.calibrate_host`); `perf.evaluate`
-  prices a micro-batch at the larger of it and the device time.
+  blocks too small to keep the GPU busy (`trainplan.calibrate_host`); `host_wait_per_step`
+  turns it into the step's wait, which `perf.evaluate` adds where the host is the slower.
 """
 
 from __future__ import annotations
@@ -64,3 +64,22 @@ def host_time_per_microbatch(gpu: GPUSpec, layers, tp, fsdp):
             value = np.array([pts[d] for d in degs])[near]
             per_block = np.where((tp > 1) & (fsdp == flag), value, per_block)
     return np.asarray(layers, dtype=float) * per_block
+
+
+def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accum):
+    """Seconds a step waits on the host beyond the device time `t_dev` of each micro-batch.
+
+    A micro-batch whose FSDP2 hooks gather and reduce-scatter costs the host the "fsdp2"
+    wrapper's time (`host_time_per_microbatch`). Without resharding (ZeRO-1/2) the
+    harness gathers once and reduce-scatters on the last micro-batch only
+    (`bench.step._sync_context`; `torch.distributed.pipelining` does the same for a
+    stage), so the other m - 1 micro-batches cost what the block without FSDP2 costs (a
+    lower bound: the hooks still run, doing no collective). ZeRO-3 and layouts without
+    FSDP2 pay their wrapper's time every micro-batch. Each micro-batch waits
+    max(0, host - t_dev): the floor of a roofline, per micro-batch.
+    """
+    full = host_time_per_microbatch(gpu, layers, tp, fsdp)
+    no_sync = np.asarray(fsdp, dtype=bool) & (np.asarray(zero) < 3)
+    light = np.where(no_sync, host_time_per_microbatch(gpu, layers, tp, False), full)
+    ga = np.asarray(grad_accum, dtype=float)
+    return np.maximum(full - t_dev, 0.0) + (ga - 1.0) * np.maximum(light - t_dev, 0.0)

@@ -8,9 +8,9 @@
     tensor-parallel = block collectives + embedding/norm/logits collectives
                       + DTensor's layout copies around sequence-parallel collectives
 
-with m = grad_accum micro-batches per step; t_mb is at least the host's time to issue
-the micro-batch, layers x `GPUSpec.host_block_s` of the layout's block wrapper
-(`overheads.host_time_per_microbatch`, `trainplan.calibrate_host`): the harness syncs
+with m = grad_accum micro-batches per step; a micro-batch takes at least the host's
+time to issue it, layers x `GPUSpec.host_block_s` of the layout's block wrapper
+(`overheads.host_wait_per_step`, `trainplan.calibrate_host`): the harness syncs
 once a step, so within a step host and GPU overlap and the slower sets the pace
 (host-bound vs device-bound, as a roofline); the wait shows as `host_wait_s`, a part
 of `compute_s`. The pipeline bubble of 1F1B is
@@ -129,9 +129,9 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         + copy_mb
     t_dev = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
     # the host's issue time sets a floor (a roofline's second roof; calibrate_host)
-    host_mb = overheads.host_time_per_microbatch(gpu, layers, tp, ~autocast)
-    t_mb = np.maximum(t_dev, host_mb)
-    host_wait = ga * (t_mb - t_dev)  # 0 where device-bound or nothing measured
+    host_wait = overheads.host_wait_per_step(gpu, t_dev, layers=layers, tp=tp,
+                                             fsdp=~autocast, zero=L.zero, grad_accum=ga)
+    t_mb = t_dev + host_wait / ga  # 0 wait where device-bound or nothing measured
 
     # once per step
     bubble = np.where(pp > 1, (pp - 1) / v * t_mb, 0.0)
