@@ -33,3 +33,14 @@ def test_worst_repredicted_picks_the_largest_miss_among_the_kept_rows():
     worst = vt.worst_repredicted(rows, lambda r: r["layout"]["tp"] > 1)
     assert worst["config"] == "b" and worst["error"] == pytest.approx(0.2)
     assert vt.worst_repredicted(rows, lambda r: r["config"] == "d") is None
+
+
+def test_suspects_name_each_layout_s_least_sure_terms():
+    from trainplan.validation_text import suspects
+    base = {"dp": 1, "tp": 1, "pp": 1, "zero": 0, "micro_batch": 8, "compile": True}
+    assert suspects(base, 1) == []
+    got = suspects({**base, "dp": 2, "tp": 2, "zero": 3, "micro_batch": 1, "compile": False}, 4)
+    assert [s.split(":")[0] for s in got] == ["eager mode", "TP", "FSDP", "small micro-batch"]
+    assert [s.split(":")[0] for s in suspects({**base, "dp": 4}, 4)] == ["DDP"]
+    assert [s.split(":")[0] for s in suspects({**base, "pp": 2, "micro_batch": 2}, 2)] == \
+        ["PP", "small micro-batch"]

@@ -34,9 +34,10 @@ import glob
 import statistics
 from collections import defaultdict
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
-from trainplan import records
+from trainplan import records, validation_text
 from trainplan.errors import RecordError
 from trainplan.specs import DATA_DIR
 
@@ -154,7 +155,7 @@ def split_at_fresh_predictions(launches: list[dict], predictions: list[dict]) ->
     far is compared with: the planner changed and predicted again before measuring again.
     An unchanged prediction recorded again (a rerun) keeps the launches pooled."""
     out = [[launches[0]]]
-    for prev, m in zip(launches, launches[1:]):
+    for prev, m in pairwise(launches):
         fresh = [p for p in predictions
                  if same_config(p, m) and stamp(prev) < stamp(p) < stamp(m)]
         current, _ = pick_prediction(out[-1], predictions)
@@ -228,28 +229,6 @@ def label(launches: list[dict], pred: dict | None) -> str:
     return "-".join(parts) + ("-c" if lay["compile"] else "")
 
 
-def suspects(lay: dict, gpus: int) -> list[str]:
-    """What the run does that the cost model does not price, from the layout alone.
-
-    These are hypotheses to test with a profiler trace, not measured causes.
-    """
-    out = []
-    if not lay.get("compile", True):
-        out.append("eager mode: unfused element-wise kernels, priced by the card's measured "
-                   "eager block scale (none without a block microbenchmark)")
-    if lay["zero"] == 0 and lay["dp"] > 1:
-        out.append("DDP: the gradient all-reduce is assumed hidden under backward but for "
-                   "one layer's share")
-    if lay["tp"] > 1:
-        out.append("TP: smaller GEMMs per rank, and collectives assumed at the bus bandwidth "
-                   "of large messages")
-    if lay["pp"] > 1:
-        out.append("PP: per-micro-batch overheads of the schedule and small micro-batches")
-    if lay["zero"] in (2, 3) and gpus > 1:
-        out.append("FSDP: gathers and reduce-scatters assumed hidden under compute")
-    return out
-
-
 def _rel(pred: float | None, meas: float | None) -> float | None:
     return None if pred is None or not meas else pred / meas - 1.0
 
@@ -280,7 +259,7 @@ def make_row(launches: list[dict], pred: dict | None) -> dict:
         "predicted_split_s": split,
         "dominant_term": max(split, key=split.get) if split else None,
         "unexplained_s": None if p_step is None else comb["step_time_s"] - p_step,
-        "suspects": suspects(first["layout"], first["gpus"]),
+        "suspects": validation_text.suspects(first["layout"], first["gpus"]),
         "prediction": pred["_where"] if pred else None,
         "predicted_at": pred["recorded_at"] if pred else None,
         "first_measured_at": first["recorded_at"],
