@@ -283,10 +283,12 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     flops_per_token = model_flops_per_token(spec, args.seq_len)
     mfu = rate * flops_per_token / peak if peak else None
-    mem = [0.0, 0.0]
+    mem, pools = [0.0, 0.0], None
     if device.type == "cuda":
         mem = _max_over_ranks([torch.cuda.max_memory_allocated(device) / GiB,
                                torch.cuda.max_memory_reserved(device) / GiB], device)
+        # nothing was emptied since the peak: this rank's pools still hold what they reserved
+        pools = pools_by_stream(torch.cuda.memory_snapshot(), device.index or 0)
     return {
         "model": args.model if not args.layers else f"{args.model}:{args.layers}-layers",
         "impl": args.impl,
@@ -311,12 +313,30 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
         "peak_tflops": peak / 1e12 if peak else None,
         "peak_mem_allocated_gib": mem[0] if device.type == "cuda" else None,
         "peak_mem_reserved_gib": mem[1] if device.type == "cuda" else None,
+        "memory_pools": pools,  # rank 0's reserved memory by stream at the end of the run
         "losses": losses,
         "notes": par.notes,
         "tag": args.tag,
         "loader": {"synthetic": args.synthetic, "num_workers": args.num_workers,
                    "prefetch_factor": args.prefetch_factor, "pin_memory": args.pin_memory},
     }
+
+
+def pools_by_stream(segments: list[dict], device_index: int) -> dict[str, dict]:
+    """{stream: {"reserved_gib", "allocated_gib", "segments"}} of one device's caching-allocator
+    segments (`torch.cuda.memory_snapshot()`): which stream's pool holds the memory reserved
+    beyond what is allocated (FSDP2's copy-in and reduce-scatter streams keep their own)."""
+    out: dict[str, dict] = {}
+    for seg in segments:
+        if seg.get("device", device_index) != device_index:
+            continue
+        pool = out.setdefault(str(seg.get("stream", 0)),
+                              {"reserved_gib": 0.0, "allocated_gib": 0.0, "segments": 0})
+        pool["reserved_gib"] += seg.get("total_size", 0) / GiB
+        pool["allocated_gib"] += seg.get("allocated_size", 0) / GiB
+        pool["segments"] += 1
+    return {k: {**v, "reserved_gib": round(v["reserved_gib"], 4),
+                "allocated_gib": round(v["allocated_gib"], 4)} for k, v in out.items()}
 
 
 def write_record(path: str, summary: dict, run_id: str | None) -> None:
@@ -326,7 +346,8 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
 
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
-    extra.update({k: summary[k] for k in ("tag", "loader") if summary.get(k) is not None})
+    extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools")
+                  if summary.get(k) is not None})
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],
         gpus=summary["gpus"] or summary["ranks"], card=summary["card"],
