@@ -27,7 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainplan.bench import ckpt, feed, hf_baseline, monitor
+from trainplan.bench import affinity, ckpt, feed, hf_baseline, monitor
 from trainplan.bench import parallelize as par_mod
 from trainplan.bench import step as step_mod
 from trainplan.bench.model import Transformer, count_params, slice_spec
@@ -36,6 +36,7 @@ from trainplan.specs import ModelSpec, ParallelConfig, load_model
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, FACTS.md
 GiB = 1024**3
+PINNED: dict = {}  # what init_distributed did to this process's CPU affinity
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -79,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--run-id", default=None, help="shared by the configs of one launch series")
     a("--tag", default=None, help="the suite config's tag, written into the record (configs "
                                   "of one layout that differ in loader or NCCL settings)")
+    a("--cpu-affinity", default="none", choices=affinity.MODES,
+      help="gpu-local: pin each rank to the CPUs next to its GPU (sysfs local_cpulist)")
     a("--no-progress", action="store_true")
     a("--json", action="store_true", help="no progress bar: only the summary JSON line")
     ckpt.add_arguments(p)  # --ckpt-dir --ckpt-every --ckpt-keep --ckpt-async --resume ...
@@ -111,13 +114,15 @@ def check_args(args) -> None:
     monitor.check_args(args)
 
 
-def init_distributed(force_cpu: bool, timeout=None) -> torch.device:
-    """Start the process group (under torchrun with several ranks); pick the device."""
+def init_distributed(force_cpu: bool, timeout=None, pin: str = "none") -> torch.device:
+    """Start the process group (under torchrun with several ranks); pick the device; pin the
+    process's threads first where `pin` asks (`bench.affinity`, said in `PINNED`)."""
     cuda = torch.cuda.is_available() and not force_cpu
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    PINNED.update(affinity.apply(pin, device))  # before NCCL's and the loader's threads start
     if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
                                 timeout=timeout)
@@ -185,7 +190,7 @@ def run(args) -> dict:
     check_args(args)
     spec = load_spec(args)
     cfg = layout(args)
-    device = init_distributed(args.cpu, ckpt.timeout(args))
+    device = init_distributed(args.cpu, ckpt.timeout(args), args.cpu_affinity)
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     par_mod.check_layout(cfg, spec, world)
@@ -314,6 +319,7 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
         "peak_mem_allocated_gib": mem[0] if device.type == "cuda" else None,
         "peak_mem_reserved_gib": mem[1] if device.type == "cuda" else None,
         "memory_pools": pools,  # rank 0's reserved memory by stream at the end of the run
+        "cpu_affinity": dict(PINNED) if args.cpu_affinity != "none" else None,  # as asked
         "losses": losses,
         "notes": par.notes,
         "tag": args.tag,
@@ -346,7 +352,7 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
 
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
-    extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools")
+    extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "cpu_affinity")
                   if summary.get(k) is not None})
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],
