@@ -150,9 +150,9 @@ def group_measurements(measurements: list[dict]) -> list[list[dict]]:
 def split_at_fresh_predictions(launches: list[dict], predictions: list[dict]) -> list[list[dict]]:
     """One group's launches cut into series where a fresh prediction came between them.
 
-    A launch starts a new series when a prediction of its config was recorded after the
-    launch before it and before it, and that prediction differs from the one the series so
-    far is compared with: the planner changed and predicted again before measuring again.
+    A launch starts a new series when a prediction of its config was recorded between the
+    previous launch and this one, and it differs from the prediction the series so far is
+    compared with: the planner changed and predicted again before measuring again.
     An unchanged prediction recorded again (a rerun) keeps the launches pooled."""
     out = [[launches[0]]]
     for prev, m in pairwise(launches):
