@@ -22,7 +22,8 @@ def _tasks(rank, world, *flags):
 
 
 def test_host_tasks_are_tiny_blocks_per_rank_and_world():
-    tiny = {"model": "llama-1.3b", "micro_batch": 1, "seq": micro.HOST_SEQ}
+    tiny = {"model": "llama-1.3b", "micro_batch": 1, "seq": micro.HOST_SEQ,
+            "repeats": micro.BLOCK_REPEATS}  # host-bound: more repeats than --repeats
     plain = ("host", {**tiny, "of": "block", "compile": True, "recompute": "none",
                       "precision": "pure"})
     assert _tasks(0, 1) == [plain]  # one rank: the plain block only
@@ -37,6 +38,9 @@ def test_host_tasks_are_tiny_blocks_per_rank_and_world():
         _tasks(0, 4, "--host-seq", "34")  # tp 4 does not divide it
     with pytest.raises(SpecError, match="host_seq"):
         _tasks(0, 1, "--host-seq", "0")
+    assert {kw["repeats"] for _, kw in _tasks(0, 4, "--block-repeats", "9")} == {9}
+    with pytest.raises(SpecError, match="block_repeats"):
+        _tasks(0, 1, "--block-repeats", "0")
 
 
 @pytest.mark.slow
@@ -48,7 +52,8 @@ def test_two_rank_host_bench_records_marked_blocks(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
-           "--benches", "host", "--warmup", "1", "--iters", "2", "--repeats", "6"]
+           "--benches", "host", "--warmup", "1", "--iters", "2", "--repeats", "6",
+           "--block-repeats", "6"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = list(records.load(out))

@@ -62,7 +62,8 @@ def test_four_rank_tp_blocks_record_and_calibrate(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
            "--benches", "tp", "--tp-modes", "tp2,tp4,tp2-z3,tp8", "--tokens", "128",
-           "--seq-len", "64", "--warmup", "1", "--iters", "2", "--repeats", "6"]
+           "--seq-len", "64", "--warmup", "1", "--iters", "2", "--repeats", "6",
+           "--block-repeats", "6"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = [r for r in records.load(out) if r["bench"] == "block"]

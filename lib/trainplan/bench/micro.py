@@ -46,6 +46,9 @@ MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
 BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap", "ddp", "fsdp",
                                                          "tp", "host")
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
+# timed blocks of the tp and host benches: host-bound, their 6 repeats on 4 x H100 spread
+# 9-23 ms (TP 2 x FSDP2) and 3-11 ms (TP 4 host block); a repeat is a few 10 ms
+BLOCK_REPEATS = 15
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -226,6 +229,9 @@ def _parser():
     p.add_argument("--tp-modes", default="tp2,tp4,tp2-z3",
                    help="bench tp: a block under tensor parallel, tpN, or tpN-z2|z3 with FSDP2 "
                    "on the other mesh dimension; those the ranks cannot lay out are skipped")
+    p.add_argument("--block-repeats", type=int, default=BLOCK_REPEATS,
+                   help="timed blocks of the tp and host benches, whose host-bound times "
+                   "spread widely (>= 6 for a 95%% interval)")
     p.add_argument("--host-seq", type=int, default=HOST_SEQ,
                    help="bench host: the tiny sequence (micro-batch 1) at which a block's time "
                    "is the host's; the --tp-modes degrees must divide it")
@@ -258,6 +264,7 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     modes, heads = lay.block_modes(args.block_modes), lay.head_modes(args.head_modes)
     ddp, fsdp = lay.ddp_modes(args.ddp_modes), lay.fsdp_modes(args.fsdp_modes)
     tps = micro_tp.tp_modes(args.tp_modes)
+    whole(block_repeats=args.block_repeats)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
         bus_factor(op, 2)  # validates the name
@@ -293,7 +300,8 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     if world > 1 and "fsdp" in benches:
         tasks += [("fsdp", {**piece, "zero": z}) for z in fsdp]
     if world > 1 and "tp" in benches:
-        tasks += [("tp", {**piece, "tp": t, "zero": z}) for t, z in micro_tp.runnable(tps, world)]
+        tasks += [("tp", {**piece, "tp": t, "zero": z, "repeats": args.block_repeats})
+                  for t, z in micro_tp.runnable(tps, world)]
     if "host" in benches:
         tasks += _host_tasks(args, rank, world, micro_tp.runnable(tps, world))
     return tasks
@@ -307,7 +315,8 @@ def _host_tasks(args, rank: int, world: int, tps: list) -> list[tuple[str, dict]
     bad = [t for t, _ in tps if args.host_seq % t]  # none runnable on one rank
     if bad:
         raise SpecError(f"--host-seq {args.host_seq} is not valid: tp = {bad[0]} must divide it")
-    tiny = {"model": args.model, "micro_batch": 1, "seq": args.host_seq}
+    tiny = {"model": args.model, "micro_batch": 1, "seq": args.host_seq,
+            "repeats": args.block_repeats}
     out = [("host", {**tiny, "of": "block", "compile": True, "recompute": "none",
                      "precision": "pure"})] if rank == 0 else []
     if world > 1:
