@@ -59,6 +59,14 @@ def test_fit_keeps_host_records_away_from_every_other_scale():
     both, checks2 = calibrate_pieces.fit({"block": [plain, fsdp] + tiny}, gpu)
     assert both.pop("host_block_s") == [["fsdp2", 0.009], ["plain", 0.004], ["tp2", 0.011]]
     assert both == alone and checks2 == checks
+    # the sweep: the plain block at micro-batch 1, its time the host's and GPU's interleaved
+    now = calibrate_pieces.apply(gpu, alone)
+    sweep = _sweep(1, 0.0)
+    device = calibrate_pieces.block_predicted_s(sweep, now)
+    sweep["results"]["time_s"] = float(overheads.interleaved(device, 0.004, 3.0))
+    swept, checks3 = calibrate_pieces.fit({"block": [plain, fsdp] + tiny + [sweep]}, gpu)
+    assert swept.pop("host_overlap_k") == pytest.approx(3.0, abs=0.15)
+    assert swept.pop("host_block_s") and swept == alone and checks3 == checks
     assert alone["elementwise_scale"] == pytest.approx(1.7, rel=1e-3)
     # the same tiny records read as ordinary blocks would move the scales: the filter matters
     for r in tiny:
@@ -149,3 +157,44 @@ def test_no_host_records_leave_the_planner_unchanged_bit_for_bit():
     pd_equal(_eval(zeros, *cfgs), plain)
     floor = _eval(_gpu(host_block_s=(("plain", 0.01), ("fsdp2", 0.01), ("tp2", 0.01))), *cfgs)
     assert (floor["host_wait_s"] > 0).all()  # the same layouts do feel a floor when measured
+
+
+def test_interleaved_is_the_max_unmeasured_a_smooth_max_measured():
+    d, h = np.array([1.0, 2.0, 0.0, 3.0]), np.array([2.0, 2.0, 1.0, 0.0])
+    assert overheads.interleaved(d, h, 0.0).tolist() == [2.0, 2.0, 1.0, 3.0]
+    assert overheads.interleaved(d, h, 1.0).tolist() == pytest.approx([3.0, 4.0, 1.0, 3.0])
+    assert overheads.interleaved(d, h, 2.0)[1] == pytest.approx(2.0 * 2**0.5)
+    big = overheads.interleaved(d, h, 60.0)
+    assert big == pytest.approx(np.maximum(d, h), rel=0.02) and (big >= np.maximum(d, h)).all()
+    assert overheads.interleaved(1e-3, 1e-3, 12.0) > 1e-3  # never below either side
+
+
+def _sweep(mb, seconds):
+    r = _rec(seconds, host=False, mb=mb)
+    r["purpose"] = calibrate_host.SWEEP
+    return r
+
+
+def test_overlap_k_recovers_the_exponent_of_made_up_sweep_times():
+    h, k = 0.0024, 4.0
+    device = {1: 0.0012, 2: 0.0025, 4: 0.005}
+    recs = [_sweep(mb, float(overheads.interleaved(d, h, k))) for mb, d in device.items()]
+    got = calibrate_host.overlap_k(recs, lambda r: device[r["config"]["micro_batch"]],
+                                   (("plain", h),))
+    assert got == {"host_overlap_k": pytest.approx(k)}
+    assert calibrate_host.overlap_k(recs, lambda r: 0.0, ()) == {}  # no plain host time
+    assert calibrate_host.overlap_k([], lambda r: 0.0, (("plain", h),)) == {}
+    # sweep records never feed the host floor itself
+    assert calibrate_host.host_scales(recs + [_rec(h)]) == {"host_block_s": [["plain", h]]}
+
+
+def test_a_measured_exponent_raises_a_balanced_step_and_leaves_a_host_free_one():
+    cfgs = [ParallelConfig(dp=2, zero=2, micro_batch=4), ParallelConfig(dp=2, zero=2,
+                                                                        micro_batch=16)]
+    floor = (("plain", 0.003), ("fsdp2", 0.006))
+    base = _eval(_gpu(host_block_s=floor), *cfgs)
+    smooth = _eval(_gpu(host_block_s=floor, host_overlap_k=4.0), *cfgs)
+    assert (smooth["step_time_s"] > base["step_time_s"]).all()
+    assert (smooth["host_wait_s"] - base["host_wait_s"]).iloc[0] > \
+        (smooth["host_wait_s"] - base["host_wait_s"]).iloc[1]  # most where the two are close
+    pd_equal(_eval(_gpu(host_overlap_k=4.0), *cfgs), _eval(_gpu(), *cfgs))  # nothing measured

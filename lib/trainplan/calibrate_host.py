@@ -27,18 +27,30 @@ a roofline with the host as the second roof:
 with wrapper the layout's block wrapper: "plain" (one GPU, DDP, PP alone),
 "fsdp2", "tpN" or "tpN+fsdp2". The head, loss and optimizer's host work is not
 measured apart; per block is where the launches scale with depth.
+
+The max is a lower bound where the two are close: on 4 x H100 ZeRO-2 at
+micro-batch 4 (device 0.14 s, host 0.14 s a micro-batch) ran 9% over it, TP 4
+16%. The host bench therefore also times the plain compiled block at
+micro-batches 1, 2 and 4 of the full sequence (`"purpose": "interleave"`),
+where its GPU time crosses its host time, and `overlap_k` fits the exponent of
+a smooth maximum (d^k + h^k)^(1/k) to those blocks alone
+(`overheads.interleaved`); k = 0, not measured, keeps the max.
 """
 
 from __future__ import annotations
 
 import statistics
 
+import numpy as np
+
 PURPOSE = "host"
+SWEEP = "interleave"  # the plain block at micro-batches where host and GPU time are close
+K_GRID = np.round(np.arange(1.0, 12.01, 0.1), 2)  # past 12 the smooth max is the max within 1%
 
 
 def is_host(record: dict) -> bool:
-    """True for a host-bench record (`bench.micro --benches host`)."""
-    return record.get("purpose") == PURPOSE
+    """True for a host-bench record (`bench.micro --benches host`), the sweep's included."""
+    return record.get("purpose") in (PURPOSE, SWEEP)
 
 
 def wrapper_name(config: dict) -> str | None:
@@ -59,7 +71,7 @@ def host_scales(host_records: list[dict]) -> dict:
 
     time_s is one block's fwd + bwd (the TP bench's per-block time included)."""
     by: dict[str, list[float]] = {}
-    for r in host_records:
+    for r in (r for r in host_records if r.get("purpose") == PURPOSE):
         name = wrapper_name(r["config"])
         if name is not None:
             by.setdefault(name, []).append(float(r["results"]["time_s"]))
@@ -67,3 +79,25 @@ def host_scales(host_records: list[dict]) -> dict:
         return {}
     return {"host_block_s": [[w, round(float(statistics.median(v)), 7)]
                              for w, v in sorted(by.items())]}
+
+
+def overlap_k(host_records: list[dict], device_time, host_block_s) -> dict:
+    """{"host_overlap_k": k} fitted to the sweep's blocks; {} without them or a plain host time.
+
+    Each sweep record is one plain compiled block (fwd + bwd) at a micro-batch where its GPU
+    time d (`device_time(record)`: the calibrated analytic terms, as `block_checks` prices
+    the block) is near the host's h (host_block_s "plain"). k minimises the squared log error
+    of (d^k + h^k)^(1/k) against the measured time over K_GRID (`overheads.interleaved`);
+    microbenchmarks only, no end-to-end run.
+    """
+    from trainplan.overheads import interleaved
+
+    h = dict((str(w), float(t)) for w, t in host_block_s or ()).get("plain")
+    sweep = [r for r in host_records if r.get("purpose") == SWEEP
+             and wrapper_name(r["config"]) == "plain"]
+    if not sweep or not h:
+        return {}
+    d = np.array([device_time(r) for r in sweep])
+    t = np.array([float(r["results"]["time_s"]) for r in sweep])
+    loss = [float(np.sum(np.log(interleaved(d, h, k) / t) ** 2)) for k in K_GRID]
+    return {"host_overlap_k": float(K_GRID[int(np.argmin(loss))])}

@@ -204,6 +204,9 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     out.update(_fsdp_scales(every, gpu))
     out.update(calibrate_tp.tp_scales(every, gpu, _spec))
     out.update(calibrate_host.host_scales(host))
+    now = apply(gpu, out)
+    out.update(calibrate_host.overlap_k(host, lambda r: block_predicted_s(r, now),
+                                        out.get("host_block_s")))
     if by_bench.get("optimizer"):
         per_param = 32.0 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
         out["optimizer_scale"] = round(_median(
@@ -345,9 +348,7 @@ def block_checks(blocks: list[dict], gpu: GPUSpec) -> list[dict]:
     rows = []
     for r in blocks:
         c, m = r["config"], _spec(r)
-        t = block_terms(m, gpu, tokens=c["tokens"], seq=c["seq"], recompute=c["recompute"])
-        scale = gpu.elementwise_scale if c["compile"] else gpu.eager_elementwise_scale
-        predicted = t["matmul"] + t["attention"] + scale * t["elementwise"]
+        predicted = block_predicted_s(r, gpu)
         kept = float(memory.layer_activation_bytes(
             m, seq_len=c["seq"], micro_batch=c["micro_batch"], tp=1, cp=1,
             recompute=RECOMPUTE.index(c["recompute"]), sequence_parallel=False))
@@ -359,6 +360,15 @@ def block_checks(blocks: list[dict], gpu: GPUSpec) -> list[dict]:
                      "measured_mib": round(r["results"]["activation_bytes"] / 2**20, 2),
                      "predicted_mib": round(float(kept) / 2**20, 2)})
     return rows
+
+
+def block_predicted_s(r: dict, gpu: GPUSpec) -> float:
+    """The calibrated GPU time of a block record's fwd + bwd: its analytic terms, element-wise
+    work at the compiled or eager scale."""
+    c = r["config"]
+    t = block_terms(_spec(r), gpu, tokens=c["tokens"], seq=c["seq"], recompute=c["recompute"])
+    scale = gpu.elementwise_scale if c["compile"] else gpu.eager_elementwise_scale
+    return float(t["matmul"] + t["attention"] + scale * t["elementwise"])
 
 
 def activation_scale(gpu: GPUSpec, compiled, recompute_code):

@@ -75,11 +75,30 @@ def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accu
     (`bench.step._sync_context`; `torch.distributed.pipelining` does the same for a
     stage), so the other m - 1 micro-batches cost what the block without FSDP2 costs (a
     lower bound: the hooks still run, doing no collective). ZeRO-3 and layouts without
-    FSDP2 pay their wrapper's time every micro-batch. Each micro-batch waits
-    max(0, host - t_dev): the floor of a roofline, per micro-batch.
+    FSDP2 pay their wrapper's time every micro-batch. Each micro-batch waits what
+    `interleaved` adds to its device time.
     """
     full = host_time_per_microbatch(gpu, layers, tp, fsdp)
     no_sync = np.asarray(fsdp, dtype=bool) & (np.asarray(zero) < 3)
     light = np.where(no_sync, host_time_per_microbatch(gpu, layers, tp, False), full)
     ga = np.asarray(grad_accum, dtype=float)
-    return np.maximum(full - t_dev, 0.0) + (ga - 1.0) * np.maximum(light - t_dev, 0.0)
+    k = gpu.host_overlap_k
+    return (interleaved(t_dev, full, k) - t_dev) \
+        + (ga - 1.0) * (interleaved(t_dev, light, k) - t_dev)
+
+
+def interleaved(device_s, host_s, k: float):
+    """Seconds a piece of work takes whose GPU time is `device_s` and host issue time `host_s`.
+
+    k = 0 (not measured): max(device, host), the roofline: the slower side sets the pace and
+    the other hides under it. Measured (`calibrate_host.overlap_k`, one block timed at
+    micro-batches where the two are close): (device^k + host^k)^(1/k), a smooth maximum,
+    the max as k grows and their sum at k = 1: measured work runs below a roofline near
+    its ridge point (Williams, Waterman and Patterson 2009, Roofline, sec. 3).
+    """
+    d = np.asarray(device_s, dtype=float)
+    h = np.asarray(host_s, dtype=float)
+    if not k:
+        return np.maximum(d, h)
+    top = np.maximum(np.maximum(d, h), 1e-30)  # scaled: no overflow for large k
+    return top * ((d / top) ** k + (h / top) ** k) ** (1.0 / k)

@@ -158,6 +158,7 @@ class GPUSpec:
     tp_block_scales: tuple = ()  # ((tp, with FSDP2 0|1, TP block less priced comm / compute),)
     matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
     host_block_s: tuple = ()  # ((wrapper, host s per block), ...) (calibrate_host); () = no floor
+    host_overlap_k: float = 0.0  # host/GPU interleave exponent (calibrate_host); 0 = max()
 
     def __post_init__(self):
         _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
@@ -166,7 +167,8 @@ class GPUSpec:
                                   "optimizer_scale", "logits_scale", "ddp_block_scale",
                                   "fsdp_block_scale"),
                   non_negative=("fp8_tflops", "overlap_exposed", "autocast_elementwise_scale",
-                                "eager_autocast_elementwise_scale", "compiled_head_scale"))
+                                "eager_autocast_elementwise_scale", "compiled_head_scale",
+                                "host_overlap_k"))
         check_curve("GPUSpec.matmul_curve", self.matmul_curve)
         for row in self.host_block_s:
             if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:

@@ -24,16 +24,18 @@ def _tasks(rank, world, *flags):
 def test_host_tasks_are_tiny_blocks_per_rank_and_world():
     tiny = {"model": "llama-1.3b", "micro_batch": 1, "seq": micro.HOST_SEQ,
             "repeats": micro.BLOCK_REPEATS}  # host-bound: more repeats than --repeats
-    plain = ("host", {**tiny, "of": "block", "compile": True, "recompute": "none",
-                      "precision": "pure"})
-    assert _tasks(0, 1) == [plain]  # one rank: the plain block only
+    block = {"of": "block", "compile": True, "recompute": "none", "precision": "pure"}
+    sweep = [("interleave", {**tiny, **block, "micro_batch": mb, "seq": 2048})
+             for mb in micro.SWEEP_MICRO_BATCHES]  # at --seq-len, where GPU and host meet
+    plain = [("host", {**tiny, **block})] + sweep
+    assert _tasks(0, 1) == plain  # one rank: the plain block only
     four = [("host", {**tiny, "of": "fsdp", "zero": 2, "two_blocks": True}),
             ("host", {**tiny, "of": "tp", "tp": 2, "zero": 0}),
             ("host", {**tiny, "of": "tp", "tp": 4, "zero": 0}),
             ("host", {**tiny, "of": "tp", "tp": 2, "zero": 3})]
-    assert _tasks(0, 4) == [plain] + four and _tasks(1, 4) == four
+    assert _tasks(0, 4) == plain + four and _tasks(1, 4) == four
     assert micro.HOST_SEQ % 4 == 0
-    assert [kw["seq"] for _, kw in _tasks(0, 2, "--host-seq", "32")] == [32, 32, 32]
+    assert [kw["seq"] for k, kw in _tasks(0, 2, "--host-seq", "32") if k == "host"] == [32] * 3
     with pytest.raises(SpecError, match="--host-seq 34"):
         _tasks(0, 4, "--host-seq", "34")  # tp 4 does not divide it
     with pytest.raises(SpecError, match="host_seq"):
@@ -53,11 +55,15 @@ def test_two_rank_host_bench_records_marked_blocks(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
            "--benches", "host", "--warmup", "1", "--iters", "2", "--repeats", "6",
-           "--block-repeats", "6"]
+           "--block-repeats", "6", "--seq-len", "32"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    got = list(records.load(out))
-    assert all(r["bench"] == "block" and r["purpose"] == "host" for r in got)
+    every = list(records.load(out))
+    sweep = [r for r in every if r["purpose"] == "interleave"]
+    assert [(r["config"]["micro_batch"], r["config"]["seq"]) for r in sweep] == [
+        (mb, 32) for mb in micro.SWEEP_MICRO_BATCHES]
+    got = [r for r in every if r["purpose"] == "host"]
+    assert len(got) + len(sweep) == len(every) and all(r["bench"] == "block" for r in every)
     assert [calibrate_host.wrapper_name(r["config"]) for r in got] == ["plain", "fsdp2", "tp2"]
     for r in got:
         c = r["config"]
@@ -67,5 +73,5 @@ def test_two_rank_host_bench_records_marked_blocks(tmp_path):
             assert c["blocks"] == [1, 2] and "per_block_from" in r["results"]
             assert r["results"]["root_s"] == pytest.approx(
                 r["results"]["one_block_s"] - r["results"]["time_s"])
-    table = calibrate_host.host_scales(got)["host_block_s"]
+    table = calibrate_host.host_scales(every)["host_block_s"]  # the sweep left out
     assert [w for w, _ in table] == ["fsdp2", "plain", "tp2"] and all(t > 0 for _, t in table)

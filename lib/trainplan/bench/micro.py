@@ -49,6 +49,7 @@ HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2
 # timed blocks of the tp and host benches: host-bound, their 6 repeats on 4 x H100 spread
 # 9-23 ms (TP 2 x FSDP2) and 3-11 ms (TP 4 host block); a repeat is a few 10 ms
 BLOCK_REPEATS = 15
+SWEEP_MICRO_BATCHES = (1, 2, 4)  # at --seq-len: the 1.3B block's GPU time crosses its host's
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -310,15 +311,18 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
 def _host_tasks(args, rank: int, world: int, tps: list) -> list[tuple[str, dict]]:
     """The block benches at micro-batch 1 and --host-seq tokens, where a fwd + bwd is the
     host's issue time (Python, wrapper hooks, launches; `trainplan.calibrate_host`): the
-    compiled block alone (rank 0), FSDP2 ZeRO-2 and the runnable TP modes (world > 1)."""
+    compiled block alone (rank 0), FSDP2 ZeRO-2 and the runnable TP modes (world > 1); and
+    the plain block at SWEEP_MICRO_BATCHES x --seq-len, where its GPU and host times meet."""
     whole(host_seq=args.host_seq)
     bad = [t for t, _ in tps if args.host_seq % t]  # none runnable on one rank
     if bad:
         raise SpecError(f"--host-seq {args.host_seq} is not valid: tp = {bad[0]} must divide it")
     tiny = {"model": args.model, "micro_batch": 1, "seq": args.host_seq,
             "repeats": args.block_repeats}
-    out = [("host", {**tiny, "of": "block", "compile": True, "recompute": "none",
-                     "precision": "pure"})] if rank == 0 else []
+    plain = {"of": "block", "compile": True, "recompute": "none", "precision": "pure"}
+    out = [("host", {**tiny, **plain})] + [
+        ("interleave", {**tiny, **plain, "micro_batch": mb, "seq": args.seq_len})
+        for mb in SWEEP_MICRO_BATCHES] if rank == 0 else []
     if world > 1:
         out.append(("host", {**tiny, "of": "fsdp", "zero": 2, "two_blocks": True}))
         out += [("host", {**tiny, "of": "tp", "tp": t, "zero": z}) for t, z in tps]
@@ -328,9 +332,9 @@ def _host_tasks(args, rank: int, world: int, tps: list) -> list[tuple[str, dict]
 def _run(kind: str, kw: dict, common: dict) -> dict:
     from trainplan.bench import micro_layouts, micro_model, micro_tp
 
-    if kind == "host":  # marked top-level, so that only calibrate_host reads these blocks
+    if kind in ("host", "interleave"):  # marked top-level: only calibrate_host reads them
         kw = dict(kw)
-        extra = {**(common.get("extra") or {}), "purpose": "host"}
+        extra = {**(common.get("extra") or {}), "purpose": kind}
         return _run(kw.pop("of"), kw, {**common, "extra": extra})
     if kind == "tp":
         keep = {k: v for k, v in common.items() if k in ("run_id", "extra", "dtype")}
