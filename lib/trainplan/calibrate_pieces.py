@@ -70,10 +70,9 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-import numpy as np
-
 from trainplan import calibrate_host, calibrate_tp, compute, memory
 from trainplan.layouts import RECOMPUTE
+from trainplan.overheads import activation_scale  # noqa: F401  (read here and by perf)
 from trainplan.specs import GPUSpec, ModelSpec
 
 PIECES = ("hbm", "head", "block", "optimizer", "overlap")
@@ -369,22 +368,6 @@ def block_predicted_s(r: dict, gpu: GPUSpec) -> float:
     t = block_terms(_spec(r), gpu, tokens=c["tokens"], seq=c["seq"], recompute=c["recompute"])
     scale = gpu.elementwise_scale if c["compile"] else gpu.eager_elementwise_scale
     return float(t["matmul"] + t["attention"] + scale * t["elementwise"])
-
-
-def activation_scale(gpu: GPUSpec, compiled, recompute_code):
-    """The measured kept-bytes scale for (compiled, recompute), vectorised over layouts.
-
-    Falls back to the same compile mode without recompute, then to 1.
-    """
-    compiled = np.asarray(compiled, dtype=bool)
-    code = np.asarray(recompute_code)
-    table = {(bool(c), RECOMPUTE.index(rc)): float(s) for c, rc, s in gpu.activation_scales}
-    out = np.ones(np.broadcast(compiled, code).shape)
-    for mode in (True, False):
-        base = table.get((mode, 0), 1.0)
-        for rc in range(len(RECOMPUTE)):
-            out = np.where((compiled == mode) & (code == rc), table.get((mode, rc), base), out)
-    return out if out.shape else float(out)
 
 
 def apply(gpu: GPUSpec, scales: dict) -> GPUSpec:

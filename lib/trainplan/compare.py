@@ -168,11 +168,10 @@ def split_at_fresh_predictions(launches: list[dict], predictions: list[dict]) ->
 
 def _differs(pred: dict, other: dict | None) -> bool:
     """Whether two predictions give another step time or peak memory."""
-    if other is None:
-        return True
-    a, b = pred.get("predicted") or {}, other.get("predicted") or {}
-    return (a.get("step_time_s") != b.get("step_time_s")
-            or (a.get("memory_gib") or {}).get("total") != (b.get("memory_gib") or {}).get("total"))
+    def figures(p):
+        q = p.get("predicted") or {}
+        return q.get("step_time_s"), (q.get("memory_gib") or {}).get("total")
+    return other is None or figures(pred) != figures(other)
 
 
 def superseded_by(series: list[tuple[list[dict], dict]]) -> dict[int, int]:

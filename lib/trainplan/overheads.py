@@ -1,17 +1,20 @@
-"""Measured layout overheads the analytic terms leave out: two cost terms read from the card's
-calibration, both neutral where nothing is measured.
+"""Measured overheads the analytic terms leave out, read from the card's calibration, each
+neutral where nothing is measured.
 
 - `tp_block_scale`: a tensor-parallel block's time over its priced compute, measured on one
   block laid out as the harness lays it out (`trainplan.calibrate_tp`).
 - `host_time_per_microbatch`: the host's time to issue a micro-batch's blocks, measured on
   blocks too small to keep the GPU busy (`trainplan.calibrate_host`); `host_wait_per_step`
   turns it into the step's wait, which `perf.evaluate` adds where the host is the slower.
+- `activation_scale`: the bytes a block keeps for backward, measured over analytic
+  (`calibrate_pieces`), per compile mode and recompute.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from trainplan.layouts import RECOMPUTE
 from trainplan.specs import GPUSpec
 
 
@@ -102,3 +105,19 @@ def interleaved(device_s, host_s, k: float):
         return np.maximum(d, h)
     top = np.maximum(np.maximum(d, h), 1e-30)  # scaled: no overflow for large k
     return top * ((d / top) ** k + (h / top) ** k) ** (1.0 / k)
+
+
+def activation_scale(gpu: GPUSpec, compiled, recompute_code):
+    """The measured kept-bytes scale for (compiled, recompute), vectorised over layouts.
+
+    Falls back to the same compile mode without recompute, then to 1.
+    """
+    compiled = np.asarray(compiled, dtype=bool)
+    code = np.asarray(recompute_code)
+    table = {(bool(c), RECOMPUTE.index(rc)): float(s) for c, rc, s in gpu.activation_scales}
+    out = np.ones(np.broadcast(compiled, code).shape)
+    for mode in (True, False):
+        base = table.get((mode, 0), 1.0)
+        for rc in range(len(RECOMPUTE)):
+            out = np.where((compiled == mode) & (code == rc), table.get((mode, rc), base), out)
+    return out if out.shape else float(out)

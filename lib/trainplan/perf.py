@@ -66,7 +66,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     `compiled`: blocks run under `torch.compile` (fused element-wise work and
     the activations it keeps), as trainplan recommends; False prices eager.
     """
-    from trainplan.calibrate_pieces import activation_scale
+    from trainplan.overheads import activation_scale
 
     cluster = comms.with_measured_links(cluster, gpu)
     tp, pp, cp, ep, dp = L.tp, L.pp, L.cp, L.ep, L.dp

@@ -43,12 +43,10 @@ from trainplan.specs import ModelSpec, load_model
 from trainplan.stats import median_ci
 
 MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
-BENCHES = ("matmul", "attention") + MODEL_BENCHES[:4] + ("collectives", "overlap", "ddp", "fsdp",
-                                                         "tp", "host")
+BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
+           "tp", "host")
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
-# timed blocks of the tp and host benches: host-bound, their 6 repeats on 4 x H100 spread
-# 9-23 ms (TP 2 x FSDP2) and 3-11 ms (TP 4 host block); a repeat is a few 10 ms
-BLOCK_REPEATS = 15
+BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
 SWEEP_MICRO_BATCHES = (1, 2, 4)  # at --seq-len: the 1.3B block's GPU time crosses its host's
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -319,10 +317,9 @@ def _host_tasks(args, rank: int, world: int, tps: list) -> list[tuple[str, dict]
         raise SpecError(f"--host-seq {args.host_seq} is not valid: tp = {bad[0]} must divide it")
     tiny = {"model": args.model, "micro_batch": 1, "seq": args.host_seq,
             "repeats": args.block_repeats}
-    plain = {"of": "block", "compile": True, "recompute": "none", "precision": "pure"}
-    out = [("host", {**tiny, **plain})] + [
-        ("interleave", {**tiny, **plain, "micro_batch": mb, "seq": args.seq_len})
-        for mb in SWEEP_MICRO_BATCHES] if rank == 0 else []
+    plain = {**tiny, "of": "block", "compile": True, "recompute": "none", "precision": "pure"}
+    out = [("host", plain)] + [("interleave", {**plain, "micro_batch": mb, "seq": args.seq_len})
+                               for mb in SWEEP_MICRO_BATCHES] if rank == 0 else []
     if world > 1:
         out.append(("host", {**tiny, "of": "fsdp", "zero": 2, "two_blocks": True}))
         out += [("host", {**tiny, "of": "tp", "tp": t, "zero": z}) for t, z in tps]
