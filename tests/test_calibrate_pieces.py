@@ -1,15 +1,13 @@
 """Scales from the model-piece microbenchmarks: arithmetic on made-up records, then a real run."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.bench.micro_runs import run_micro
 
-from trainplan import calibrate, calibrate_pieces, records
+from trainplan import calibrate, calibrate_pieces
 from trainplan.layouts import Layouts
 from trainplan.perf import evaluate
 from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
@@ -93,15 +91,11 @@ def test_two_rank_piece_benches_feed_a_calibration(tmp_path):
     model = tmp_path / "tiny.yaml"
     model.write_text("n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n")
     out = tmp_path / "micro.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
-           "--benches", "matmul,attention,hbm,head,block,optimizer,overlap",
-           "--block-modes", "eager:none,eager:selective", "--tokens", "128", "--seq-len", "64",
-           "--warmup", "1", "--iters", "2", "--repeats", "6"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = records.load(out)
+    got, _ = run_micro(out, 2, "--model", str(model),
+                       "--benches", "matmul,attention,hbm,head,block,optimizer,overlap",
+                       "--block-modes", "eager:none,eager:selective", "--tokens", "128",
+                       "--seq-len", "64", "--warmup", "1", "--iters", "2", "--repeats", "6",
+                       timeout=240)
     benches = [r["bench"] for r in got]
     for bench in ("hbm", "head", "block", "optimizer", "overlap"):
         assert bench in benches

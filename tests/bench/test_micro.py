@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,8 @@ from trainplan import records
 from trainplan.bench import micro
 from trainplan.errors import SpecError
 from trainplan.specs import load_model
+
+from .micro_runs import run_micro
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,14 +110,9 @@ def test_main_single_process_records_matmul_and_attention(tmp_path):
 @pytest.mark.slow
 def test_two_rank_gloo_collectives(tmp_path):
     out = tmp_path / "coll.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainplan.bench.micro", "--out", str(out), "--benches", "collectives",
-           "--sizes", "4K,64K", "--warmup", "1", "--iters", "3", "--repeats", "6",
-           "--run-id", "t1"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = records.load(out)
+    got, stdout = run_micro(out, 2, "--benches", "collectives", "--sizes", "4K,64K",
+                            "--warmup", "1", "--iters", "3", "--repeats", "6", "--run-id", "t1",
+                            timeout=120)
     assert [(r["bench"], r["config"]["size_bytes"]) for r in got] == [
         (op, size) for op in ("all_reduce", "reduce_scatter", "all_gather")
         for size in (4096, 65536)]
@@ -129,4 +123,4 @@ def test_two_rank_gloo_collectives(tmp_path):
         assert res["algbw_gbps"] == pytest.approx(r["config"]["size_bytes"] / res["time_s"] / 1e9)
         assert res["busbw_gbps"] == pytest.approx(res["algbw_gbps"] * expected)
         assert res["ci_enough_samples"]  # 6 repeats reach a 95% rank interval
-    assert "busbw" in proc.stdout  # the table
+    assert "busbw" in stdout  # the table

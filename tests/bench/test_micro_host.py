@@ -1,16 +1,15 @@
 """The host-time bench: its task list per rank and world, and a real 2-rank gloo run."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from trainplan import calibrate_host, records
+from trainplan import calibrate_host
 from trainplan.bench import micro
 from trainplan.errors import SpecError
 from trainplan.specs import load_model
+
+from .micro_runs import run_micro
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 4\nffn: 128\nvocab: 256\n"
@@ -51,14 +50,9 @@ def test_two_rank_host_bench_records_marked_blocks(tmp_path):
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY)
     out = tmp_path / "micro.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
-           "--benches", "host", "--warmup", "1", "--iters", "2", "--repeats", "6",
-           "--block-repeats", "6", "--seq-len", "32"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    every = list(records.load(out))
+    every, _ = run_micro(out, 2, "--model", str(model), "--benches", "host", "--warmup", "1",
+                         "--iters", "2", "--repeats", "6", "--block-repeats", "6",
+                         "--seq-len", "32", timeout=500)
     sweep = [r for r in every if r["purpose"] == "interleave"]
     assert [(r["config"]["micro_batch"], r["config"]["seq"]) for r in sweep] == [
         (mb, 32) for mb in micro.SWEEP_MICRO_BATCHES]

@@ -4,9 +4,6 @@ and a 2-rank gloo run whose records feed a calibration."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,8 @@ from trainplan.bench import micro_layouts as lay
 from trainplan.bench import micro_model
 from trainplan.errors import SpecError
 from trainplan.specs import load_gpu, load_model
+
+from .micro_runs import run_micro
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n"
@@ -91,16 +90,11 @@ def test_two_rank_ddp_block_and_layout_pieces_feed_a_calibration(tmp_path, tiny)
     """Real torchrun, 2 gloo ranks: DDP block (optimize_ddp on and off), autocast block,
     compiled head, extra GEMM shapes; then a calibration from them."""
     out = tmp_path / "micro.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainplan.bench.micro", "--out", str(out), "--model", tiny,
-           "--benches", "matmul,attention,head,block,ddp",
-           "--block-modes", "compiled:none:autocast-fp32", "--head-modes", "eager,compiled",
-           "--matmul-tp", "1,2", "--matmul-tokens", "64,128", "--tokens", "128",
-           "--seq-len", "64", "--warmup", "1", "--iters", "2", "--repeats", "6"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = records.load(out)
+    got, _ = run_micro(out, 2, "--model", tiny, "--benches", "matmul,attention,head,block,ddp",
+                       "--block-modes", "compiled:none:autocast-fp32",
+                       "--head-modes", "eager,compiled", "--matmul-tp", "1,2",
+                       "--matmul-tokens", "64,128", "--tokens", "128", "--seq-len", "64",
+                       "--warmup", "1", "--iters", "2", "--repeats", "6")
     ddp = [r for r in got if r["bench"] == "block" and r["config"].get("wrapper") == "ddp"]
     assert [r["config"]["optimize_ddp"] for r in ddp] == [True, False]
     for r in ddp:
@@ -149,13 +143,8 @@ def test_two_rank_fsdp_block_records_feed_fsdp_block_scale(tmp_path, tiny):
     """Real torchrun, 2 gloo ranks: the FSDP2-wrapped compiled block, ZeRO-2 and ZeRO-3, each
     beside the block alone and its collectives alone; then the scale fitted from them."""
     out = tmp_path / "micro.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainplan.bench.micro", "--out", str(out), "--model", tiny,
-           "--benches", "fsdp", "--fsdp-modes", "z2,z3", "--tokens", "128", "--seq-len", "64"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = records.load(out)
+    got, _ = run_micro(out, 2, "--model", tiny, "--benches", "fsdp", "--fsdp-modes", "z2,z3",
+                       "--tokens", "128", "--seq-len", "64")
     assert [(r["bench"], r["config"]["wrapper"], r["config"]["zero"]) for r in got] == [
         ("block", "fsdp2", 2), ("block", "fsdp2", 3)]
     params = sum(p.numel() for p in lay._BlockNet(load_model(tiny)).parameters())

@@ -1,17 +1,16 @@
 """The TP block microbenchmark: its flags, and a real 4-rank gloo run feeding a calibration."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from trainplan import calibrate_tp, records
+from trainplan import calibrate_tp
 from trainplan.bench import micro, micro_tp
 from trainplan.errors import SpecError
 from trainplan.specs import load_gpu, load_model
+
+from .micro_runs import run_micro
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 4\nffn: 128\nvocab: 256\n"
@@ -58,15 +57,11 @@ def test_four_rank_tp_blocks_record_and_calibrate(tmp_path):
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY)
     out = tmp_path / "micro.jsonl"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "lib"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           "-m", "trainplan.bench.micro", "--out", str(out), "--model", str(model),
-           "--benches", "tp", "--tp-modes", "tp2,tp4,tp2-z3,tp8", "--tokens", "128",
-           "--seq-len", "64", "--warmup", "1", "--iters", "2", "--repeats", "6",
-           "--block-repeats", "6"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = [r for r in records.load(out) if r["bench"] == "block"]
+    recs, _ = run_micro(out, 4, "--model", str(model), "--benches", "tp",
+                        "--tp-modes", "tp2,tp4,tp2-z3,tp8", "--tokens", "128", "--seq-len", "64",
+                        "--warmup", "1", "--iters", "2", "--repeats", "6", "--block-repeats", "6",
+                        timeout=500)
+    got = [r for r in recs if r["bench"] == "block"]
     assert [(r["config"]["wrapper"], r["config"]["tp"], r["config"]["dp"], r["config"]["zero"])
             for r in got] == [("tp", 2, 2, 0), ("tp", 4, 1, 0), ("tp+fsdp2", 2, 2, 3)]  # no tp8
     for r in got:
