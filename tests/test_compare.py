@@ -296,3 +296,19 @@ def test_headline_is_the_largest_host_not_all_hosts_pooled(tmp_path):
         abs(large["step_time_error"]))
     assert out["meets_targets"]  # judged on the headline host: the 2-GPU miss is not in it
     assert out["end_to_end_fit"]["median"] is None  # fitted on the headline host's one config
+
+
+def test_a_prediction_whose_own_run_never_measured_its_config_is_not_refused(tmp_path):
+    """A later call records predictions for the whole suite and runs out of budget before
+    this config: no measurement of its run to peek at, so it is neither refused nor compared."""
+    pred, meas = tp2_records()
+    unrun = {**copy.deepcopy(pred), "run_id": "callC", "recorded_at": "2026-11-26T03:00:00+00:00"}
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, unrun])],
+                          repredictions=False)
+    assert out["refused"] == [] and out["configs"] == 1
+    assert out["rows"][0]["predicted_at"] == pred["recorded_at"]
+    # the same prediction in the measured run, after its launches, is a peek: refused
+    late = {**unrun, "run_id": meas[0]["run_id"]}
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, late])],
+                          repredictions=False)
+    assert [r["predicted_at"] for r in out["refused"]] == [late["recorded_at"]]

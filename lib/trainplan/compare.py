@@ -4,8 +4,7 @@ A measurement is compared only with a prediction of the same config (model,
 layout with compile, GPUs, card, sequence length) recorded before the first
 launch of that config: the no-peeking rule of DESIGN.md ("Honest
 measurement"). A prediction of the config stamped at or after that launch is
-refused, and each refusal is reported. Where several predictions came first,
-the latest one counts.
+refused, and each refusal is reported once. Where several came first, the latest counts.
 
 Errors are relative, predicted / measured - 1 (negative = optimistic); the
 headline is the median and the maximum of their absolute values on the
@@ -299,8 +298,10 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     for i, j in superseded_by(series).items():
         rows[i]["superseded_by"] = {"config": rows[j]["config"],
                                     "first_measured_at": rows[j]["first_measured_at"]}
-    compared = [r for r in rows
-                if r["predicted_step_time_s"] is not None and "superseded_by" not in r]
+    compared = [r for r in rows if r["predicted_step_time_s"] and "superseded_by" not in r]
+    kept = chosen | eligible | {p["_where"] for p in kinds["prediction"] if p.get("run_id")
+                                and not any(m.get("run_id") == p["run_id"] and same_config(p, m)
+                                            for m in kinds["measurement"])}
     hosts = by_host(compared)
     head = next(iter(hosts), None)
     head_rows = [r for r in compared if r["host"] == head]
@@ -316,9 +317,9 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         "all_hosts": {"configs": len(compared),
                       "step_time_error": error_summary(r["step_time_error"] for r in compared),
                       "memory_error": error_summary(r["memory_error"] for r in compared)},
-        # a prediction another host's launches of its config were compared with stands there,
-        # and one recorded before a later series of its config is no peek at that series
-        "rows": rows, "refused": [r for r in refused if r["prediction"] not in chosen | eligible],
+        # not refused: a prediction compared on another host, one recorded before a later
+        # series of its config, one whose own run never got to its config (budget)
+        "rows": rows, "refused": [r for r in refused if r["prediction"] not in kept],
         "measured_configs": len(rows), "flagged_configs": sum(r["flagged"] for r in rows),
         "superseded": sum("superseded_by" in r for r in rows),
         "predicted_not_measured": sorted({(p.get("config") or {}).get("tag") or p["_where"]
@@ -383,18 +384,17 @@ def throughput_band(out: dict) -> dict:
     headline host alone; a series superseded by a later one of its config left out, as in
     the headline): low, median, high.
 
-    Tokens per step are fixed, so measured / predicted throughput = predicted /
-    measured step time = 1 + step-time error. A predicted rate times these
-    factors is the range the proxy's errors imply (issue 4, item 5); it is
-    carried over from the proxy's scale, not measured at the target's.
+    Tokens per step are fixed, so measured / predicted throughput = predicted / measured
+    step time = 1 + step-time error. A predicted rate times these factors is the range
+    the measured errors imply (issue 4, item 5), carried over, not measured at the target.
     """
     rows = [r for r in out["rows"]
             if r["step_time_error"] is not None and "superseded_by" not in r]
     f = sorted(1.0 + r["step_time_error"] for r in rows)
     if not f:
         return {"low": None, "median": None, "high": None, "n": 0}
-    cards = sorted({r["card"] for r in rows})
+    cards, models = sorted({r["card"] for r in rows}), sorted({r["model"] for r in rows})
     return {"low": f[0], "median": statistics.median(f), "high": f[-1], "n": len(f),
-            "basis": f"{len(f)} configs of the {rows[0]['model']} proxy on up to "
+            "basis": f"{len(f)} configs of {' and '.join(models)} on up to "
                      f"{max(r['gpus'] for r in rows)} GPUs of {' and '.join(cards)}, "
                      "predictions recorded before the measurements"}
