@@ -67,3 +67,29 @@ def test_the_planner_slows_tp_layouts_by_their_scale_and_no_other():
     assert slow["compute_s"][0] > 1.3 * base["compute_s"][0]
     assert slow["step_time_s"][1] == base["step_time_s"][1]
     assert np.all(slow["tp_comm_s"] == base["tp_comm_s"])
+
+
+def test_a_host_bound_tp_block_sets_no_scale_and_its_wrapper_takes_the_others():
+    gpu = _gpu()
+    recs = [_tp_record(gpu, 1.1, tp=2), _tp_record(gpu, 2.7, tp=2, fsdp=True)]
+    t_compute, rest = calibrate_tp.priced(M, gpu, recs[1]["config"])
+    host = [["tp2", 1e-4], ["tp2+fsdp2", 1.01 * (t_compute + rest)]]
+    got = calibrate_tp.tp_scales(recs, gpu, lambda r: M, host)
+    assert got["tp_block_scales"] == [[2, 0, pytest.approx(1.1)]]
+    # a host time below the block's priced GPU time leaves the record in
+    host[1][1] = 0.99 * (t_compute + rest)
+    got = calibrate_tp.tp_scales(recs, gpu, lambda r: M, host)
+    assert got["tp_block_scales"][1] == [2, 1, pytest.approx(2.7)]
+    # fit() measures the host first and hands it on: the same exclusion end to end
+    scales, _ = calibrate_pieces.fit({"block": recs + [_host_record(host[1][1] * 1.03)]}, gpu)
+    assert [row[:2] for row in scales["tp_block_scales"]] == [[2, 0]]
+    spec = calibrate_pieces.apply(gpu, scales)
+    assert overheads.tp_block_scale(spec, 2, True) == pytest.approx(1.1)
+
+
+def _host_record(seconds):
+    c = {"model": M.name, "model_spec": dataclasses.asdict(M), "tp": 2, "micro_batch": 1,
+         "seq": 64, "tokens": 64, "compile": True, "recompute": "none", "wrapper": "tp+fsdp2",
+         "precision": "pure", "params": P_LAYER, "dp": 2, "zero": 3, "world": 4}
+    return {"bench": "block", "purpose": "host", "config": c,
+            "results": {"time_s": seconds, "activation_bytes": 0}}

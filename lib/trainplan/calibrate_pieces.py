@@ -201,8 +201,8 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     out.update(_head_scales(by_bench.get("head", []), gpu))
     out.update(_ddp_scales(every, gpu))
     out.update(_fsdp_scales(every, gpu))
-    out.update(calibrate_tp.tp_scales(every, gpu, _spec))
     out.update(calibrate_host.host_scales(host))
+    out.update(calibrate_tp.tp_scales(every, gpu, _spec, out.get("host_block_s")))
     now = apply(gpu, out)
     out.update(calibrate_host.overlap_k(host, lambda r: block_predicted_s(r, now),
                                         out.get("host_block_s")))

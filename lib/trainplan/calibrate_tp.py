@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from trainplan import comms, compute
+from trainplan import calibrate_host, comms, compute
 from trainplan.compare import CLUSTER
 from trainplan.specs import GPUSpec, ModelSpec, load_cluster
 
@@ -70,15 +70,20 @@ def priced(spec: ModelSpec, gpu: GPUSpec, config: dict) -> tuple[float, float]:
     return t_compute, float(rest)
 
 
-def tp_scales(blocks: list[dict], gpu: GPUSpec, spec_of) -> dict:
+def tp_scales(blocks: list[dict], gpu: GPUSpec, spec_of, host_block_s=()) -> dict:
     """{"tp_block_scales": [[tp, fsdp 0|1, s], ...]} (medians per degree and wrapper) from the
-    TP block records among `blocks`; {} where there are none. `spec_of(record)` -> ModelSpec."""
+    TP block records among `blocks` that are not host-bound against `host_block_s` (rows
+    [wrapper, s], `calibrate_host.host_scales`); {} where none is left.
+    `spec_of(record)` -> ModelSpec."""
+    host = {str(w): float(t) for w, t in host_block_s or ()}
     by_key: dict[tuple[int, int], list[float]] = {}
     for r in blocks:
         c = r["config"]
         if c.get("wrapper") not in ("tp", "tp+fsdp2"):
             continue
         t_compute, rest = priced(spec_of(r), gpu, c)
+        if t_compute + rest < host.get(calibrate_host.wrapper_name(c), 0.0):
+            continue  # host-bound: its time is the host's, which host_block_s prices
         s = (r["results"]["time_s"] - rest) / t_compute
         by_key.setdefault((int(c["tp"]), int(c["wrapper"] == "tp+fsdp2")), []).append(s)
     if not by_key:
