@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import compare
+from trainplan import compare, compare_views
 from trainplan.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,8 +148,9 @@ def test_leave_one_out_is_reported_apart(committed):
 
 
 def test_throughput_band_spans_the_errors(committed):
-    band = compare.throughput_band(committed)
-    assert band["n"] == committed["all_hosts"]["configs"]  # every host's configs, pooled
+    band = compare_views.throughput_band(committed)
+    # every host's configs pooled, the layer slices with them: they are at the target's width
+    assert band["n"] == committed["all_hosts"]["configs"] + committed["width_check"]["configs"]
     current = [r for r in committed["rows"] if "superseded_by" not in r]
     factors = [1 + r["step_time_error"] for r in current]
     assert (band["low"], band["high"]) == (min(factors), max(factors))
@@ -312,3 +313,19 @@ def test_a_prediction_whose_own_run_never_measured_its_config_is_not_refused(tmp
     out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, late])],
                           repredictions=False)
     assert [r["predicted_at"] for r in out["refused"]] == [late["recorded_at"]]
+
+
+def test_layer_slices_are_the_width_check_and_in_no_proxy_figure(committed):
+    current = [r for r in committed["rows"]
+               if "superseded_by" not in r and r["predicted_step_time_s"] is not None]
+    sliced = [r for r in current if compare.SLICE.fullmatch(r["model"])]
+    assert sliced and all(r["model"].endswith("-layers") for r in sliced)
+    width = committed["width_check"]
+    assert width["configs"] == len(sliced)
+    assert width["step_time_error"]["max"] == max(abs(r["step_time_error"]) for r in sliced)
+    assert committed["all_hosts"]["configs"] == len(current) - len(sliced)
+    head = [r for r in current if r["host"] == committed["headline_host"]
+            and r not in sliced]
+    assert committed["configs"] == len(head)
+    assert committed["step_time_error"]["max"] == max(abs(r["step_time_error"]) for r in head)
+    assert width["repredicted"]["calibrated"]["step_time_error"]["n"] == len(sliced)

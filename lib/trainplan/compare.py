@@ -30,6 +30,7 @@ one-factor fit to the end-to-end runs with its leave-one-out error.
 from __future__ import annotations
 
 import glob
+import re
 import statistics
 from collections import defaultdict
 from datetime import datetime
@@ -49,7 +50,9 @@ PLAN_KEYS = LAYOUT_KEYS + EXTRA_KEYS
 CLUSTER = "dgx-h100"  # the suites' interconnect preset (data/suites/*.yaml)
 HEADLINE_RULE = ("The headline figures are those of the proxy on the largest host measured "
                  "(headline_host); every other host's are under hosts, and all hosts pooled "
-                 "under all_hosts.")
+                 "under all_hosts. Layer slices of a larger model (NAME:N-layers) are the "
+                 "width check, under width_check, and in no other figure.")
+SLICE = re.compile(r".+:\d+-layers")  # a model cut to its first N blocks (specs.load_model)
 
 
 # ---------------------------------------------------------------- reading
@@ -302,6 +305,8 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     kept = chosen | eligible | {p["_where"] for p in kinds["prediction"] if p.get("run_id")
                                 and not any(m.get("run_id") == p["run_id"] and same_config(p, m)
                                             for m in kinds["measurement"])}
+    slices = [r for r in compared if SLICE.fullmatch(r["model"])]
+    compared = [r for r in compared if r not in slices]
     hosts = by_host(compared)
     head = next(iter(hosts), None)
     head_rows = [r for r in compared if r["host"] == head]
@@ -314,9 +319,7 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         "signed_step_time_error_median": statistics.median(
             [r["step_time_error"] for r in head_rows]) if head_rows else None,
         "hosts": hosts,
-        "all_hosts": {"configs": len(compared),
-                      "step_time_error": error_summary(r["step_time_error"] for r in compared),
-                      "memory_error": error_summary(r["memory_error"] for r in compared)},
+        "all_hosts": summary(compared), "width_check": summary(slices),
         # not refused: a prediction compared on another host, one recorded before a later
         # series of its config, one whose own run never got to its config (budget)
         "rows": rows, "refused": [r for r in refused if r["prediction"] not in kept],
@@ -333,8 +336,17 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     from trainplan.compare_after import leave_one_out_scale, repredicted
     if repredictions and head_rows:
         out["repredicted"] = repredicted(head_rows, kinds["prediction"])
+    if repredictions and slices:
+        out["width_check"]["repredicted"] = repredicted(slices, kinds["prediction"])
     out["end_to_end_fit"] = leave_one_out_scale(head_rows)
     return out
+
+
+def summary(rows: list[dict]) -> dict:
+    """{"configs", "step_time_error", "memory_error"} of compared rows."""
+    return {"configs": len(rows),
+            "step_time_error": error_summary(r["step_time_error"] for r in rows),
+            "memory_error": error_summary(r["memory_error"] for r in rows)}
 
 
 def by_host(rows: list[dict]) -> dict:
@@ -348,53 +360,4 @@ def by_host(rows: list[dict]) -> dict:
     def size(h):
         n = h.split(" x ", 1)[0]
         return (int(n) if n.isdigit() else 0, len(groups[h]))
-    return {h: {"configs": len(groups[h]),
-                "step_time_error": error_summary(r["step_time_error"] for r in groups[h]),
-                "memory_error": error_summary(r["memory_error"] for r in groups[h])}
-            for h in sorted(groups, key=size, reverse=True)}
-
-
-def one_knob_pairs(rows: list[dict]) -> list[dict]:
-    """Pairs of compared configs whose layouts (with compile) differ in one field only.
-
-    For each, the measured and the predicted change in step time from the first
-    to the second: where the planner predicts no change and the run shows one,
-    that field is a term the cost model misses.
-    """
-    keys = LAYOUT_KEYS + ("compile",)
-    rows = [r for r in rows if r["predicted_step_time_s"] is not None]
-    out = []
-    for i, a in enumerate(rows):
-        for b in rows[i + 1:]:
-            if (a["model"], a["gpus"], a["card"]) != (b["model"], b["gpus"], b["card"]):
-                continue
-            diff = [k for k in keys if a["layout"][k] != b["layout"][k]]
-            if len(diff) != 1:
-                continue
-            out.append({"field": diff[0], "from": a["config"], "to": b["config"],
-                        "values": [a["layout"][diff[0]], b["layout"][diff[0]]],
-                        "measured_change_s": b["measured_step_time_s"] - a["measured_step_time_s"],
-                        "predicted_change_s": b["predicted_step_time_s"]
-                        - a["predicted_step_time_s"]})
-    return out
-
-
-def throughput_band(out: dict) -> dict:
-    """Measured / predicted tokens per second over the configs of every host, pooled (not the
-    headline host alone; a series superseded by a later one of its config left out, as in
-    the headline): low, median, high.
-
-    Tokens per step are fixed, so measured / predicted throughput = predicted / measured
-    step time = 1 + step-time error. A predicted rate times these factors is the range
-    the measured errors imply (issue 4, item 5), carried over, not measured at the target.
-    """
-    rows = [r for r in out["rows"]
-            if r["step_time_error"] is not None and "superseded_by" not in r]
-    f = sorted(1.0 + r["step_time_error"] for r in rows)
-    if not f:
-        return {"low": None, "median": None, "high": None, "n": 0}
-    cards, models = sorted({r["card"] for r in rows}), sorted({r["model"] for r in rows})
-    return {"low": f[0], "median": statistics.median(f), "high": f[-1], "n": len(f),
-            "basis": f"{len(f)} configs of {' and '.join(models)} on up to "
-                     f"{max(r['gpus'] for r in rows)} GPUs of {' and '.join(cards)}, "
-                     "predictions recorded before the measurements"}
+    return {h: summary(groups[h]) for h in sorted(groups, key=size, reverse=True)}

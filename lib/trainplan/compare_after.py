@@ -62,7 +62,7 @@ def repredicted(rows: list[dict], predictions: list[dict]) -> dict:
                               _rel(r["memory_gib"], row["measured_memory_gib"])))
     calib = rows[0]["repredicted"]["calibrated"]["calibration"]
     return {
-        "note": "made now, after the measurements, on the headline host's configs: reported "
+        "note": "made now, after the measurements, on the same configs: reported "
                 "apart, not in the headline",
         "calibration": calib,
         **{name: {"step_time_error": error_summary(e for e, _ in v),

@@ -118,6 +118,10 @@ def format_compare(out: dict) -> str:
     if pooled and len(hosts) > 1:
         lines.append(f"all {len(hosts)} hosts pooled: {pooled['configs']} configs; "
                      f"{errors(pooled)}")
+    width = out.get("width_check") or {}
+    if width.get("configs"):
+        lines.append(f"width check, layer slices of the target model (in no figure above): "
+                     f"{width['configs']} configs; {errors(width)}")
     lines.append(f"{'config':<22}{'n':>3}{'pred s':>8}{'meas s':>8}{'95% interval':>18}"
                  f"{'err':>8}{'pred GiB':>9}{'meas GiB':>9}{'err':>8}")
     for r in out["rows"]:
@@ -139,6 +143,9 @@ def format_compare(out: dict) -> str:
                      f"{_pct(rp['datasheet']['step_time_error']['median'])[1:]} median, "
                      f"calibrated [{rp['calibration']}] "
                      f"{_pct(rp['calibrated']['step_time_error']['median'])[1:]} median")
+    if "repredicted" in width:
+        lines.append(f"width check re-predicted now: calibrated "
+                     f"{errors(width['repredicted']['calibrated'])}")
     if out.get("scaling", {}).get("series"):
         from trainplan.scaling import format_scaling
         lines.append(format_scaling(out["scaling"]))

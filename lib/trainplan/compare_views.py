@@ -1,0 +1,55 @@
+"""Views of a comparison (`compare.compare`) that the runbook's pages draw: pairs of configs
+that differ in one setting (which term misses), and the band of measured over predicted
+throughput that page 3 carries over to the target's plan (issue 4, item 5)."""
+
+from __future__ import annotations
+
+import statistics
+
+from trainplan.compare import LAYOUT_KEYS
+
+
+def one_knob_pairs(rows: list[dict]) -> list[dict]:
+    """Pairs of compared configs whose layouts (with compile) differ in one field only.
+
+    For each, the measured and the predicted change in step time from the first
+    to the second: where the planner predicts no change and the run shows one,
+    that field is a term the cost model misses.
+    """
+    keys = LAYOUT_KEYS + ("compile",)
+    rows = [r for r in rows if r["predicted_step_time_s"] is not None]
+    out = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if (a["model"], a["gpus"], a["card"]) != (b["model"], b["gpus"], b["card"]):
+                continue
+            diff = [k for k in keys if a["layout"][k] != b["layout"][k]]
+            if len(diff) != 1:
+                continue
+            out.append({"field": diff[0], "from": a["config"], "to": b["config"],
+                        "values": [a["layout"][diff[0]], b["layout"][diff[0]]],
+                        "measured_change_s": b["measured_step_time_s"] - a["measured_step_time_s"],
+                        "predicted_change_s": b["predicted_step_time_s"]
+                        - a["predicted_step_time_s"]})
+    return out
+
+
+def throughput_band(out: dict) -> dict:
+    """Measured / predicted tokens per second over the configs of every host, pooled (not the
+    headline host alone; a series superseded by a later one of its config left out, as in
+    the headline): low, median, high.
+
+    Tokens per step are fixed, so measured / predicted throughput = predicted / measured
+    step time = 1 + step-time error. A predicted rate times these factors is the range
+    the measured errors imply (issue 4, item 5), carried over, not measured at the target.
+    """
+    rows = [r for r in out["rows"]
+            if r["step_time_error"] is not None and "superseded_by" not in r]
+    f = sorted(1.0 + r["step_time_error"] for r in rows)
+    if not f:
+        return {"low": None, "median": None, "high": None, "n": 0}
+    cards, models = sorted({r["card"] for r in rows}), sorted({r["model"] for r in rows})
+    return {"low": f[0], "median": statistics.median(f), "high": f[-1], "n": len(f),
+            "basis": f"{len(f)} configs of {' and '.join(models)} on up to "
+                     f"{max(r['gpus'] for r in rows)} GPUs of {' and '.join(cards)}, "
+                     "predictions recorded before the measurements"}
