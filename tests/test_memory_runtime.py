@@ -1,5 +1,7 @@
 """The harness's precision-path memory terms (trainplan.memory_runtime)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -88,3 +90,46 @@ def test_vectorised_over_layouts():
     out = memory.breakdown(M, **{**LAY, "tp": np.array([1, 2, 4])}, dp_shard=np.array([1, 1, 1]),
                            zero=np.array([0, 0, 0]), micro_batch=8, grad_accum=1)
     assert out["total"].shape == (3,) and np.all(np.diff(out["total"]) < 0)
+
+
+def test_root_group_is_what_the_stage_holds_outside_its_blocks():
+    # llama-1.3b: input table and output layer V h each, plus the final norm h
+    assert rt.root_group_params_per_rank(M, 1, 1, 1) == 2 * 32000 * 2048 + 2048
+    # vocab-parallel over tp; the norm is replicated
+    assert rt.root_group_params_per_rank(M, 2, 1, 1) == 32000 * 2048 + 2048
+    # a pipeline stage keeps one end only
+    assert rt.root_group_params_per_rank(M, 1, 2, 1) == 32000 * 2048 + 2048
+
+
+def test_copy_in_pool_holds_root_and_block_outputs_and_root_casts():
+    kw = dict(path=rt.FSDP, tp=1, pp=1, ep=1, zero=2, cp=1)
+    root, block = 2 * 32000 * 2048 + 2048, 50_597_888  # hand counts for llama-1.3b
+    s = params.stage_params_per_rank(M, 1, 1, 1)
+    for d in (2, 4):
+        pool = float(rt.stream_pool_bytes(M, dp_shard=d, **kw))
+        assert pool - 4 * s / d == pytest.approx(2 * (root + block + root / d))
+    # 2 bytes x (R + B + R / 2) = 0.4605 GiB; rank 0's copy-in pool measured 0.46
+    assert (float(rt.stream_pool_bytes(M, dp_shard=2, **kw)) - 2 * s) / 2**30 == \
+        pytest.approx(0.4605, abs=5e-4)
+
+
+def test_copy_in_pool_takes_two_blocks_where_a_block_outweighs_the_root():
+    small_vocab = dataclasses.replace(M, vocab=8)  # root group far smaller than a block
+    kw = dict(path=rt.FSDP, tp=1, pp=1, ep=1, zero=3, cp=1, dp_shard=4)
+    block = params.layer_params_per_rank(small_vocab, 1, 1)
+    s = params.stage_params_per_rank(small_vocab, 1, 1, 1)
+    pool = float(rt.stream_pool_bytes(small_vocab, **kw))
+    assert pool - 4 * s / 4 == pytest.approx(2 * (2 * block + block / 4))
+
+
+def test_stream_pools_zero_off_fsdp_and_shrink_with_shard_degree():
+    kw = dict(tp=1, pp=1, ep=1, cp=1)
+    for path in (rt.AUTOCAST, rt.DDP):
+        assert rt.stream_pool_bytes(M, path=path, zero=2, dp_shard=4, **kw) == 0
+    assert rt.stream_pool_bytes(M, path=rt.FSDP, zero=0, dp_shard=4, **kw) == 0  # d = 1
+    pools = rt.stream_pool_bytes(M, path=rt.FSDP, zero=3, dp_shard=np.array([2, 4, 8, 16]), **kw)
+    assert np.all(np.diff(pools) < 0) and np.all(pools > 0)
+    # wider tensor parallelism shards every stream's share
+    tps = rt.stream_pool_bytes(M, path=rt.FSDP, zero=3, dp_shard=2, tp=np.array([1, 2, 4]),
+                               pp=1, ep=1, cp=1)
+    assert np.all(np.diff(tps) < 0)

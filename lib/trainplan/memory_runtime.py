@@ -170,24 +170,50 @@ def pp_buffer_bytes(m: ModelSpec, *, path, seq_len, micro_batch, grad_accum, tp,
     return np.where(np.asarray(pp) > 1, np.asarray(grad_accum) * boundary, 0.0)
 
 
+def root_group_params_per_rank(m: ModelSpec, tp, pp, ep):
+    """Parameters of the stage's root FSDP group on one rank: what `stage_params_per_rank`
+    holds outside the blocks (input table, final norm, output layer; vocab-parallel over tp).
+    `bench.parallelize.apply_fsdp` shards each block, then the model as one root group."""
+    blocks = (m.n_layers / np.asarray(pp)) * params.layer_params_per_rank(m, tp, ep)
+    return params.stage_params_per_rank(m, tp, pp, ep) - blocks
+
+
 def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
     """Memory FSDP2's side streams hold reserved, which the compute stream cannot reuse.
 
-    The caching allocator keeps free blocks per stream. FSDP2 allocates the
-    reduce-scatter output on its reduce-scatter stream and makes the sharded
-    fp32 gradients views into it (`foreach_reduce`), so that stream's pool
-    holds 4 S / d through the next forward, after `zero_grad(set_to_none=True)`
-    freed the gradients; and it allocates each all-gather output on its copy-in
-    stream, two blocks in flight (current and prefetched): 2 x 2 x block
-    parameters. 0 off FSDP2 or with a shard group of one.
+    The caching allocator keeps free blocks per stream (a block is reused only
+    by requests on the stream it was allocated on). Two side pools:
+
+    - reduce-scatter stream: FSDP2 allocates the reduce-scatter output there
+      and makes the sharded fp32 gradients views into it (`foreach_reduce`),
+      so the pool holds 4 S / d through the next forward, after
+      `zero_grad(set_to_none=True)` freed the gradients;
+    - all-gather copy-in stream: `foreach_all_gather` casts each fp32 shard to
+      bf16 and allocates the whole bf16 all-gather output there. Forward
+      starts with the root group's gather (casts R / d, output R), and the
+      first block's (output B, its casts fitting in the root's freed casts)
+      is issued while the root's output is still live; each later gather
+      fits in a freed output. The pool so holds 2 bytes x (R' + B + R' / d),
+      R' = max(R, B) (two blocks in flight where a block outweighs the root).
+      A check, not a fit: rank 0's copy-in pool in
+      proxy-h100x4-20261126c-measurements.jsonl (`memory_pools`) is this to
+      0.01 GiB on all five FSDP layouts there (1.3B and 13B width, d = 2, 4).
+
+    S = the stage's parameters on this rank, B = one block's, R = the root
+    group's (`root_group_params_per_rank`), d = the shard degree. Source:
+    torch.distributed.fsdp._fully_shard._fsdp_collectives (`foreach_all_gather`,
+    `foreach_reduce`), c10/cuda/CUDACachingAllocator.cpp (per-stream pools).
+    0 off FSDP2 or with a shard group of one.
     """
     from trainplan.memory import shard_degree
 
     s = params.stage_params_per_rank(m, tp, pp, ep)
     block = params.layer_params_per_rank(m, tp, ep)
+    first = np.maximum(root_group_params_per_rank(m, tp, pp, ep), block)
     d = shard_degree(zero, dp_shard, cp, 1)
     on = (np.asarray(path) == FSDP) & (d > 1)
-    return np.where(on, 4.0 * s / d + 2.0 * BF16 * block, 0.0)
+    copy_in = BF16 * (first + block + first / d)
+    return np.where(on, 4.0 * s / d + copy_in, 0.0)
 
 
 def fragmentation_bytes(activations):
