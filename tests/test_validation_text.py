@@ -32,6 +32,9 @@ def test_worst_repredicted_picks_the_largest_miss_among_the_kept_rows():
             {"config": "d", "layout": {"tp": 2}, "measured_step_time_s": 1.0, "repredicted": None}]
     worst = vt.worst_repredicted(rows, lambda r: r["layout"]["tp"] > 1)
     assert worst["config"] == "b" and worst["error"] == pytest.approx(0.2)
+    assert worst["direction"] == "predicted slower than it ran"
+    faster = vt.worst_repredicted(rows, lambda r: r["config"] == "c")
+    assert faster["direction"] == "predicted faster than it ran"
     assert vt.worst_repredicted(rows, lambda r: r["config"] == "d") is None
 
 

@@ -39,14 +39,16 @@ def repredicted_step_error(row: dict) -> float | None:
 
 
 def worst_repredicted(rows: list[dict], keep) -> dict | None:
-    """{"config", "error"} of the row among those `keep(row)` accepts whose re-predicted step
-    time misses most, or None where none is re-predicted."""
+    """{"config", "error", "direction"} of the row among those `keep(row)` accepts whose
+    re-predicted step time misses most, or None where none is re-predicted; "direction" says
+    in words which way it misses."""
     found = [(r["config"], repredicted_step_error(r)) for r in rows if keep(r)]
     found = [(c, e) for c, e in found if e is not None]
     if not found:
         return None
     config, error = max(found, key=lambda ce: abs(ce[1]))
-    return {"config": config, "error": error}
+    way = "faster" if error < 0 else "slower"  # a shorter predicted step: faster than it ran
+    return {"config": config, "error": error, "direction": f"predicted {way} than it ran"}
 
 
 def suspects(lay: dict, gpus: int) -> list[str]:
