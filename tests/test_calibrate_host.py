@@ -198,3 +198,90 @@ def test_a_measured_exponent_raises_a_balanced_step_and_leaves_a_host_free_one()
     assert (smooth["host_wait_s"] - base["host_wait_s"]).iloc[0] > \
         (smooth["host_wait_s"] - base["host_wait_s"]).iloc[1]  # most where the two are close
     pd_equal(_eval(_gpu(host_overlap_k=4.0), *cfgs), _eval(_gpu(), *cfgs))  # nothing measured
+
+
+def _step(seconds, *, wrapper="plain", tp=1, layers=24):
+    r = _rec(seconds, wrapper=wrapper, tp=tp, host=False, mb=1, seq=64, layers=layers)
+    r["purpose"] = calibrate_host.STEP
+    return r
+
+
+def test_host_step_s_is_the_median_step_less_its_blocks_clamped_at_0():
+    blocks = [_rec(0.003, mb=1, seq=64), _fsdp(0.005, mb=1, seq=64)]
+    steps = [_step(0.09), _step(0.10), _step(0.12),  # plain: 0.018, 0.028, 0.048 over blocks
+             _step(0.10, wrapper="fsdp2"),  # below 24 x 0.005 = 0.12: clamped at 0
+             _step(0.5, wrapper="tp", tp=2),  # no tp2 block timed: nothing to subtract
+             _step(0.05, layers=4)]  # its own layers: 0.05 - 4 x 0.003 = 0.038; median 0.033
+    got = calibrate_host.host_scales(blocks + steps)
+    assert got["host_block_s"] == [["fsdp2", 0.005], ["plain", 0.003]]
+    assert got["host_step_s"] == [["fsdp2", 0.0], ["plain", pytest.approx(0.033)]]
+    assert "host_step_s" not in calibrate_host.host_scales(blocks)  # no step records
+    assert calibrate_host.host_scales(steps) == {}  # no blocks: neither key
+    assert all(calibrate_host.is_host(r) for r in steps)
+    # fit hands them to calibrate_host and keeps them from every other scale
+    gpu = _gpu()
+    t = calibrate_pieces.block_terms(M, gpu, tokens=4096, seq=2048, recompute="none")
+    plain = _rec(t["matmul"] + t["attention"] + 1.7 * t["elementwise"], host=False)
+    alone, checks = calibrate_pieces.fit({"block": [plain] + blocks}, gpu)
+    both, checks2 = calibrate_pieces.fit({"block": [plain] + blocks + steps}, gpu)
+    assert both.pop("host_step_s") == got["host_step_s"] and both == alone and checks2 == checks
+    applied = calibrate_pieces.apply(gpu, {"host_step_s": [["plain", 0.03]]})
+    assert applied.host_step_s == (("plain", 0.03),)
+    for bad in ((("plain",),), ((1, 0.1),), (("fsdp2", -0.1),)):
+        with pytest.raises(SpecError, match="host_step_s"):
+            _gpu(host_step_s=bad)
+
+
+def test_host_step_time_picks_the_wrapper_as_the_block_time_does():
+    gpu = _gpu(host_step_s=(("plain", 0.01), ("fsdp2", 0.03), ("tp2", 0.02), ("tp4", 0.04)))
+    tp = np.array([1, 1, 2, 4, 8, 2])
+    fsdp = np.array([0, 1, 0, 0, 0, 1], dtype=bool)
+    got = overheads.host_step_time(gpu, tp, fsdp)
+    assert got.tolist() == pytest.approx([0.01, 0.03, 0.02, 0.04, 0.04, 0.02])  # tp2+fsdp2: tp2
+    assert not overheads.host_step_time(_gpu(), tp, fsdp).any()
+
+
+def test_the_step_s_host_work_joins_the_last_micro_batch_once():
+    floor = (("plain", 0.002), ("fsdp2", 0.006))
+    gpu = _gpu(host_block_s=floor, host_step_s=(("plain", 0.01), ("fsdp2", 0.03)))
+    t_dev = np.array([0.03, 0.03, 0.03, 0.5])
+    kw = dict(layers=24.0, tp=1, fsdp=np.array([True, True, False, True]),
+              zero=np.array([2, 3, 0, 2]), grad_accum=4)
+    base = overheads.host_wait_per_step(_gpu(host_block_s=floor), t_dev, **kw)
+    wait = overheads.host_wait_per_step(gpu, t_dev, **kw)
+    # host-bound: once a step, whatever the micro-batches; device-bound (0.5 s): nothing
+    assert (wait - base).tolist() == pytest.approx([0.03, 0.03, 0.01, 0.0])
+
+
+def test_host_step_s_raises_a_host_bound_step_and_leaves_a_device_bound_one():
+    small = ParallelConfig(dp=2, zero=2, micro_batch=1)  # host-bound: 24 x 5 ms a step
+    big = ParallelConfig(dp=2, zero=2, micro_batch=16)
+    floor = (("plain", 0.003), ("fsdp2", 0.005))
+    before = _eval(_gpu(host_block_s=floor), small, big)
+    after = _eval(_gpu(host_block_s=floor, host_step_s=(("fsdp2", 0.035),)), small, big)
+    assert before.iloc[0]["host_wait_s"] > 0  # already on the floor: the extra adds whole
+    assert after.iloc[0]["step_time_s"] - before.iloc[0]["step_time_s"] == pytest.approx(0.035)
+    assert after.iloc[0]["host_wait_s"] - before.iloc[0]["host_wait_s"] == pytest.approx(0.035)
+    pd_equal(after.iloc[[1]], before.iloc[[1]])  # its GPU time hides the host's
+    zeros = _gpu(host_block_s=floor, host_step_s=(("plain", 0.0), ("fsdp2", 0.0)))
+    pd_equal(_eval(zeros, small, big), before)
+
+
+def test_no_host_step_s_leaves_the_wait_bit_for_bit_as_before():
+    """host_wait_per_step with host_step_s = () against its form before host_step_s."""
+    gpu = _gpu(host_block_s=(("plain", 0.002), ("fsdp2", 0.006), ("tp2", 0.004),
+                             ("tp2+fsdp2", 0.01)), host_overlap_k=6.0)
+    rng = np.random.default_rng(0)
+    t_dev = rng.uniform(0.001, 0.3, 64)
+    tp = rng.choice([1, 2, 4, 8], 64)
+    fsdp, zero = rng.choice([True, False], 64), rng.choice([0, 2, 3], 64)
+    ga, layers = rng.choice([1, 2, 4, 8], 64), rng.choice([6.0, 12.0, 24.0], 64)
+    full = overheads.host_time_per_microbatch(gpu, layers, tp, fsdp)
+    light = np.where(fsdp & (zero < 3), overheads.host_time_per_microbatch(gpu, layers, tp, False),
+                     full)
+    k = gpu.host_overlap_k
+    old = (overheads.interleaved(t_dev, full, k) - t_dev) \
+        + (ga - 1.0) * (overheads.interleaved(t_dev, light, k) - t_dev)
+    new = overheads.host_wait_per_step(gpu, t_dev, layers=layers, tp=tp, fsdp=fsdp, zero=zero,
+                                       grad_accum=ga)
+    assert (new == old).all()

@@ -1,6 +1,7 @@
-"""Host time per block: the floor the host issuing the work sets under a micro-batch.
+"""Host time per block and per step: the floor the host issuing the work sets.
 
-    host-bench records (bench.micro --benches host) -> host_block_s -> GPUSpec -> perf
+    host-bench records (bench.micro --benches host,host-step) -> host_block_s, host_step_s
+        -> GPUSpec -> perf
 
 What it measures: the block benchmarks the other scales come from
 (`bench.micro_model.bench_block`, `bench.micro_layouts.bench_fsdp_block`,
@@ -25,8 +26,8 @@ a roofline with the host as the second roof:
     t_mb = max(t_device, layers x host_block_s[wrapper])
 
 with wrapper the layout's block wrapper: "plain" (one GPU, DDP, PP alone),
-"fsdp2", "tpN" or "tpN+fsdp2". The head, loss and optimizer's host work is not
-measured apart; per block is where the launches scale with depth.
+"fsdp2", "tpN" or "tpN+fsdp2". Per block is where the launches scale with depth;
+the head, loss and optimizer's host work comes once a step (`host_step_s`, below).
 
 The max is a lower bound where the two are close: on 4 x H100 ZeRO-2 at
 micro-batch 4 (device 0.14 s, host 0.14 s a micro-batch) ran 9% over it, TP 4
@@ -35,6 +36,23 @@ micro-batches 1, 2 and 4 of the full sequence (`"purpose": "interleave"`),
 where its GPU time crosses its host time, and `overlap_k` fits the exponent of
 a smooth maximum (d^k + h^k)^(1/k) to those blocks alone
 (`overheads.interleaved`); k = 0, not measured, keeps the max.
+
+The step outside the blocks (`host_step_s`). A step's host work is not only its
+blocks': the embedding, the compiled head and loss, `clip_grad_norm_`, fused AdamW's
+`step()` and `zero_grad()` over (DTensor) parameters, FSDP2's root hooks and the data
+feed run once a step, and nothing above prices them. On 4 x H100 the host-bound layouts
+ran over the block floor: FSDP2 ZeRO-2 at micro-batch 1 on 2 GPUs 0.164-0.168 s a step
+against 0.132 s priced, TP 4 mb 8 0.19-0.24 s against 0.193. The host bench therefore
+also times a whole step of the whole model under each wrapper at micro-batch 1 and
+HOST_SEQ tokens (`bench.micro_step`, `"purpose": "host-step"`; time_s the host's time to
+issue the step, the optimizer's device work left to the planner's `optimizer_s`), and
+
+    host_step_s[wrapper] = median(step time_s - layers x host_block_s[wrapper]), >= 0
+
+which `overheads.host_wait_per_step` adds once a step, to the last micro-batch's host
+time. A wrapper whose block was not timed has no row (nothing to subtract). The plain
+step runs the harness's fp32 weights under autocast while the plain block is timed in
+pure bf16: autocast's casts in the blocks land in the plain row too.
 """
 
 from __future__ import annotations
@@ -45,19 +63,21 @@ import numpy as np
 
 PURPOSE = "host"
 SWEEP = "interleave"  # the plain block at micro-batches where host and GPU time are close
+STEP = "host-step"  # the whole model's step at the host bench's size (bench.micro_step)
 K_GRID = np.round(np.arange(1.0, 12.01, 0.1), 2)  # past 12 the smooth max is the max within 1%
 
 
 def is_host(record: dict) -> bool:
-    """True for a host-bench record (`bench.micro --benches host`), the sweep's included."""
-    return record.get("purpose") in (PURPOSE, SWEEP)
+    """True for a host-bench record (`bench.micro --benches host,host-step`): blocks, the
+    sweep and whole steps."""
+    return record.get("purpose") in (PURPOSE, SWEEP, STEP)
 
 
 def wrapper_name(config: dict) -> str | None:
     """"plain", "fsdp2", "tpN" or "tpN+fsdp2" from a block record's config (wrapper, tp);
     None for a wrapper the planner has no host term for (DDP)."""
     wrapper = config.get("wrapper")
-    if wrapper is None:
+    if wrapper in (None, "plain"):  # the block benches write none, the step bench "plain"
         return "plain"
     if wrapper == "fsdp2":
         return "fsdp2"
@@ -66,19 +86,33 @@ def wrapper_name(config: dict) -> str | None:
     return None
 
 
-def host_scales(host_records: list[dict]) -> dict:
-    """{"host_block_s": [[wrapper, median results.time_s], ...]} sorted by wrapper; {} if none.
-
-    time_s is one block's fwd + bwd (the TP bench's per-block time included)."""
+def _by_wrapper(records: list[dict], purpose: str, value) -> dict[str, list[float]]:
     by: dict[str, list[float]] = {}
-    for r in (r for r in host_records if r.get("purpose") == PURPOSE):
+    for r in (r for r in records if r.get("purpose") == purpose):
         name = wrapper_name(r["config"])
         if name is not None:
-            by.setdefault(name, []).append(float(r["results"]["time_s"]))
-    if not by:
-        return {}
-    return {"host_block_s": [[w, round(float(statistics.median(v)), 7)]
-                             for w, v in sorted(by.items())]}
+            by.setdefault(name, []).append(float(value(r)))
+    return by
+
+
+def host_scales(host_records: list[dict]) -> dict:
+    """{"host_block_s": [[wrapper, median results.time_s], ...], "host_step_s": [[wrapper,
+    seconds], ...]} sorted by wrapper; a key without records is left out ({} if none).
+
+    host_block_s: time_s is one block's fwd + bwd (the TP bench's per-block time included).
+    host_step_s: the median over a wrapper's step records of time_s - layers x its
+    host_block_s, clamped at 0: the step's host work outside the blocks."""
+    blocks = {w: round(float(statistics.median(v)), 7)
+              for w, v in _by_wrapper(host_records, PURPOSE, lambda r: r["results"]["time_s"])
+              .items()}
+    out = {"host_block_s": [[w, t] for w, t in sorted(blocks.items())]} if blocks else {}
+    steps = _by_wrapper([r for r in host_records if wrapper_name(r["config"]) in blocks], STEP,
+                        lambda r: float(r["results"]["time_s"]) - int(r["config"]["layers"])
+                        * blocks[wrapper_name(r["config"])])
+    if steps:
+        out["host_step_s"] = [[w, round(max(0.0, float(statistics.median(v))), 7)]
+                              for w, v in sorted(steps.items())]
+    return out
 
 
 def overlap_k(host_records: list[dict], device_time, host_block_s) -> dict:

@@ -9,7 +9,8 @@
                       + DTensor's layout copies around sequence-parallel collectives
 
 with m = grad_accum micro-batches per step; a micro-batch takes at least the host's
-time to issue it, layers x `GPUSpec.host_block_s` of the layout's block wrapper
+time to issue it, layers x `GPUSpec.host_block_s` of the layout's block wrapper, the
+last one also the step's host work outside the blocks, `GPUSpec.host_step_s`
 (`overheads.host_wait_per_step`, `trainplan.calibrate_host`): the harness syncs
 once a step, so within a step host and GPU overlap and the slower sets the pace
 (host-bound vs device-bound, as a roofline); the wait shows as `host_wait_s`, a part

@@ -158,6 +158,7 @@ class GPUSpec:
     tp_block_scales: tuple = ()  # ((tp, with FSDP2 0|1, TP block less priced comm / compute),)
     matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
     host_block_s: tuple = ()  # ((wrapper, host s per block), ...) (calibrate_host); () = no floor
+    host_step_s: tuple = ()  # ((wrapper, host s a step outside the blocks), ...); () = none
     host_overlap_k: float = 0.0  # host/GPU interleave exponent (calibrate_host); 0 = max()
 
     def __post_init__(self):
@@ -170,9 +171,10 @@ class GPUSpec:
                                 "eager_autocast_elementwise_scale", "compiled_head_scale",
                                 "host_overlap_k"))
         check_curve("GPUSpec.matmul_curve", self.matmul_curve)
-        for row in self.host_block_s:
-            if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
-                raise SpecError(f"GPUSpec.host_block_s row {row!r} is not (wrapper, seconds >= 0)")
+        for name in ("host_block_s", "host_step_s"):
+            for row in getattr(self, name):
+                if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
+                    raise SpecError(f"GPUSpec.{name} row {row!r} is not (wrapper, seconds >= 0)")
         if self.overlap_exposed > 1:
             raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
         for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):

@@ -52,7 +52,7 @@ GPU_MICRO = ["--block-modes",
              "compiled:none,eager:none,compiled:selective,compiled:none:autocast-fp32",
              "--head-modes", "eager,compiled",
              "--matmul-tp", "1,2,4", "--matmul-tokens", "2048,4096,8192,16384"]
-MICRO_LIMIT_S = 300.0  # 4 x H100 took 123 s before the host bench (one compile per tiny block)
+MICRO_LIMIT_S = 360.0  # 4 x H100: 184 s with the host bench (session 7), + ~60-90 s host-step
 CPU_MICRO = ["--benches", "matmul,attention,collectives", "--tokens", "64", "--seq-len", "32",
              "--sizes", "4K,1M,16M", "--warmup", "1", "--iters", "3", "--repeats", "6"]  # seconds
 RECORD_FILES = ("micro.jsonl", "predictions.jsonl", "measurements.jsonl", "failed.jsonl")

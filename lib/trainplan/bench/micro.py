@@ -44,7 +44,7 @@ from trainplan.stats import median_ci
 
 MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
-           "tp", "host")
+           "tp", "host", "host-step")
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
 BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
 SWEEP_MICRO_BATCHES = (1, 2, 4)  # at --seq-len: the 1.3B block's GPU time crosses its host's
@@ -229,11 +229,11 @@ def _parser():
                    help="bench tp: a block under tensor parallel, tpN, or tpN-z2|z3 with FSDP2 "
                    "on the other mesh dimension; those the ranks cannot lay out are skipped")
     p.add_argument("--block-repeats", type=int, default=BLOCK_REPEATS,
-                   help="timed blocks of the tp and host benches, whose host-bound times "
-                   "spread widely (>= 6 for a 95%% interval)")
+                   help="timed blocks (steps) of the tp, host and host-step benches, whose "
+                   "host-bound times spread widely (>= 6 for a 95%% interval)")
     p.add_argument("--host-seq", type=int, default=HOST_SEQ,
-                   help="bench host: the tiny sequence (micro-batch 1) at which a block's time "
-                   "is the host's; the --tp-modes degrees must divide it")
+                   help="benches host and host-step: the tiny sequence (micro-batch 1) at which a "
+                   "block's (step's) time is the host's; the --tp-modes degrees must divide it")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
     p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
     p.add_argument("--matmul-tp", default=None,
@@ -253,7 +253,7 @@ def _parser():
 
 def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict]]:
     from trainplan.bench import micro_layouts as lay
-    from trainplan.bench import micro_tp
+    from trainplan.bench import micro_step, micro_tp
 
     benches = {b.strip() for b in args.benches.split(",") if b.strip()}
     unknown = benches - set(BENCHES)
@@ -301,37 +301,20 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     if world > 1 and "tp" in benches:
         tasks += [("tp", {**piece, "tp": t, "zero": z, "repeats": args.block_repeats})
                   for t, z in micro_tp.runnable(tps, world)]
-    if "host" in benches:
-        tasks += _host_tasks(args, rank, world, micro_tp.runnable(tps, world))
+    if benches & {"host", "host-step"}:  # blocks, then whole steps (bench.micro_step)
+        tasks += micro_step.host_tasks(args, rank, world, micro_tp.runnable(tps, world),
+                                       blocks="host" in benches, steps="host-step" in benches)
     return tasks
 
 
-def _host_tasks(args, rank: int, world: int, tps: list) -> list[tuple[str, dict]]:
-    """The block benches at micro-batch 1 and --host-seq tokens, where a fwd + bwd is the
-    host's issue time (Python, wrapper hooks, launches; `trainplan.calibrate_host`): the
-    compiled block alone (rank 0), FSDP2 ZeRO-2 and the runnable TP modes (world > 1); and
-    the plain block at SWEEP_MICRO_BATCHES x --seq-len, where its GPU and host times meet."""
-    whole(host_seq=args.host_seq)
-    bad = [t for t, _ in tps if args.host_seq % t]  # none runnable on one rank
-    if bad:
-        raise SpecError(f"--host-seq {args.host_seq} is not valid: tp = {bad[0]} must divide it")
-    tiny = {"model": args.model, "micro_batch": 1, "seq": args.host_seq,
-            "repeats": args.block_repeats}
-    plain = {**tiny, "of": "block", "compile": True, "recompute": "none", "precision": "pure"}
-    out = [("host", plain)] + [("interleave", {**plain, "micro_batch": mb, "seq": args.seq_len})
-                               for mb in SWEEP_MICRO_BATCHES] if rank == 0 else []
-    if world > 1:
-        out.append(("host", {**tiny, "of": "fsdp", "zero": 2, "two_blocks": True}))
-        out += [("host", {**tiny, "of": "tp", "tp": t, "zero": z}) for t, z in tps]
-    return out
-
-
 def _run(kind: str, kw: dict, common: dict) -> dict:
-    from trainplan.bench import micro_layouts, micro_model, micro_tp
+    from trainplan.bench import micro_layouts, micro_model, micro_step, micro_tp
 
-    if kind in ("host", "interleave"):  # marked top-level: only calibrate_host reads them
-        kw = dict(kw)
-        extra = {**(common.get("extra") or {}), "purpose": kind}
+    if kind in ("host", "interleave", "host-step"):  # marked top-level: calibrate_host's alone
+        kw, extra = dict(kw), {**(common.get("extra") or {}), "purpose": kind}
+        if kind == "host-step":
+            keep = {k: v for k, v in common.items() if k in ("run_id", "dtype", "warmup")}
+            return micro_step.bench_host_step(**kw, **keep, extra=extra)
         return _run(kw.pop("of"), kw, {**common, "extra": extra})
     if kind == "tp":
         keep = {k: v for k, v in common.items() if k in ("run_id", "extra", "dtype")}
