@@ -330,3 +330,20 @@ def test_the_gallery_adds_a_scenario_file_from_elsewhere(tmp_path):
     path.write_text((ROOT / "data" / "scenarios" / f"{DEFAULT_SCENARIO}.yaml").read_text())
     rows, _ = pages.gallery(resolve_inputs(str(path)))
     assert len(rows) == len(SCENARIOS) + 1 and rows.index[-1] == f"{path} (this build)"
+
+
+def test_memory_check_carries_the_width_checks_overrun_over_to_the_plan(monkeypatch):
+    from trainplan import compare, compare_views
+    from trainplan.memory import NON_ALLOCATOR_GIB
+
+    band = compare_views.memory_band(compare.compare(repredictions=False))
+    card, factor = 80.0, band["factor"]
+    usable = card - NON_ALLOCATOR_GIB
+    tight = usable / factor * 1.01  # predicted to fit, over once carried over
+    text = pages.memory_check(tight, card)
+    assert f"{tight * factor:.1f} GiB, more than the {usable:.1f} GiB" in text
+    assert "trial run" in text and band["config"] in text
+    roomy = pages.memory_check(usable / factor * 0.9, card)
+    assert ", within the" in roomy and "trial run" not in roomy
+    monkeypatch.setattr(compare_views, "memory_band", lambda out: {"factor": None})
+    assert pages.memory_check(tight, card).startswith("No layer slice")

@@ -329,3 +329,17 @@ def test_layer_slices_are_the_width_check_and_in_no_proxy_figure(committed):
     assert committed["configs"] == len(head)
     assert committed["step_time_error"]["max"] == max(abs(r["step_time_error"]) for r in head)
     assert width["repredicted"]["calibrated"]["step_time_error"]["n"] == len(sliced)
+
+
+def test_memory_band_is_the_width_checks_largest_overrun(committed):
+    band = compare_views.memory_band(committed)
+    sliced = [r for r in committed["rows"] if "superseded_by" not in r
+              and r["memory_error"] is not None and compare.SLICE.fullmatch(r["model"])]
+    assert band["n"] == len(sliced) > 0
+    ratios = {r["config"]: r["measured_memory_gib"] / r["predicted_memory_gib"] for r in sliced}
+    assert band["factor"] == pytest.approx(max(1.0, max(ratios.values())))
+    assert ratios[band["config"]] == pytest.approx(max(ratios.values()))
+    over_predicted = {**committed, "rows": [{**r, "memory_error": 0.2} for r in sliced]}
+    assert compare_views.memory_band(over_predicted)["factor"] == 1.0  # never below 1
+    none = compare_views.memory_band({**committed, "rows": []})
+    assert none == {"factor": None, "config": None, "n": 0}

@@ -53,3 +53,24 @@ def throughput_band(out: dict) -> dict:
             "basis": f"{len(f)} configs of {' and '.join(models)} on up to "
                      f"{max(r['gpus'] for r in rows)} GPUs of {' and '.join(cards)}, "
                      "predictions recorded before the measurements"}
+
+
+def memory_band(out: dict) -> dict:
+    """How far peak memory ran above its prediction on the width check (the target model's
+    layers at their real width, `compare.SLICE`): {"factor": the largest measured over
+    predicted, never below 1; "config": whose; "n": configs}, factor None where none is
+    compared.
+
+    memory_error = predicted / measured - 1, so measured / predicted = 1 / (1 + error). A
+    predicted peak times the factor is what a run of the target may hold, carried over from
+    one machine's layer slices, not measured on the target's cluster.
+    """
+    from trainplan.compare import SLICE
+
+    rows = [r for r in out["rows"] if "superseded_by" not in r
+            and r["memory_error"] is not None and SLICE.fullmatch(r["model"])]
+    if not rows:
+        return {"factor": None, "config": None, "n": 0}
+    worst = min(rows, key=lambda r: r["memory_error"])
+    return {"factor": max(1.0, 1.0 / (1.0 + worst["memory_error"])), "config": worst["config"],
+            "n": len(rows)}

@@ -360,3 +360,24 @@ def launch_note(plan_strategy: str, launch_strategy: str) -> str:
     return (f"here it is **{launch_strategy}**, not the plan above (**{plan_strategy}**): "
             "the harness cannot launch that plan yet, so the runbook launches the best plan it "
             "can run, and its throughput is the one to expect.")
+
+
+def memory_check(total_gib: float, card_gib: float) -> str:
+    """Plain sentences for a page's risk: the plan's predicted peak memory times how far peak
+    memory ran above its prediction at a model's real width (page 4's width check,
+    `compare_views.memory_band`), against what the allocator can use of the card."""
+    from trainplan import compare, compare_views
+    from trainplan.memory import NON_ALLOCATOR_GIB
+
+    over = compare_views.memory_band(compare.compare(repredictions=False))
+    if over["factor"] is None:
+        return "No layer slice of a model at its real width has been measured yet to check it."
+    usable, high = card_gib - NON_ALLOCATOR_GIB, total_gib * over["factor"]
+    text = (f"Measured on the first layers of a model at its real width, peak memory ran up to "
+            f"{over['factor'] - 1:.0%} above its prediction ({over['config']}). Carried over, "
+            f"this plan's {total_gib:.1f} GiB would be {high:.1f} GiB, "
+            f"{'within' if high <= usable else 'more than'} the {usable:.1f} GiB the "
+            "allocator can use.")
+    if high > usable:
+        text += " Check peak memory in a short trial run before committing the budget."
+    return text
