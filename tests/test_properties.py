@@ -106,8 +106,14 @@ def test_wider_fsdp_shard_never_adds_memory(m, dp, data, tp, rc):
     big = data.draw(st.sampled_from([d for d in divs if d > small and d % small == 0]))
     lo = total(m, zero=3, dp_shard=small, tp=tp, recompute=rc)
     hi = total(m, zero=3, dp_shard=big, tp=tp, recompute=rc)
-    assert hi["total"] <= lo["total"] * (1 + 1e-12)
     assert states(hi) < states(lo)
+    if small > 1:  # sharded both ways: every term shrinks or stays
+        assert hi["total"] <= lo["total"] * (1 + 1e-12)
+    else:  # from unsharded, FSDP2's side-stream pools start: only they may add (a toy model)
+        from trainplan.memory_runtime import FSDP, stream_pool_bytes
+        pools = float(stream_pool_bytes(m, path=FSDP, tp=tp, pp=1, ep=1, zero=3,
+                                        dp_shard=big, cp=1))
+        assert hi["total"] <= (lo["total"] + pools) * (1 + 1e-12)
 
 
 @SETTINGS
