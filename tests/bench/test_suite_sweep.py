@@ -77,6 +77,9 @@ def test_each_config_gets_its_own_record_per_repetition(swept):
     assert marks[(2, 2)] == ["sweep launch: position 1 of 3", "sweep launch: position 2 of 2"]
     assert marks[(0, 1)] == ["sweep launch: position 3 of 3", "sweep launch: position 1 of 2"]
     assert all(m["warmup_steps_dropped"] == 1 and len(m["step_times_s"]) == 3 for m in meas)
+    # what a launch spends before its kept steps: set-up, and the warm-up step that compiles
+    assert all(m["setup_s"] > 0 and len(m["warmup_step_times_s"]) == 1
+               and m["warmup_step_times_s"][0] > 0 for m in meas)
 
 
 def test_the_broken_config_is_recorded_failed_and_not_run_again(swept):

@@ -187,6 +187,7 @@ def load_spec(args) -> ModelSpec:
 
 
 def run(args) -> dict:
+    began = time.perf_counter()  # setup_s: mesh, model, wrappers, loader, up to the first step
     check_args(args)
     spec = load_spec(args)
     cfg = layout(args)
@@ -221,7 +222,7 @@ def run(args) -> dict:
     batches = iter(source)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    done = start
+    done, setup_s = start, time.perf_counter() - began
     for step in bar:
         saver.before_step(step + 1)
         _sync(device)
@@ -242,6 +243,7 @@ def run(args) -> dict:
             break
     summary = _summarise(args, spec, cfg, device, world, times, losses, par)
     summary["grad_norms"] = norms
+    summary["setup_s"] = round(setup_s, 3)  # rank 0's; the first warm-up step holds the compile
     summary["first_step"] = start + 1
     summary["checkpoint"] = saver.finish(done)
     summary["monitor"] = mon.finish()
@@ -310,6 +312,7 @@ def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
         "steps": args.steps,
         "warmup_steps_dropped": len(times) - len(measured),
         "step_times_s": measured,
+        "warmup_step_times_s": times[:len(times) - len(measured)],  # the compile is in these
         "step_time_s": statistics.median(measured) if measured else None,
         "tokens_per_step": tokens_per_step,
         "tokens_per_s_per_gpu": rate,
@@ -352,7 +355,8 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
 
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
-    extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "cpu_affinity")
+    extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "cpu_affinity",
+                                          "setup_s", "warmup_step_times_s")
                   if summary.get(k) is not None})
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],
