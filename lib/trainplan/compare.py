@@ -301,7 +301,8 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     for i, j in superseded_by(series).items():
         rows[i]["superseded_by"] = {"config": rows[j]["config"],
                                     "first_measured_at": rows[j]["first_measured_at"]}
-    compared = [r for r in rows if r["predicted_step_time_s"] and "superseded_by" not in r]
+    compared = [r for r in rows
+                if r["predicted_step_time_s"] is not None and "superseded_by" not in r]
     kept = chosen | eligible | {p["_where"] for p in kinds["prediction"] if p.get("run_id")
                                 and not any(m.get("run_id") == p["run_id"] and same_config(p, m)
                                             for m in kinds["measurement"])}

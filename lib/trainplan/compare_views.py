@@ -1,12 +1,13 @@
 """Views of a comparison (`compare.compare`) that the runbook's pages draw: pairs of configs
-that differ in one setting (which term misses), and the band of measured over predicted
-throughput that page 3 carries over to the target's plan (issue 4, item 5)."""
+that differ in one setting (which term misses), the band of measured over predicted
+throughput that page 3 carries over to the target's plan (issue 4, item 5), and how far
+peak memory ran over its prediction at the target's width (pages 1 and 2)."""
 
 from __future__ import annotations
 
 import statistics
 
-from trainplan.compare import LAYOUT_KEYS
+from trainplan.compare import LAYOUT_KEYS, SLICE
 
 
 def one_knob_pairs(rows: list[dict]) -> list[dict]:
@@ -65,8 +66,6 @@ def memory_band(out: dict) -> dict:
     predicted peak times the factor is what a run of the target may hold, carried over from
     one machine's layer slices, not measured on the target's cluster.
     """
-    from trainplan.compare import SLICE
-
     rows = [r for r in out["rows"] if "superseded_by" not in r
             and r["memory_error"] is not None and SLICE.fullmatch(r["model"])]
     if not rows:
