@@ -118,12 +118,10 @@ def _timed_steps(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
     (`train.loss_function`), synthetic micro-batches moved to the device, `train_step`."""
     from trainplan.bench import feed
     from trainplan.bench import step as step_mod
-    from trainplan.bench.train import loss_function
+    from trainplan.bench.train import loss_function, make_optimizer
 
     par = _build(spec, seq, tp=tp, zero=zero, dev=dev, low=low, compile=compile, mesh=mesh)
-    fused = {"fused": True} if dev.type == "cuda" else {}
-    optimizer = torch.optim.AdamW(list(par.parameters()), lr=3e-4, betas=(0.9, 0.95),
-                                  weight_decay=0.1, **fused)  # as train.run builds it
+    optimizer = make_optimizer(par, 3e-4, dev)  # as train.run builds it
     loss_fn = loss_function(compile)
     autocast = low and not par.fsdp  # train.run: autocast where FSDP2 does not cast
     dp_rank, dp = (mesh["dp_shard"].get_local_rank(), mesh["dp_shard"].size()) if zero \

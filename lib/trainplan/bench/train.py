@@ -156,6 +156,13 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device, mesh):
     return result, loss_fn
 
 
+def make_optimizer(par, lr: float, device) -> torch.optim.AdamW:
+    """The harness's optimizer: AdamW (betas 0.9, 0.95, weight decay 0.1), fused on GPU."""
+    fused = {"fused": True} if device.type == "cuda" else {}
+    return torch.optim.AdamW(list(par.parameters()), lr=lr, betas=(0.9, 0.95),
+                             weight_decay=0.1, **fused)
+
+
 def loss_function(compile: bool):
     """The loss; compiled with the blocks, so the fp32 upcast of the (B, S, V)
     logits, the softmax and its gradient fuse instead of round-tripping HBM."""
@@ -199,9 +206,7 @@ def run(args) -> dict:
     dp_rank, dp = par_mod.dp_coordinates(cfg, mesh)
     builder = hf_baseline.build if args.impl == "hf-baseline" else build
     par, loss_fn = builder(spec, cfg, args, device, mesh)
-    fused = {"fused": True} if device.type == "cuda" else {}
-    optimizer = torch.optim.AdamW(list(par.parameters()), lr=args.lr, betas=(0.9, 0.95),
-                                  weight_decay=0.1, **fused)
+    optimizer = make_optimizer(par, args.lr, device)
     saver = ckpt.Checkpointer(args, par, optimizer, rank=rank, world=world, device=device)
     start = saver.resume()  # 0, or the step of the checkpoint loaded
     source = _batches(args, cfg, spec, dp_rank, dp, start)
