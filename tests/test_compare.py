@@ -343,3 +343,40 @@ def test_memory_band_is_the_width_checks_largest_overrun(committed):
     assert compare_views.memory_band(over_predicted)["factor"] == 1.0  # never below 1
     none = compare_views.memory_band({**committed, "rows": []})
     assert none == {"factor": None, "config": None, "n": 0}
+
+
+def test_per_layer_differences_slices_alike_but_for_depth(committed):
+    pairs = committed["width_check"]["per_layer"]
+    assert pairs and pairs == compare_views.per_layer(committed["rows"])
+    rows = {r["config"]: r for r in committed["rows"] if "superseded_by" not in r}
+    for p in pairs:
+        deep, flat = rows[p["to"]], rows[p["from"]]
+        assert deep["layout"] == flat["layout"] and deep["host"] == flat["host"] == p["host"]
+        assert p["layers"] == 2  # the committed twins: 4 and 2 blocks
+        assert p["measured_step_s"] == pytest.approx(
+            (deep["measured_step_time_s"] - flat["measured_step_time_s"]) / 2)
+        assert p["predicted_memory_gib"] == pytest.approx(
+            (deep["predicted_memory_gib"] - flat["predicted_memory_gib"]) / 2)
+        assert p["step_time_error"] == pytest.approx(
+            p["predicted_step_s"] / p["measured_step_s"] - 1)
+        low, high = p["measured_step_ci"]
+        assert low <= p["measured_step_s"] <= high
+    # 4-GPU slices have no 2-block twin: no pair across hosts, layouts or GPU counts
+    assert not any("tp4" in p["to"] for p in pairs)
+
+
+def test_per_layer_needs_two_depths_and_takes_neighbours(committed):
+    rows = [r for r in committed["rows"] if "superseded_by" not in r]
+    twin = next(r for r in rows if r["config"] == "s13b-1gpu-mb1-c")
+    assert compare_views.per_layer([twin]) == []
+    # a third depth pairs with its nearest: 8 with 4, 4 with 2, over their own layer gaps
+    deeper = {**twin, "config": "eight", "model": "llama-13b:8-layers",
+              "measured_step_time_s": twin["measured_step_time_s"] + 0.08,
+              "measured_step_time_ci": [v + 0.08 for v in twin["measured_step_time_ci"]]}
+    flat = next(r for r in rows if r["config"] == "s13b-1gpu-mb1-l2-c")
+    got = compare_views.per_layer([flat, deeper, twin])
+    assert [(p["to"], p["from"], p["layers"]) for p in got] == [
+        ("eight", "s13b-1gpu-mb1-c", 4), ("s13b-1gpu-mb1-c", "s13b-1gpu-mb1-l2-c", 2)]
+    assert got[0]["measured_step_s"] == pytest.approx(0.02)
+    other = {**flat, "layout": {**flat["layout"], "micro_batch": 2}}  # not alike: no pair
+    assert compare_views.per_layer([other, twin]) == []

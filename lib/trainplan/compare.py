@@ -339,6 +339,8 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         out["repredicted"] = repredicted(head_rows, kinds["prediction"])
     if repredictions and slices:
         out["width_check"]["repredicted"] = repredicted(slices, kinds["prediction"])
+    from trainplan.compare_views import per_layer
+    out["width_check"]["per_layer"] = per_layer(slices)
     out["end_to_end_fit"] = leave_one_out_scale(head_rows)
     return out
 

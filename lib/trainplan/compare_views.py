@@ -1,11 +1,14 @@
 """Views of a comparison (`compare.compare`) that the runbook's pages draw: pairs of configs
 that differ in one setting (which term misses), the band of measured over predicted
-throughput that page 3 carries over to the target's plan (issue 4, item 5), and how far
-peak memory ran over its prediction at the target's width (pages 1 and 2)."""
+throughput that page 3 carries over to the target's plan (issue 4, item 5), how far
+peak memory ran over its prediction at the target's width (pages 1 and 2), and the cost of
+one of the target's layers from slices of two depths (page 4)."""
 
 from __future__ import annotations
 
+import re
 import statistics
+from collections import defaultdict
 
 from trainplan.compare import LAYOUT_KEYS, SLICE
 
@@ -73,3 +76,60 @@ def memory_band(out: dict) -> dict:
     worst = min(rows, key=lambda r: r["memory_error"])
     return {"factor": max(1.0, 1.0 / (1.0 + worst["memory_error"])), "config": worst["config"],
             "n": len(rows)}
+
+
+DEPTH = re.compile(r"(?P<base>.+):(?P<layers>\d+)-layers")  # compare.SLICE, with its parts
+
+
+def per_layer(rows: list[dict]) -> list[dict]:
+    """Per-layer time and memory of the target's layers at their real width (issue 4, item 4):
+    for each pair of width-check configs alike in all but depth (same base model, host, GPUs
+    and layout, compile and sequence parallelism included), the difference of the deeper
+    and the shallower divided by the layers between them, measured and predicted.
+
+    A whole-slice step also holds the embeddings, the output layer and the loss, the
+    optimizer's constant part and the host's once-a-step work; the difference cancels what
+    does not grow with depth, so what is left is the layers' own cost, the part the 13B
+    plan multiplies by forty. The measured difference's interval is the widest the two
+    medians' 95% intervals allow (deeper high less shallower low, and the reverse), an
+    honest bound rather than a fitted one. Errors are predicted / measured - 1 per layer;
+    `repredicted_step_error` where both rows were re-predicted with today's planner.
+    """
+    alike = defaultdict(list)
+    for r in rows:
+        m = DEPTH.fullmatch(r["model"])
+        if m is None or "superseded_by" in r or r["predicted_step_time_s"] is None:
+            continue
+        key = (m["base"], r["host"], r["gpus"], tuple(sorted(r["layout"].items())))
+        alike[key].append((int(m["layers"]), r))
+    out = []
+    for group in alike.values():
+        group.sort(key=lambda lr: lr[0], reverse=True)
+        for (deep_n, deep), (flat_n, flat) in zip(group, group[1:]):
+            if deep_n == flat_n:
+                continue
+            out.append(_layer_difference(deep, flat, deep_n - flat_n))
+    return out
+
+
+def _layer_difference(deep: dict, flat: dict, n: int) -> dict:
+    """One `per_layer` row: deeper minus shallower over `n` layers."""
+    def per(key):
+        a, b = deep[key], flat[key]
+        return None if a is None or b is None else (a - b) / n
+
+    def err(pred, meas):
+        return None if pred is None or not meas else pred / meas - 1.0
+
+    step, mem = per("measured_step_time_s"), per("measured_memory_gib")
+    pred_step, pred_mem = per("predicted_step_time_s"), per("predicted_memory_gib")
+    (dlo, dhi), (flo, fhi) = deep["measured_step_time_ci"], flat["measured_step_time_ci"]
+    row = {"from": flat["config"], "to": deep["config"], "host": deep["host"], "layers": n,
+           "measured_step_s": step, "measured_step_ci": [(dlo - fhi) / n, (dhi - flo) / n],
+           "predicted_step_s": pred_step, "step_time_error": err(pred_step, step),
+           "measured_memory_gib": mem, "predicted_memory_gib": pred_mem,
+           "memory_error": err(pred_mem, mem)}
+    now = [r.get("repredicted", {}).get("calibrated", {}).get("step_time_s") for r in (deep, flat)]
+    if None not in now:
+        row["repredicted_step_error"] = err((now[0] - now[1]) / n, step)
+    return row

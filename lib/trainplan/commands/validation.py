@@ -146,6 +146,13 @@ def format_compare(out: dict) -> str:
     if "repredicted" in width:
         lines.append(f"width check re-predicted now: calibrated "
                      f"{errors(width['repredicted']['calibrated'])}")
+    for p in width.get("per_layer", []):
+        lines.append(f"  per layer, {p['to']} less {p['from']} on {p['host']}: step "
+                     f"{1e3 * p['predicted_step_s']:.1f} ms predicted, "
+                     f"{1e3 * p['measured_step_s']:.1f} ms measured "
+                     f"({_pct(p['step_time_error'])}); memory "
+                     f"{p['predicted_memory_gib']:.2f} / {p['measured_memory_gib']:.2f} GiB "
+                     f"({_pct(p['memory_error'])})")
     if out.get("scaling", {}).get("series"):
         from trainplan.scaling import format_scaling
         lines.append(format_scaling(out["scaling"]))
