@@ -210,11 +210,12 @@ def test_host_step_s_is_the_median_step_less_its_blocks_clamped_at_0():
     blocks = [_rec(0.003, mb=1, seq=64), _fsdp(0.005, mb=1, seq=64)]
     steps = [_step(0.09), _step(0.10), _step(0.12),  # plain: 0.018, 0.028, 0.048 over blocks
              _step(0.10, wrapper="fsdp2"),  # below 24 x 0.005 = 0.12: clamped at 0
-             _step(0.5, wrapper="tp", tp=2),  # no tp2 block timed: nothing to subtract
-             _step(0.05, layers=4)]  # its own layers: 0.05 - 4 x 0.003 = 0.038; median 0.033
+             _step(0.5, wrapper="tp", tp=2)]  # no tp2 block timed: nothing to subtract
+    # one depth each (two: tests/test_host_step_depth.py): all of it once a step
     got = calibrate_host.host_scales(blocks + steps)
     assert got["host_block_s"] == [["fsdp2", 0.005], ["plain", 0.003]]
-    assert got["host_step_s"] == [["fsdp2", 0.0], ["plain", pytest.approx(0.033)]]
+    assert got["host_step_s"] == [["fsdp2", 0.0], ["plain", pytest.approx(0.028)]]
+    assert "host_step_layer_s" not in got
     assert "host_step_s" not in calibrate_host.host_scales(blocks)  # no step records
     assert calibrate_host.host_scales(steps) == {}  # no blocks: neither key
     assert all(calibrate_host.is_host(r) for r in steps)
@@ -236,9 +237,9 @@ def test_host_step_time_picks_the_wrapper_as_the_block_time_does():
     gpu = _gpu(host_step_s=(("plain", 0.01), ("fsdp2", 0.03), ("tp2", 0.02), ("tp4", 0.04)))
     tp = np.array([1, 1, 2, 4, 8, 2])
     fsdp = np.array([0, 1, 0, 0, 0, 1], dtype=bool)
-    got = overheads.host_step_time(gpu, tp, fsdp)
+    got = overheads.host_step_time(gpu, tp, fsdp, 24.0)
     assert got.tolist() == pytest.approx([0.01, 0.03, 0.02, 0.04, 0.04, 0.02])  # tp2+fsdp2: tp2
-    assert not overheads.host_step_time(_gpu(), tp, fsdp).any()
+    assert not overheads.host_step_time(_gpu(), tp, fsdp, 24.0).any()
 
 
 def test_the_step_s_host_work_joins_the_last_micro_batch_once():

@@ -1,7 +1,7 @@
 """Host time per block and per step: the floor the host issuing the work sets.
 
-    host-bench records (bench.micro --benches host,host-step) -> host_block_s, host_step_s
-        -> GPUSpec -> perf
+    host-bench records (bench.micro --benches host,host-step)
+        -> host_block_s, host_step_s, host_step_layer_s -> GPUSpec -> perf
 
 What it measures: the block benchmarks the other scales come from
 (`bench.micro_model.bench_block`, `bench.micro_layouts.bench_fsdp_block`,
@@ -53,6 +53,29 @@ which `overheads.host_wait_per_step` adds once a step, to the last micro-batch's
 time. A wrapper whose block was not timed has no row (nothing to subtract). The plain
 step runs the harness's fp32 weights under autocast while the plain block is timed in
 pure bf16: autocast's casts in the blocks land in the plain row too.
+
+Outside the blocks, per layer (`host_step_layer_s`). On 2 x H100 (32 CPU cores) the first
+whole-step run (llama-1.3b, 24 layers, micro-batch 1, 64 tokens) issued a step in 52.6 ms
+plain, 124 ms FSDP2 ZeRO-2 and 178 ms TP 2, against blocks of 2.84, 5.31 and 4.73 ms:
+host_step_s 0, 0 and 0.065 s. Charged once a step, TP 2's 65 ms put a 2-layer slice of
+the 13B model at 0.082 s a step where it measured 0.056 s (+46%), while its 4-layer twin
+was right (+4%): most of it grows with depth. Fused AdamW's `step()`, `zero_grad()` and
+`clip_grad_norm_` over DTensor parameters run per parameter tensor, so per layer, and a
+pipeline stage pays only its own layers' share. The step bench therefore times each
+wrapper at two depths, the model's full depth and its first few blocks
+(`bench.micro_step.step_depths`, `config["layers"]`), and fits a line by least squares
+through the medians per depth L:
+
+    time_s = a + L x b
+    host_step_s[wrapper] = max(0, a)             once a step (head, loss, feed, roots)
+    host_step_layer_s[wrapper] = max(0, b - host_block_s[wrapper])
+                                                 per layer, outside its fwd + bwd
+
+With one depth a line is not determined: the rule above (everything in host_step_s), so
+older records calibrate as before and no host_step_layer_s is written. Where some
+wrappers have two depths and others one, the latter's host_step_layer_s row is 0: their
+whole-step constant already holds their per-layer work, which must not borrow another
+wrapper's through the planner's fallbacks (`overheads._per_wrapper`).
 """
 
 from __future__ import annotations
@@ -95,23 +118,59 @@ def _by_wrapper(records: list[dict], purpose: str, value) -> dict[str, list[floa
     return by
 
 
+def step_line(times_by_depth: dict[int, list[float]]) -> tuple[float, float]:
+    """(a, b) of the line time_s = a + L x b through the median step time at each depth L,
+    by least squares (exact through two depths); two or more depths. The host's work a
+    step as a constant a and a part b per layer (the module docstring; measured on the
+    host-step bench's records, `bench.micro_step`)."""
+    depth = np.array(sorted(times_by_depth), dtype=float)
+    t = np.array([statistics.median(times_by_depth[int(n)]) for n in depth], dtype=float)
+    dx = depth - depth.mean()
+    b = float(np.sum(dx * (t - t.mean())) / np.sum(dx * dx))
+    return float(t.mean() - b * depth.mean()), b
+
+
+def _step_scales(host_records: list[dict], blocks: dict[str, float]) -> dict:
+    """host_step_s (and host_step_layer_s where a wrapper was timed at two depths or more)
+    from the step records of the wrappers in `blocks` (the module docstring's rules)."""
+    steps: dict[str, dict[int, list[float]]] = {}
+    for r in (r for r in host_records if r.get("purpose") == STEP):
+        name = wrapper_name(r["config"])
+        if name in blocks:
+            steps.setdefault(name, {}).setdefault(int(r["config"]["layers"]), []).append(
+                float(r["results"]["time_s"]))
+    const, per_layer = {}, {}
+    for w, by_depth in steps.items():
+        if len(by_depth) > 1:
+            const[w], b = step_line(by_depth)
+            per_layer[w] = b - blocks[w]
+        else:  # one depth: everything outside the blocks is the constant (as before)
+            const[w] = float(statistics.median(t - n * blocks[w] for n, ts in by_depth.items()
+                                               for t in ts))
+    out = {}
+    if const:
+        out["host_step_s"] = [[w, round(max(0.0, a), 7)] for w, a in sorted(const.items())]
+    if per_layer:
+        out["host_step_layer_s"] = [[w, round(max(0.0, per_layer.get(w, 0.0)), 7)]
+                                    for w in sorted(const)]
+    return out
+
+
 def host_scales(host_records: list[dict]) -> dict:
     """{"host_block_s": [[wrapper, median results.time_s], ...], "host_step_s": [[wrapper,
-    seconds], ...]} sorted by wrapper; a key without records is left out ({} if none).
+    seconds], ...], "host_step_layer_s": [[wrapper, seconds], ...]} sorted by wrapper; a
+    key without records is left out ({} if none).
 
     host_block_s: time_s is one block's fwd + bwd (the TP bench's per-block time included).
-    host_step_s: the median over a wrapper's step records of time_s - layers x its
-    host_block_s, clamped at 0: the step's host work outside the blocks."""
+    host_step_s: a wrapper's step at one depth: the median over its step records of
+    time_s - layers x its host_block_s, clamped at 0; at two depths or more: the intercept
+    of `step_line`, clamped at 0, and host_step_layer_s its slope less host_block_s,
+    clamped at 0: the step's host work outside the blocks, once a step and per layer."""
     blocks = {w: round(float(statistics.median(v)), 7)
               for w, v in _by_wrapper(host_records, PURPOSE, lambda r: r["results"]["time_s"])
               .items()}
     out = {"host_block_s": [[w, t] for w, t in sorted(blocks.items())]} if blocks else {}
-    steps = _by_wrapper([r for r in host_records if wrapper_name(r["config"]) in blocks], STEP,
-                        lambda r: float(r["results"]["time_s"]) - int(r["config"]["layers"])
-                        * blocks[wrapper_name(r["config"])])
-    if steps:
-        out["host_step_s"] = [[w, round(max(0.0, float(statistics.median(v))), 7)]
-                              for w, v in sorted(steps.items())]
+    out.update(_step_scales(host_records, blocks))
     return out
 
 

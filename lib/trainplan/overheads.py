@@ -6,8 +6,8 @@ neutral where nothing is measured.
 - `host_time_per_microbatch`: the host's time to issue a micro-batch's blocks, measured on
   blocks too small to keep the GPU busy (`trainplan.calibrate_host`); `host_wait_per_step`
   turns it into the step's wait, which `perf.evaluate` adds where the host is the slower;
-  `host_step_time`, the host's work once a step outside the blocks, joins the last
-  micro-batch's.
+  `host_step_time`, the host's work a step outside the blocks (a constant and a part per
+  layer of the stage), joins the last micro-batch's.
 - `activation_scale`: the bytes a block keeps for backward, measured over analytic
   (`calibrate_pieces`), per compile mode and recompute.
 """
@@ -80,14 +80,24 @@ def host_time_per_microbatch(gpu: GPUSpec, layers, tp, fsdp):
     return np.asarray(layers, dtype=float) * _per_wrapper(gpu.host_block_s, tp, fsdp)
 
 
-def host_step_time(gpu: GPUSpec, tp, fsdp):
-    """Seconds the host spends once a step outside the blocks: `host_step_s` of the layout's
-    wrapper (`trainplan.calibrate_host`; the same wrapper and nearest-TP-degree rules as
-    `host_time_per_microbatch`). The embedding, compiled head and loss, gradient clipping,
-    fused AdamW's step and zero_grad over (DTensor) parameters, FSDP2's root hooks, the
-    feed: measured as a whole step at micro-batch 1 and 64 tokens less its blocks. 0 where
-    nothing is measured."""
-    return _per_wrapper(gpu.host_step_s, tp, fsdp)
+def host_step_time(gpu: GPUSpec, tp, fsdp, layers):
+    """Seconds the host spends once a step outside the blocks of a stage of `layers` blocks:
+
+        host_step_s[w] + layers x host_step_layer_s[w]
+
+    of the layout's wrapper w (`trainplan.calibrate_host`; the same wrapper and
+    nearest-TP-degree rules as `host_time_per_microbatch`), fitted to whole steps at
+    micro-batch 1 and 64 tokens, timed at two depths, less their blocks. The constant: the
+    embedding, compiled head and loss, FSDP2's root hooks, the feed, the optimizer's and
+    clipping's fixed launch cost. Per layer: fused AdamW's step, zero_grad and
+    clip_grad_norm_ run per (DTensor) parameter tensor, so a deeper stage pays more.
+
+    Per stage, constant included: each pipeline stage steps its own optimizer and clips
+    its own gradients, and the stages do so side by side, so the step waits on one
+    stage's host work, not their sum. 0 where nothing is measured; without
+    host_step_layer_s the constant alone (records timed at one depth)."""
+    return _per_wrapper(gpu.host_step_s, tp, fsdp) \
+        + np.asarray(layers, dtype=float) * _per_wrapper(gpu.host_step_layer_s, tp, fsdp)
 
 
 def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accum):
@@ -102,14 +112,16 @@ def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accu
     FSDP2 pay their wrapper's time every micro-batch. Each micro-batch waits what
     `interleaved` adds to its device time.
 
-    The step's host work outside the blocks (`host_step_time`: head and loss, clipping,
-    the optimizer's step and zero_grad, FSDP2's root) is issued once a step, after the
-    last micro-batch's backward, so it joins the host time of that "full" micro-batch:
-    on 4 x H100, FSDP2 ZeRO-2 at micro-batch 1 (2 GPUs) ran 0.164-0.168 s a step where
-    the block floor and device priced 0.132 s (`calibrate_host`). With no `host_step_s`
-    the extra is 0 and the wait is as before.
+    The step's host work outside the blocks (`host_step_time` of the stage's `layers`:
+    head and loss, clipping, the optimizer's step and zero_grad, FSDP2's root) is issued
+    once a step, after the last micro-batch's backward, so it joins the host time of that
+    "full" micro-batch: on 4 x H100, FSDP2 ZeRO-2 at micro-batch 1 (2 GPUs) ran
+    0.164-0.168 s a step where the block floor and device priced 0.132 s
+    (`calibrate_host`). With no `host_step_s` nor `host_step_layer_s` the extra is 0 and
+    the wait is as before.
     """
-    full = host_time_per_microbatch(gpu, layers, tp, fsdp) + host_step_time(gpu, tp, fsdp)
+    full = host_time_per_microbatch(gpu, layers, tp, fsdp) \
+        + host_step_time(gpu, tp, fsdp, layers)
     no_sync = np.asarray(fsdp, dtype=bool) & (np.asarray(zero) < 3)
     light = np.where(no_sync, host_time_per_microbatch(gpu, layers, tp, False),
                      host_time_per_microbatch(gpu, layers, tp, fsdp))

@@ -10,8 +10,9 @@
 
 with m = grad_accum micro-batches per step; a micro-batch takes at least the host's
 time to issue it, layers x `GPUSpec.host_block_s` of the layout's block wrapper, the
-last one also the step's host work outside the blocks, `GPUSpec.host_step_s`
-(`overheads.host_wait_per_step`, `trainplan.calibrate_host`): the harness syncs
+last one also the step's host work outside the blocks, `GPUSpec.host_step_s` plus
+the stage's layers x `GPUSpec.host_step_layer_s` (`overheads.host_step_time`,
+`overheads.host_wait_per_step`, `trainplan.calibrate_host`): the harness syncs
 once a step, so within a step host and GPU overlap and the slower sets the pace
 (host-bound vs device-bound, as a roofline); the wait shows as `host_wait_s`, a part
 of `compute_s`. The pipeline bubble of 1F1B is
@@ -129,7 +130,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb * np.minimum(first_last, 1.0), leak) \
         + copy_mb
     t_dev = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
-    # the host's issue time sets a floor (a roofline's second roof; calibrate_host)
+    # the host's issue time sets a floor (a roofline's second roof; calibrate_host), the
+    # step's host work outside the blocks priced for this stage's layers
     host_wait = overheads.host_wait_per_step(gpu, t_dev, layers=layers, tp=tp,
                                              fsdp=~autocast, zero=L.zero, grad_accum=ga)
     t_mb = t_dev + host_wait / ga  # 0 wait where device-bound or nothing measured

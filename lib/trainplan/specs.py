@@ -159,6 +159,7 @@ class GPUSpec:
     matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
     host_block_s: tuple = ()  # ((wrapper, host s per block), ...) (calibrate_host); () = no floor
     host_step_s: tuple = ()  # ((wrapper, host s a step outside the blocks), ...); () = none
+    host_step_layer_s: tuple = ()  # ((wrapper, host s a layer outside its block), ...); () = none
     host_overlap_k: float = 0.0  # host/GPU interleave exponent (calibrate_host); 0 = max()
 
     def __post_init__(self):
@@ -171,7 +172,7 @@ class GPUSpec:
                                 "eager_autocast_elementwise_scale", "compiled_head_scale",
                                 "host_overlap_k"))
         check_curve("GPUSpec.matmul_curve", self.matmul_curve)
-        for name in ("host_block_s", "host_step_s"):
+        for name in ("host_block_s", "host_step_s", "host_step_layer_s"):
             for row in getattr(self, name):
                 if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
                     raise SpecError(f"GPUSpec.{name} row {row!r} is not (wrapper, seconds >= 0)")

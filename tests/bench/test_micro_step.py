@@ -23,12 +23,18 @@ def _tasks(rank, world, benches, *flags):
 def test_step_tasks_follow_the_block_tasks_per_rank_and_world():
     tiny = {"model": "llama-1.3b", "micro_batch": 1, "seq": micro.HOST_SEQ,
             "repeats": micro.BLOCK_REPEATS}
-    plain = [("host-step", {**tiny, "tp": 1, "zero": 0})]
-    four = [("host-step", {**tiny, "tp": t, "zero": z})
-            for t, z in ((1, 2), (2, 0), (4, 0), (2, 3))]  # fsdp2 ZeRO-2, then --tp-modes
+    depths = (24, micro.HOST_STEP_LAYERS)  # each wrapper at full depth, then its first 4
+    plain = [("host-step", {**tiny, "tp": 1, "zero": 0, "layers": n}) for n in depths]
+    four = [("host-step", {**tiny, "tp": t, "zero": z, "layers": n})
+            for t, z in ((1, 2), (2, 0), (4, 0), (2, 3)) for n in depths]  # fsdp2, --tp-modes
     assert _tasks(0, 1, "host-step") == plain  # one rank: the plain model only
     assert _tasks(0, 4, "host-step") == plain + four and _tasks(1, 4, "host-step") == four
-    assert _tasks(0, 2, "host-step") == plain + four[:2]  # tp 4 and tp2-z3 need 4 ranks
+    assert _tasks(0, 2, "host-step") == plain + four[:4]  # tp 4 and tp2-z3 need 4 ranks
+    for flag, want in (("0", [24]), ("24", [24]), ("30", [24]), ("2", [24, 2])):
+        got = _tasks(0, 1, "host-step", "--host-step-layers", flag)
+        assert [kw["layers"] for _, kw in got] == want  # the full depth alone, or two
+    with pytest.raises(SpecError, match="host_step_layers = -1"):
+        _tasks(0, 1, "host-step", "--host-step-layers", "-1")
     both = _tasks(0, 4, "host,host-step")
     assert both == _tasks(0, 4, "host") + plain + four  # in one launch, blocks first
     assert "host-step" not in {k for k, _ in _tasks(0, 4, "host")}  # `host` alone: unchanged
@@ -52,8 +58,17 @@ def test_bad_wrappers_are_refused_in_one_line(tmp_path):
 def test_one_plain_step_in_process_records_host_and_wall_times(tmp_path):
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY)
-    r = micro_step.bench_host_step(str(model), 1, 16, compile=False, dtype="float32",
-                                   warmup=0, repeats=3, extra={"purpose": "host-step"})
+    kw = dict(compile=False, dtype="float32", warmup=0, repeats=3, extra={"purpose": "host-step"})
+    r = micro_step.bench_host_step(str(model), 1, 16, **kw)
+    short = micro_step.bench_host_step(str(model), 1, 16, layers=1, **kw)  # its first block
+    assert (short["config"]["layers"], short["config"]["model_spec"]["n_layers"]) == (1, 1)
+    assert short["config"]["model"] == r["config"]["model"] == "tiny"
+    block = {"purpose": "host", "config": {"wrapper": None, "tp": 1},
+             "results": {"time_s": 1e-6}}  # a made-up plain block: the two depths fit a line
+    got = calibrate_host.host_scales([block, r, short])
+    assert [w for w, _ in got["host_step_layer_s"]] == ["plain"] and got["host_step_s"]
+    with pytest.raises(SpecError, match="layers = 3"):
+        micro_step.bench_host_step(str(model), 1, 16, layers=3, **kw)
     c, res = r["config"], r["results"]
     assert r["bench"] == "block" and r["purpose"] == "host-step" and r["gpus"] == 1
     assert (c["wrapper"], c["tp"], c["zero"], c["layers"], c["micro_batch"], c["seq"]) == \
@@ -75,22 +90,34 @@ def test_two_rank_host_bench_records_whole_steps_that_calibrate(tmp_path):
     out = tmp_path / "micro.jsonl"
     every, _ = run_micro(out, 2, "--model", str(model), "--benches", "host,host-step",
                          "--warmup", "1", "--iters", "2", "--repeats", "6",
-                         "--block-repeats", "6", "--seq-len", "32", timeout=600)
+                         "--block-repeats", "6", "--seq-len", "32", "--host-step-layers", "1",
+                         timeout=600)
     steps = [r for r in every if r["purpose"] == "host-step"]
     assert every[-len(steps):] == steps  # after the blocks
-    assert [(r["config"]["wrapper"], r["config"]["tp"], r["config"]["zero"], r["gpus"])
-            for r in steps] == [("plain", 1, 0, 1), ("fsdp2", 1, 2, 2), ("tp", 2, 0, 2)]
+    assert [(r["config"]["wrapper"], r["config"]["tp"], r["config"]["zero"], r["gpus"],
+             r["config"]["layers"]) for r in steps] == \
+        [(w, t, z, g, n) for w, t, z, g in (("plain", 1, 0, 1), ("fsdp2", 1, 2, 2),
+                                            ("tp", 2, 0, 2)) for n in (2, 1)]
     for r in steps:
         c, res = r["config"], r["results"]
         assert r["bench"] == "block" and r["model"] == "tiny"
-        assert c["layers"] == 2 and c["micro_batch"] == 1 and c["seq"] == micro.HOST_SEQ
+        assert c["micro_batch"] == 1 and c["seq"] == micro.HOST_SEQ
         assert c["compile"] and c["warmup"] == 1 and c["repeats"] == 6
         assert res["time_s"] > 0 and len(res["times_s"]) == 6 and len(res["time_s_ci"]) == 2
         assert all(t > 0 for t in res["times_s"]) and res["wall_s"] >= res["time_s"]
     got = calibrate_host.host_scales(every)
     blocks = dict(got["host_block_s"])
-    want = [[w, round(max(0.0, r["results"]["time_s"] - 2 * blocks[w]), 7)]
-            for w, r in sorted((calibrate_host.wrapper_name(r["config"]), r) for r in steps)
-            if w is not None]
-    assert got["host_step_s"] == want and [w for w, _ in want] == ["fsdp2", "plain", "tp2"]
-    assert all(s >= 0 for _, s in got["host_step_s"])
+    want_a, want_b = [], []
+    for w in sorted(blocks):  # a line through the two depths: 2 blocks and 1
+        t2, t1 = (r["results"]["time_s"] for r in steps
+                  if calibrate_host.wrapper_name(r["config"]) == w)
+        want_a.append([w, pytest.approx(max(0.0, 2 * t1 - t2), abs=1e-7)])
+        want_b.append([w, pytest.approx(max(0.0, t2 - t1 - blocks[w]), abs=1e-7)])
+    assert [w for w, _ in want_a] == ["fsdp2", "plain", "tp2"]
+    assert got["host_step_s"] == want_a and got["host_step_layer_s"] == want_b
+    # the full depth alone: everything outside the blocks once a step, as before
+    full = calibrate_host.host_scales([r for r in every if r["purpose"] != "host-step"
+                                       or r["config"]["layers"] == 2])
+    assert full["host_step_s"] == [[w, round(max(0.0, t - 2 * blocks[w]), 7)] for w, t in sorted(
+        (calibrate_host.wrapper_name(r["config"]), r["results"]["time_s"]) for r in steps
+        if r["config"]["layers"] == 2)] and "host_step_layer_s" not in full

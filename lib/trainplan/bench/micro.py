@@ -46,6 +46,7 @@ MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
            "tp", "host", "host-step")
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
+HOST_STEP_LAYERS = 4  # the host-step bench's short depth: the step's host time per layer
 BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
 SWEEP_MICRO_BATCHES = (1, 2, 4)  # at --seq-len: the 1.3B block's GPU time crosses its host's
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -234,6 +235,9 @@ def _parser():
     p.add_argument("--host-seq", type=int, default=HOST_SEQ,
                    help="benches host and host-step: the tiny sequence (micro-batch 1) at which a "
                    "block's (step's) time is the host's; the --tp-modes degrees must divide it")
+    p.add_argument("--host-step-layers", type=int, default=HOST_STEP_LAYERS,
+                   help="bench host-step: also time the step of the model's first N blocks "
+                   "(0: the full depth only), for the host's work per layer outside the blocks")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
     p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
     p.add_argument("--matmul-tp", default=None,

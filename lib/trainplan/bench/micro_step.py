@@ -16,7 +16,11 @@ and materialised after wrapping where parameters are sharded on GPU), wrapped by
 compile per block, FSDP2 per block then root), the harness's optimizer (AdamW, fused on
 GPU), compiled loss (`train.loss_function`), synthetic feed (`bench.feed`) and step
 (`bench.step.train_step`, gradient clipping included), at micro-batch 1 and --host-seq
-tokens. The wrappers are the host bench's: "plain" (rank 0's own model, no wrapper),
+tokens, at two depths: the model's full depth and its first --host-step-layers blocks (4;
+`config["layers"]` says which), so that `calibrate_host` can split the host's work outside
+the blocks into a constant and a part per layer (the optimizer, clipping and zero_grad run
+per parameter tensor, so per layer). The wrappers are the host bench's: "plain" (rank 0's own
+model, no wrapper),
 "fsdp2" (ZeRO-2 on every rank) and each runnable tp mode, alone or with FSDP2 on the
 other mesh dimension. Not `parallelize()` itself: it insists the layout spans every
 rank, and the host bench runs TP alone on a (world / tp, tp) mesh, each tp group its
@@ -57,8 +61,10 @@ def host_tasks(args, rank: int, world: int, tps: list, *, blocks: bool = True,
     `blocks`: the compiled block alone (rank 0), FSDP2 ZeRO-2 and the runnable TP modes
     `tps` (world > 1); and the plain block at SWEEP_MICRO_BATCHES x --seq-len, where its
     GPU and host times meet. `steps`: the whole model's step under the same wrappers
-    (`bench_host_step`): plain (rank 0), fsdp2 ZeRO-2 and the TP modes (world > 1)."""
+    (`bench_host_step`): plain (rank 0), fsdp2 ZeRO-2 and the TP modes (world > 1), each at
+    the depths of `step_depths` (full, then short)."""
     whole(host_seq=args.host_seq)
+    whole(low=0, host_step_layers=args.host_step_layers)
     bad = [t for t, _ in tps if args.host_seq % t]  # none runnable on one rank
     if bad:
         raise SpecError(f"--host-seq {args.host_seq} is not valid: tp = {bad[0]} must divide it")
@@ -74,10 +80,19 @@ def host_tasks(args, rank: int, world: int, tps: list, *, blocks: bool = True,
             out.append(("host", {**tiny, "of": "fsdp", "zero": 2, "two_blocks": True}))
             out += [("host", {**tiny, "of": "tp", "tp": t, "zero": z}) for t, z in tps]
     if steps:
-        out += [("host-step", {**tiny, "tp": 1, "zero": 0})] if rank == 0 else []
-        if world > 1:
-            out += [("host-step", {**tiny, "tp": t, "zero": z}) for t, z in [(1, 2), *tps]]
+        depths = step_depths(load_model(args.model).n_layers, args.host_step_layers)
+        pairs = ([(1, 0)] if rank == 0 else []) + ([(1, 2), *tps] if world > 1 else [])
+        out += [("host-step", {**tiny, "tp": t, "zero": z, "layers": n})
+                for t, z in pairs for n in depths]
     return out
+
+
+def step_depths(full: int, short: int) -> list[int]:
+    """The depths the host-step bench times a wrapper's step at: the model's `full` depth,
+    then its first `short` blocks where 0 < short < full (0, or a model no deeper than
+    `short`: the full depth alone, and `calibrate_host` keeps everything in host_step_s).
+    Two depths give the step's host time as a constant plus a part per layer."""
+    return [full] + ([short] if 0 < short < full else [])
 
 
 def wrapper_of(tp: int, zero: int) -> str:
@@ -148,14 +163,16 @@ def _timed_steps(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
 
 
 def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero: int = 0,
-                    compile: bool = True, dtype: str = "bfloat16", warmup: int = 3,
-                    repeats: int = 6, max_norm: float = 1.0, run_id: str | None = None,
-                    extra: dict | None = None) -> dict:
+                    layers: int | None = None, compile: bool = True, dtype: str = "bfloat16",
+                    warmup: int = 3, repeats: int = 6, max_norm: float = 1.0,
+                    run_id: str | None = None, extra: dict | None = None) -> dict:
     """Seconds of one training step of the whole model under a host-bench wrapper.
 
     tp = 1, zero = 0: "plain", this rank's own model (the caller's rank alone); else every
     rank calls it: a (world / tp, tp) mesh, tensor parallel with sequence parallel where
-    tp > 1, FSDP2 over the first dimension where zero is 2 or 3 (ZeRO-2 / ZeRO-3)."""
+    tp > 1, FSDP2 over the first dimension where zero is 2 or 3 (ZeRO-2 / ZeRO-3).
+    `layers`: the model's first `layers` blocks (None: all), recorded as config["layers"];
+    config["model"] stays the model's name and model_spec is the model as built."""
     from trainplan.bench.micro_layouts import _slowest
     from trainplan.bench.micro_tp import runnable
 
@@ -174,6 +191,12 @@ def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero
     nccl = torch.cuda.is_available() if alone else dist.get_backend() == "nccl"
     dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     spec = load_model(model)
+    if layers is not None:
+        whole(layers=layers)
+        if layers > spec.n_layers:
+            raise SpecError(f"layers = {layers} is not valid: {spec.name!r} has "
+                            f"{spec.n_layers} layers")
+        spec = dataclasses.replace(spec, n_layers=layers)
     mesh = None
     if not alone:
         from torch.distributed.device_mesh import init_device_mesh
