@@ -239,6 +239,8 @@ def make_row(launches: list[dict], pred: dict | None) -> dict:
     comb = records.combine_launches(launches)
     mems = [m["peak_mem_reserved_gib"] for m in launches if m["peak_mem_reserved_gib"] is not None]
     meas_mem = max(mems) if mems else None
+    alloc = [m["peak_mem_allocated_gib"] for m in launches
+             if m["peak_mem_allocated_gib"] is not None]
     first = launches[0]
     p = (pred or {}).get("predicted") or {}
     split = p.get("time_breakdown_s") or {}
@@ -254,6 +256,7 @@ def make_row(launches: list[dict], pred: dict | None) -> dict:
         "measured_step_time_ci": comb["step_time_s_ci"],
         "step_time_error": _rel(p_step, comb["step_time_s"]),
         "predicted_memory_gib": p_mem, "measured_memory_gib": meas_mem,
+        "measured_allocated_gib": max(alloc) if alloc else None,
         "memory_error": _rel(p_mem, meas_mem),
         "measured_tokens_per_s_per_gpu": comb["tokens_per_s_per_gpu"],
         "measured_tokens_per_s_per_gpu_ci": comb["tokens_per_s_per_gpu_ci"],

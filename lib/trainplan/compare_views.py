@@ -93,6 +93,7 @@ def per_layer(rows: list[dict]) -> list[dict]:
     plan multiplies by forty. The measured difference's interval is the widest the two
     medians' 95% intervals allow (deeper high less shallower low, and the reverse), an
     honest bound rather than a fitted one. Errors are predicted / measured - 1 per layer;
+    `measured_reserve_gib` is the peak reserved less the peak allocated, per layer;
     `repredicted_step_error` where both rows were re-predicted with today's planner.
     """
     alike = defaultdict(list)
@@ -105,7 +106,7 @@ def per_layer(rows: list[dict]) -> list[dict]:
     out = []
     for group in alike.values():
         group.sort(key=lambda lr: lr[0], reverse=True)
-        for (deep_n, deep), (flat_n, flat) in zip(group, group[1:]):
+        for (deep_n, deep), (flat_n, flat) in zip(group, group[1:], strict=False):
             if deep_n == flat_n:
                 continue
             out.append(_layer_difference(deep, flat, deep_n - flat_n))
@@ -122,13 +123,16 @@ def _layer_difference(deep: dict, flat: dict, n: int) -> dict:
         return None if pred is None or not meas else pred / meas - 1.0
 
     step, mem = per("measured_step_time_s"), per("measured_memory_gib")
+    alloc = per("measured_allocated_gib")
     pred_step, pred_mem = per("predicted_step_time_s"), per("predicted_memory_gib")
     (dlo, dhi), (flo, fhi) = deep["measured_step_time_ci"], flat["measured_step_time_ci"]
     row = {"from": flat["config"], "to": deep["config"], "host": deep["host"], "layers": n,
            "measured_step_s": step, "measured_step_ci": [(dlo - fhi) / n, (dhi - flo) / n],
            "predicted_step_s": pred_step, "step_time_error": err(pred_step, step),
            "measured_memory_gib": mem, "predicted_memory_gib": pred_mem,
-           "memory_error": err(pred_mem, mem)}
+           "memory_error": err(pred_mem, mem),
+           # what the allocator keeps reserved beyond its peak allocation, per layer
+           "measured_reserve_gib": None if alloc is None or mem is None else mem - alloc}
     now = [r.get("repredicted", {}).get("calibrated", {}).get("step_time_s") for r in (deep, flat)]
     if None not in now:
         row["repredicted_step_error"] = err((now[0] - now[1]) / n, step)

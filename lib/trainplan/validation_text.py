@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 
 def hosts_list(hosts: dict) -> str:
     """'4 x NVIDIA H200 (3 configurations) and 2 x NVIDIA H200 (10)' from `compare`'s hosts."""
@@ -49,6 +51,28 @@ def worst_repredicted(rows: list[dict], keep) -> dict | None:
     config, error = max(found, key=lambda ce: abs(ce[1]))
     way = "faster" if error < 0 else "slower"  # a shorter predicted step: faster than it ran
     return {"config": config, "error": error, "direction": f"predicted {way} than it ran"}
+
+
+def per_layer_values(pairs: list[dict]) -> dict:
+    """Page 4's figures of one target layer (`compare_views.per_layer`) to glue: pairs, the
+    median |step error|, the worst step and memory pairs with their errors, the most
+    reserved beyond allocated a layer; raises ValueError where no pair exists."""
+    if not pairs:
+        raise ValueError("no slice pairs of two depths: page 4's per-layer section needs them")
+
+    def name(p):
+        return f"{p['to']} less {p['from']}"
+
+    step = max(pairs, key=lambda p: abs(p["step_time_error"]))
+    mem = min(pairs, key=lambda p: p["memory_error"])
+    reserve = [p["measured_reserve_gib"] for p in pairs if p["measured_reserve_gib"] is not None]
+    return {"layer_pairs": len(pairs),
+            "layer_step_median": statistics.median(abs(p["step_time_error"]) for p in pairs),
+            "layer_step_worst": name(step), "layer_step_worst_error": step["step_time_error"],
+            "layer_step_worst_now": step.get("repredicted_step_error"),
+            "layer_mem_worst": name(mem), "layer_mem_worst_error": mem["memory_error"],
+            "layer_reserve_max": max(reserve) if reserve else None,
+            "layer_reserve_min": min(reserve) if reserve else None}
 
 
 def suspects(lay: dict, gpus: int) -> list[str]:

@@ -57,6 +57,7 @@ from trainplan.figures.tuning import (  # noqa: F401
     tune_importance,
 )
 from trainplan.figures.validation import (  # noqa: F401
+    per_layer_table,
     predicted_vs_measured,
     validation_split,
     validation_table,

@@ -33,6 +33,28 @@ def validation_table(rows) -> pd.DataFrame:
     return _unnamed(out)
 
 
+def per_layer_table(pairs) -> pd.DataFrame:
+    """One of the target's layers, predicted against measured: a slice less its shallower
+    twin, per layer (`compare_views.per_layer`), one row a pair."""
+    def pct(v):
+        return "-" if v is None else f"{v:+.1%}"
+
+    out = pd.DataFrame(index=[f"{p['to']} less {p['from']}" for p in pairs])
+    out["predicted ms"] = [f"{1e3 * p['predicted_step_s']:.1f}" for p in pairs]
+    out["measured ms (95% bound)"] = [
+        f"{1e3 * p['measured_step_s']:.1f} ({1e3 * p['measured_step_ci'][0]:.1f}-"
+        f"{1e3 * p['measured_step_ci'][1]:.1f})" for p in pairs]
+    out["step error"] = [pct(p["step_time_error"]) for p in pairs]
+    out["re-predicted step error"] = [pct(p.get("repredicted_step_error")) for p in pairs]
+    out["predicted GiB"] = [f"{p['predicted_memory_gib']:.2f}" for p in pairs]
+    out["measured GiB"] = [f"{p['measured_memory_gib']:.2f}" for p in pairs]
+    out["memory error"] = [pct(p["memory_error"]) for p in pairs]
+    out["reserved beyond allocated GiB"] = [
+        "-" if p["measured_reserve_gib"] is None else f"{p['measured_reserve_gib']:.2f}"
+        for p in pairs]
+    return _unnamed(out)
+
+
 def predicted_vs_measured(rows) -> plt.Figure:
     """Predicted against measured step time, the measurement's 95% interval as a bar.
 
