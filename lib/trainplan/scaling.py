@@ -101,6 +101,6 @@ def format_scaling(out: dict) -> str:
         pts = ", ".join(f"{p['gpus']} GPU {p['efficiency']:.1%} ({p['efficiency_ci'][0]:.1%}-"
                         f"{p['efficiency_ci'][1]:.1%})" for p in s["points"][1:])
         mark = "meets" if s["meets_target"] else "misses"
-        lines.append(f"  {s['name']} on {s['host']}: {pts}; {mark} the target"
+        lines.append(f"  {s['name']}, {s['model']} on {s['host']}: {pts}; {mark} the target"
                      + (" [1-GPU point: zero 0]" if s["baseline_note"] else ""))
     return "\n".join(lines)

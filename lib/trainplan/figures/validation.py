@@ -127,7 +127,7 @@ def weak_scaling_figure(scaling: dict) -> plt.Figure:
         y = np.array([p["efficiency"] for p in s["points"]])
         ci = np.array([p["efficiency_ci"] for p in s["points"]])
         ax.errorbar(x, y * 100, yerr=[(y - ci[:, 0]) * 100, (ci[:, 1] - y) * 100], marker="o",
-                    capsize=3, label=f"{s['name']} ({s.get('host', s['card'])})")
+                    capsize=3, label=f"{s['name']}, {s['model']} ({s.get('host', s['card'])})")
     ax.axhline(scaling["target"] * 100, color=HIGHLIGHT, ls="--", lw=1,
                label=f"target {scaling['target']:.0%}")
     ax.set_xscale("log", base=2)
