@@ -104,7 +104,7 @@ def test_other_config_does_not_match(tmp_path):
     pred["layout"]["compile"] = False
     out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas])], repredictions=False)
     assert out["configs"] == 0 and out["refused"] == []
-    assert out["predicted_not_measured"] == ["tp2-mb8-c"]
+    assert out["predicted_not_measured"] == ["tp2-mb8-c on NVIDIA H200"]
 
 
 def test_other_implementation_does_not_match(tmp_path):

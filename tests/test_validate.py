@@ -97,8 +97,11 @@ def test_compare_json_matches_the_records(first_run):
     assert row["measured_step_time_s"] == pytest.approx(combined["step_time_s"])
     assert row["step_time_error"] == pytest.approx(
         pred["predicted"]["step_time_s"] / combined["step_time_s"] - 1)
-    assert result["predicted_not_measured"] == ["broken"]
+    assert result["predicted_not_measured"] == []  # it failed: listed under "failed"
     assert [f["tag"] for f in result["failed_launches"]] == ["broken"]
+    (broken,) = result["failed"]
+    assert broken["config"] == "broken" and broken["predicted_at"] is not None
+    assert not broken["out_of_memory"] and broken["memory_error_at_most"] is None
     assert "scaling" in result
 
 

@@ -47,3 +47,19 @@ def test_suspects_name_each_layout_s_least_sure_terms():
     assert [s.split(":")[0] for s in suspects({**base, "dp": 4}, 4)] == ["DDP"]
     assert [s.split(":")[0] for s in suspects({**base, "pp": 2, "micro_batch": 2}, 2)] == \
         ["PP", "small micro-batch"]
+
+
+def test_failed_note_names_the_out_of_memory_miss_and_its_bound():
+    from trainplan import validation_text
+    oom = {"config": "1gpu-mb16-c", "host": "2 x NVIDIA H100 80GB HBM3", "out_of_memory": True,
+           "predicted_fits": True, "predicted_memory_gib": 77.574, "needed_gib": 79.8,
+           "memory_error_at_most": 77.574 / 79.8 - 1, "reason": "out of memory (rc=1)"}
+    text = validation_text.failed_note([oom])
+    assert text.startswith("One launch failed") and "77.57 GiB" in text and "79.80" in text
+    assert "would fit" in text and "2.8% or more" in text
+    other = {**oom, "config": "broken", "out_of_memory": False, "memory_error_at_most": None,
+             "reason": "rc=1: error: --steps must be > --warmup"}
+    text = validation_text.failed_note([oom, other])
+    assert text.startswith("2 configs' launches failed") and "broken on" in text
+    assert "--steps" in text
+    assert validation_text.failed_note([]) == "No launch of a measured config failed."

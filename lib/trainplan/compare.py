@@ -51,7 +51,10 @@ CLUSTER = "dgx-h100"  # the suites' interconnect preset (data/suites/*.yaml)
 HEADLINE_RULE = ("The headline figures are those of the proxy on the largest host measured "
                  "(headline_host); every other host's are under hosts, and all hosts pooled "
                  "under all_hosts. Layer slices of a larger model (NAME:N-layers) are the "
-                 "width check, under width_check, and in no other figure.")
+                 "width check, under width_check, and in no other figure. Launches that "
+                 "ended without a measurement are under failed, with their predictions; one "
+                 "that ran out of memory on the headline host where its config was predicted "
+                 "to fit means the targets are not met.")
 SLICE = re.compile(r".+:\d+-layers")  # a model cut to its first N blocks (specs.load_model)
 
 
@@ -329,12 +332,14 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         "rows": rows, "refused": [r for r in refused if r["prediction"] not in kept],
         "measured_configs": len(rows), "flagged_configs": sum(r["flagged"] for r in rows),
         "superseded": sum("superseded_by" in r for r in rows),
-        "predicted_not_measured": sorted({(p.get("config") or {}).get("tag") or p["_where"]
-                                          for p in kinds["prediction"]
-                                          if p["_where"] not in used}),
+        "predicted_not_measured": not_measured(kinds, used),
         "targets": TARGETS, "files": [str(f) for f in files],
     }
-    out["meets_targets"] = bool(head_rows) and all(
+    from trainplan.compare_failed import failed_rows
+    out["failed"] = failed_rows(kinds["failed_launch"], kinds["prediction"])
+    out["meets_targets"] = bool(head_rows) and not any(
+        f["host"] == head and f["out_of_memory"] and f["predicted_fits"] for f in out["failed"]
+    ) and all(
         out[k][q] <= TARGETS[q] for k in ("step_time_error", "memory_error") for q in TARGETS
         if out[k][q] is not None)
     from trainplan.compare_after import leave_one_out_scale, repredicted
@@ -346,6 +351,16 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     out["width_check"]["per_layer"] = per_layer(slices)
     out["end_to_end_fit"] = leave_one_out_scale(head_rows)
     return out
+
+
+def not_measured(kinds: dict, used: set) -> list[str]:
+    """"TAG on CARD" of each prediction no measurement was compared with and no launch of its
+    run failed on (those are under "failed"): its call's budget ran out first."""
+    failed = {(f["tag"], f["card"], f["run_id"]) for f in kinds["failed_launch"]}
+    return sorted({f"{(p.get('config') or {}).get('tag') or p['_where']} on {p['card']}"
+                   for p in kinds["prediction"] if p["_where"] not in used
+                   and ((p.get("config") or {}).get("tag"), p["card"], p.get("run_id"))
+                   not in failed})
 
 
 def summary(rows: list[dict]) -> dict:

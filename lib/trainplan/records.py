@@ -2,7 +2,8 @@
 
 One JSON object per line, appended (append mode, one line, flush, fsync),
 never rewritten. Kinds: `prediction`, `measurement`, `microbenchmark`,
-`checkpoint` (one `trainplan.bench.ckpt_bench` launch).
+`checkpoint` (one `trainplan.bench.ckpt_bench` launch), `failed_launch` (a launch of a
+suite's config that ended without a measurement, with the reason).
 Every record carries `recorded_at` (UTC, ISO 8601) and `provenance` (git
 commit, hashed hostname, GPU, driver, torch / CUDA / NCCL versions and the
 NCCL_ / TORCH_ / CUDA_ / PYTORCH_ knobs that were set). A prediction that a
@@ -25,7 +26,7 @@ from trainplan.errors import RecordError
 from trainplan.provenance import env_knobs, provenance, utc_now  # noqa: F401 (re-exported)
 from trainplan.stats import median_ci, rate_ci
 
-KINDS = ("prediction", "measurement", "microbenchmark", "checkpoint")
+KINDS = ("prediction", "measurement", "microbenchmark", "checkpoint", "failed_launch")
 IMPLS = ("trainplan", "hf-baseline")
 RECOMPUTE = ("none", "selective", "full")
 MICROBENCHES = ("matmul", "attention", "all_reduce", "reduce_scatter", "all_gather",
@@ -47,6 +48,10 @@ SCHEMA: dict[str, dict[str, str | tuple[str, ...]]] = {
     },
     "microbenchmark": {
         **_COMMON, "bench": _STR, "config": _DICT, "results": _DICT, "gpus": _INT, "card": _STR,
+    },
+    "failed_launch": {  # a launch that ended without a measurement (`bench.suite`)
+        **_COMMON, "model": _STR, "layout": _DICT, "gpus": _INT, "card": _STR, "run_id": _STR,
+        "tag": _STR, "launch": _INT, "reason": _STR,
     },
     "checkpoint": {
         **_COMMON, "model": _STR, "layout": _DICT, "ranks": _INT, "card": _STR, "run_id": _STR,

@@ -254,7 +254,8 @@ def compare_records(out: Path, repredict: bool) -> dict:
     from trainplan.compare import compare, error_summary
     from trainplan.scaling import weak_scaling
 
-    files = [out / f for f in ("predictions.jsonl", "measurements.jsonl") if (out / f).is_file()]
+    files = [out / f for f in ("predictions.jsonl", "measurements.jsonl", "failed.jsonl")
+             if (out / f).is_file()]
     if files:
         result = compare(files, repredictions=repredict)
     else:  # nothing predicted (all done before): compare() would read the committed records

@@ -31,6 +31,27 @@ def not_measured_note(out: dict, target_slice: str = "llama-13b", traced: bool =
     return "; ".join(items[:-1]) + (", and " if len(items) > 1 else "") + items[-1] + "."
 
 
+def failed_note(failed: list[dict]) -> str:
+    """Launches that ended without a measurement (`compare`'s "failed"), in words: a config
+    the planner said fits and that ran out of memory is a memory miss of at least the bound
+    PyTorch's message gives (`compare_failed`)."""
+    if not failed:
+        return "No launch of a measured config failed."
+    said = []
+    for f in failed:
+        where = f"{f['config']} on {f['host']}"
+        if f["out_of_memory"] and f["memory_error_at_most"] is not None:
+            fits = "would fit" if f["predicted_fits"] else "would not fit"
+            said.append(f"{where} ran out of memory where the planner predicted "
+                        f"{f['predicted_memory_gib']:.2f} GiB and said it {fits}; it needed at "
+                        f"least {f['needed_gib']:.2f} GiB, memory under-predicted by "
+                        f"{-f['memory_error_at_most']:.1%} or more")
+        else:
+            said.append(f"{where} failed ({f['reason'][:80]})")
+    lead = "One launch failed" if len(failed) == 1 else f"{len(failed)} configs' launches failed"
+    return f"{lead}, listed here rather than dropped: " + "; ".join(said) + "."
+
+
 def repredicted_step_error(row: dict) -> float | None:
     """A compared row's step-time error re-predicted now with the calibrated constants
     (predicted over measured minus one), or None where the row has no re-prediction."""

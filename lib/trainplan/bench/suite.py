@@ -323,13 +323,15 @@ def failure_reason(returncode: int, text: str) -> str:
 
 def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
                    run_id: str) -> None:
-    """A failed launch, as one JSON line in DIR/failed.jsonl (not a measurement record)."""
-    line = {"kind": "failed_launch", "recorded_at": records.utc_now(), "run_id": run_id,
-            "tag": cfg["tag"], "model": suite["model"], "gpus": cfg["gpus"],
-            "layout": full_layout(cfg), "compile": bool(cfg.get("compile", False)),
-            "launch": launch, "reason": reason}
-    with open(out / "failed.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(line) + "\n")
+    """A failed launch, as a `failed_launch` record in DIR/failed.jsonl (no measurement):
+    `trainplan compare` lists it beside the configs it compares, with its prediction."""
+    records.append(out / "failed.jsonl", {
+        "kind": "failed_launch", "recorded_at": records.utc_now(),
+        "provenance": records.provenance(), "run_id": run_id, "tag": cfg["tag"],
+        "model": suite["model"], "gpus": cfg["gpus"], "card": card_name(),
+        "seq_len": suite.get("seq_len", 2048),
+        "layout": {**full_layout(cfg), "compile": bool(cfg.get("compile", False))},
+        "compile": bool(cfg.get("compile", False)), "launch": launch, "reason": reason})
 
 
 def print_table(rows) -> None:

@@ -135,6 +135,15 @@ def format_compare(out: dict) -> str:
             f"{_pct(r['step_time_error']):>8}{pmem:>9}{mmem:>9}{_pct(r['memory_error']):>8}")
     if out["flagged_configs"]:
         lines.append("* fewer than 3 launches")
+    for f in out.get("failed", []):
+        bound = f["memory_error_at_most"]
+        why = "out of memory" if f["out_of_memory"] else f["reason"][:80]
+        if bound is not None:
+            why += (f"; predicted {f['predicted_memory_gib']:.2f} GiB"
+                    f"{' (fits)' if f['predicted_fits'] else ''}, memory error {_pct(bound)} "
+                    "or worse")
+        lines.append(f"failed: {f['config']} on {f['host']}, {f['launches_failed']} "
+                     f"launch(es): {why}")
     for r in out["refused"]:
         lines.append(f"refused: {r['prediction']} for {r['config']} ({r['reason']})")
     if "repredicted" in out:
