@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from tests.test_calibrate_host import assert_wait_as_before
 
 from trainplan import calibrate, calibrate_host, calibrate_pieces, overheads
 from trainplan.errors import SpecError
@@ -107,21 +108,9 @@ def test_no_host_step_layer_s_leaves_the_planner_bit_for_bit_as_before():
     gpu = _gpu(host_block_s=(("plain", 0.002), ("fsdp2", 0.006), ("tp2", 0.004)),
                host_step_s=(("plain", 0.01), ("fsdp2", 0.03), ("tp2", 0.065)),
                host_overlap_k=6.0)
-    rng = np.random.default_rng(1)
-    t_dev = rng.uniform(0.001, 0.3, 64)
-    tp, fsdp, zero = rng.choice([1, 2, 4], 64), rng.choice([True, False], 64), \
-        rng.choice([0, 2, 3], 64)
-    ga, layers = rng.choice([1, 2, 4, 8], 64), rng.choice([2.0, 6.0, 12.0, 24.0], 64)
-    full = overheads.host_time_per_microbatch(gpu, layers, tp, fsdp) \
-        + overheads._per_wrapper(gpu.host_step_s, tp, fsdp)  # the constant alone, as before
-    light = np.where(fsdp & (zero < 3), overheads.host_time_per_microbatch(gpu, layers, tp, False),
-                     overheads.host_time_per_microbatch(gpu, layers, tp, fsdp))
-    k = gpu.host_overlap_k
-    old = (overheads.interleaved(t_dev, full, k) - t_dev) \
-        + (ga - 1.0) * (overheads.interleaved(t_dev, light, k) - t_dev)
-    new = overheads.host_wait_per_step(gpu, t_dev, layers=layers, tp=tp, fsdp=fsdp, zero=zero,
-                                       grad_accum=ga)
-    assert (new == old).all()
+    assert_wait_as_before(gpu, seed=1, tps=[1, 2, 4], depths=[2.0, 6.0, 12.0, 24.0],
+                          step_extra=lambda tp, fsdp: overheads._per_wrapper(gpu.host_step_s,
+                                                                             tp, fsdp))
     cfgs = [ParallelConfig(dp=2, zero=2, micro_batch=1), ParallelConfig(tp=2, dp=2),
             ParallelConfig(pp=2, dp=2, micro_batch=1, grad_accum=4)]
     zeros = dataclasses.replace(gpu, host_step_layer_s=(("plain", 0.0), ("tp2", 0.0)))
