@@ -58,7 +58,7 @@ apart (`bench.micro_model.PRECISIONS`, `bench.micro_layouts`) and give:
 `apply` passes a key on only where GPUSpec has a field of that name
 (autocast_activation_scales, compiled_logits_scale, the ddp_exposed
 fractions and fsdp_block_scales, per ZeRO stage, have none: memory and
-reports read them from the file).
+reports read them from the file). fragmentation_scales: `trainplan.calibrate_memory`.
 
 Every scale is a ratio of measured to modelled work on a microbenchmark, so
 it carries over to other widths only as far as the work's shape does; the
@@ -70,7 +70,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from trainplan import calibrate_host, calibrate_tp, compute, memory
+from trainplan import calibrate_host, calibrate_memory, calibrate_tp, compute, memory
 from trainplan.layouts import RECOMPUTE
 from trainplan.overheads import activation_scale  # noqa: F401  (read here and by perf)
 from trainplan.specs import GPUSpec, ModelSpec
@@ -171,7 +171,9 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     """Scales from the piece records in `by_bench` (bench -> records); and held-out checks."""
     given = by_bench.get("block", [])  # host-bench blocks (tiny): only calibrate_host reads them
     host = [r for r in given if calibrate_host.is_host(r)]
-    by_bench = {**by_bench, "block": [r for r in given if not calibrate_host.is_host(r)]}
+    stacks = [r for r in given if calibrate_memory.is_stack(r)]  # calibrate_memory's alone
+    by_bench = {**by_bench, "block": [r for r in given if not calibrate_host.is_host(r)
+                                      and not calibrate_memory.is_stack(r)]}
     out: dict = {}
     if by_bench.get("hbm"):
         tbps = _median(r["results"]["tbps"] for r in by_bench["hbm"])
@@ -204,6 +206,7 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     out.update(calibrate_host.host_scales(host))
     out.update(calibrate_tp.tp_scales(every, gpu, _spec, out.get("host_block_s")))
     now = apply(gpu, out)
+    out.update(calibrate_memory.fragmentation_scales(stacks, now, _spec))
     out.update(calibrate_host.overlap_k(host, lambda r: block_predicted_s(r, now),
                                         out.get("host_block_s")))
     if by_bench.get("optimizer"):

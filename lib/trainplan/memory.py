@@ -156,6 +156,23 @@ def head_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, compiled_loss
                     logits_scale * logits_bytes(m, **kw))
 
 
+def layer_kept_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, recompute,
+                     sequence_parallel, scale=1.0, path=rt.FSDP, compiled=True, ep=1):
+    """Bytes one block keeps for one micro-batch on the harness's precision `path`: the
+    analytic `layer_activation_bytes` at the measured `scale` (plus DDP's split graph,
+    `memory_runtime.ddp_split_scale`), the autocast path's fp32 block input per token and
+    its bf16 weight casts (`memory_runtime.autocast_token_bytes`, `weight_copy_bytes`).
+    The per-layer term of `activation_bytes`; `trainplan.calibrate_memory` prices a
+    microbenchmark's blocks with it."""
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    analytic = layer_activation_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
+                                      recompute=recompute, sequence_parallel=sequence_parallel)
+    return (scale + rt.ddp_split_scale(path, compiled)) * analytic \
+        + tokens * rt.autocast_token_bytes(m, path=path, tp=tp,
+                                           sequence_parallel=sequence_parallel) \
+        + rt.weight_copy_bytes(m, path=path, tp=tp, ep=ep, recompute=recompute)
+
+
 def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, cp, recompute,
                      sequence_parallel, schedule_code, pp_virtual, scale=1.0, full_scale=1.0,
                      logits_scale=1.0, compiled_loss=False, path=None, compiled=None, ep=1):
@@ -180,12 +197,8 @@ def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, 
     layers = m.n_layers / np.asarray(pp)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
               sequence_parallel=sequence_parallel)
-    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
-    analytic = layer_activation_bytes(m, recompute=recompute, **kw)
-    per_layer = (scale + rt.ddp_split_scale(path, compiled)) * analytic \
-        + tokens * rt.autocast_token_bytes(m, path=path, tp=tp,
-                                           sequence_parallel=sequence_parallel) \
-        + rt.weight_copy_bytes(m, path=path, tp=tp, ep=ep, recompute=recompute)
+    per_layer = layer_kept_bytes(m, recompute=recompute, scale=scale, path=path,
+                                 compiled=compiled, ep=ep, **kw)
     rebuilt = np.where(np.asarray(recompute) == FULL,
                        full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
     in_flight = microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual)
@@ -238,7 +251,7 @@ def grads_at_peak(grads, activations, *, grad_accum, pp):
 def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_batch, grad_accum,
               recompute, sequence_parallel, schedule_code, pp_virtual, dp=None,
               activation_scale=1.0, rebuilt_scale=1.0, logits_scale=1.0,
-              compiled_loss=False, compiled=None) -> dict:
+              compiled_loss=False, compiled=None, gpu=None) -> dict:
     """Bytes per GPU at the step's peak by term: params, grads, optimizer, activations, other,
     total.
 
@@ -248,10 +261,11 @@ def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_ba
     `grads` are those live at the peak (`grads_at_peak`). `other` is the
     communication buffers (`buffer_bytes`), the memory FSDP2's side streams
     hold reserved (`memory_runtime.stream_pool_bytes`) and the compute
-    stream's fragmentation (`memory_runtime.fragmentation_bytes`): the peak is
-    `torch.cuda.max_memory_reserved`. Memory outside PyTorch's allocator
-    (NON_ALLOCATOR_GIB) is subtracted from the card instead, in `fits`.
-    `compiled` (default: `compiled_loss`) says the blocks run compiled.
+    stream's fragmentation (`memory_runtime.fragmentation_bytes`, at the card `gpu`'s
+    measured `fragmentation_scales` for the layout's wrapper; None or none measured:
+    `memory_runtime.FRAGMENTATION`): the peak is `torch.cuda.max_memory_reserved`.
+    Memory outside PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
+    instead, in `fits`. `compiled` (default: `compiled_loss`) says the blocks run compiled.
     """
     dp = dp_shard if dp is None else dp  # data-parallel ranks; the shard group unless told
     path = rt.harness_path(dp, tp, pp, zero)
@@ -273,7 +287,7 @@ def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_ba
     buffers = buffer_bytes(m, tp=tp, pp=pp, ep=ep, zero=zero, dp=dp, dp_shard=dp_shard, cp=cp)
     buffers = np.where(path == rt.FSDP, buffers, np.where(path == rt.DDP, buffers, 0.0))
     reserved = rt.stream_pool_bytes(m, path=path, **sharding) \
-        + rt.fragmentation_bytes(activations)
+        + rt.fragmentation_bytes(activations, gpu, tp=tp, fsdp=path == rt.FSDP, zero=zero)
     terms["other"] = buffers + reserved
     terms["total"] = sum(terms.values())
     return terms

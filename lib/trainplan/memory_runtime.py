@@ -42,7 +42,8 @@ DDP_SPLIT_SCALE = 0.3033
 # allocated on the compute stream (split blocks that later, differently sized
 # activations and temporaries cannot reuse). An assumption, the value
 # `memory.ALLOCATOR_MARGIN` held before, now applied to the bytes that are
-# freed and reallocated every micro-batch only (see `fragmentation_bytes`).
+# freed and reallocated every micro-batch only (see `fragmentation_bytes`); the
+# fallback wherever the card has no measured `GPUSpec.fragmentation_scales`.
 FRAGMENTATION = 0.08
 
 
@@ -216,13 +217,54 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
     return np.where(on, 4.0 * s / d + copy_in, 0.0)
 
 
-def fragmentation_bytes(activations):
-    """Reserved over allocated on the compute stream: FRAGMENTATION x the activations.
+def _stage_rows(rows, zero3: bool) -> list[tuple[str, float]]:
+    """`fragmentation_scales` rows as one ZeRO stage reads them: a wrapper's "W:z3" row for
+    ZeRO-3 layouts and its "W" row for the others, each taking the other stage's row where
+    only that one was measured; "plain" is FRAGMENTATION where it was not measured."""
+    table = {"plain": FRAGMENTATION}
+    for own in (not zero3, zero3):  # the other stage's rows first, the layout's own last
+        table.update({str(w).removesuffix(":z3"): float(s) for w, s in rows
+                      if str(w).endswith(":z3") == own})
+    return list(table.items())
+
+
+def fragmentation_scale(gpu, *, tp, fsdp, zero):
+    """The compute stream's reserve per byte of activations, per layout.
+
+    `gpu.fragmentation_scales` ((wrapper, scale), ...; `trainplan.calibrate_memory`) where
+    measured, read as `overheads._per_wrapper` reads the host rows: "tpN+fsdp2", "tpN",
+    "fsdp2" or "plain" by the layout's `tp` and whether FSDP2 wraps it (`fsdp`), with its
+    fallbacks (the nearest TP degree, the other TP wrapper, then the non-TP one; "fsdp2"
+    takes "plain"); ZeRO-3 layouts (`zero` 3) read the "W:z3" rows (`_stage_rows`).
+    FRAGMENTATION wherever nothing applies, and everywhere when `gpu` is None or has no
+    rows (the planner bit for bit as before).
+    """
+    rows = tuple(getattr(gpu, "fragmentation_scales", ()) or ())
+    if not rows:
+        return FRAGMENTATION
+    from trainplan.overheads import _per_wrapper
+
+    return np.where(np.asarray(zero) == 3, _per_wrapper(_stage_rows(rows, True), tp, fsdp),
+                    _per_wrapper(_stage_rows(rows, False), tp, fsdp))
+
+
+def fragmentation_bytes(activations, gpu=None, *, tp=1, fsdp=False, zero=0):
+    """Reserved over allocated on the compute stream: `fragmentation_scale` x the activations.
 
     Weights, states and buckets are allocated once and reused exactly every step;
     activations and temporaries are freed and reallocated every micro-batch in
     other sizes and orders, and the caching allocator's best-fit splitting
     strands part of its segments (PyTorch "CUDA memory management" notes:
-    `memory_reserved` vs `memory_allocated`). An assumption, not derived.
+    `memory_reserved` vs `memory_allocated`). The scale was an assumption,
+    FRAGMENTATION (0.08), for every layout; it is now measured per wrapper where
+    the card has `fragmentation_scales` (`trainplan.calibrate_memory`: the
+    reserve's growth per layer in the memory-stack microbenchmark over the
+    planner's kept bytes of one block), the assumption staying the fallback.
+    Why per wrapper: the 13B model's first 4 and first 2 blocks on 2 x H100
+    (proxy-h100x2-20261126-measurements.jsonl, s13b-*; end-to-end runs, so a
+    reason to measure, never a fit) grew their reserve 0.69 GiB a layer on one
+    GPU (0.55 of the 1.26 GiB of activations), 0.08 of them under TP 2, and
+    0.69 and 0.05 GiB on the compute stream under FSDP2 ZeRO-3 and ZeRO-2, beside
+    the reduce-scatter pool's 0.59 GiB that `stream_pool_bytes` prices.
     """
-    return FRAGMENTATION * np.asarray(activations)
+    return fragmentation_scale(gpu, tp=tp, fsdp=fsdp, zero=zero) * np.asarray(activations)

@@ -86,7 +86,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         schedule_code=L.pp_schedule, pp_virtual=v,
         activation_scale=activation_scale(gpu, compiled, L.recompute),
         rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale,
-        compiled_loss=compiled)
+        compiled_loss=compiled, gpu=gpu)
 
     # compute of one micro-batch on the slowest (last) stage
     compute_mb = compute.microbatch_compute_time(

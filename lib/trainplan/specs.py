@@ -161,6 +161,9 @@ class GPUSpec:
     host_step_s: tuple = ()  # ((wrapper, host s a step outside the blocks), ...); () = none
     host_step_layer_s: tuple = ()  # ((wrapper, host s a layer outside its block), ...); () = none
     host_overlap_k: float = 0.0  # host/GPU interleave exponent (calibrate_host); 0 = max()
+    # ((wrapper, compute-stream reserve per layer / kept bytes), ...) (calibrate_memory);
+    # () = memory_runtime.FRAGMENTATION for every layout
+    fragmentation_scales: tuple = ()
 
     def __post_init__(self):
         _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
@@ -172,10 +175,11 @@ class GPUSpec:
                                 "eager_autocast_elementwise_scale", "compiled_head_scale",
                                 "host_overlap_k"))
         check_curve("GPUSpec.matmul_curve", self.matmul_curve)
-        for name in ("host_block_s", "host_step_s", "host_step_layer_s"):
+        for name in ("host_block_s", "host_step_s", "host_step_layer_s", "fragmentation_scales"):
             for row in getattr(self, name):
                 if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
-                    raise SpecError(f"GPUSpec.{name} row {row!r} is not (wrapper, seconds >= 0)")
+                    unit = "seconds" if name.startswith("host") else "scale"
+                    raise SpecError(f"GPUSpec.{name} row {row!r} is not (wrapper, {unit} >= 0)")
         if self.overlap_exposed > 1:
             raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
         for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):

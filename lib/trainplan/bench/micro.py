@@ -45,6 +45,7 @@ from trainplan.stats import median_ci
 MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
            "tp", "host", "host-step")
+OPT_IN = ("memory-stack",)  # run only when --benches names them: not in validate's launch
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
 HOST_STEP_LAYERS = 4  # the host-step bench's short depth: the step's host time per layer
 BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
@@ -214,7 +215,8 @@ def _parser():
     p.add_argument("--out", required=True, help="records file (JSON lines), appended to")
     p.add_argument("--model", default="llama-1.3b", help="preset or YAML whose GEMMs to time")
     p.add_argument("--benches", default=",".join(BENCHES),
-                   help=f"comma list of {', '.join(BENCHES)}")
+                   help=f"comma list of {', '.join(BENCHES + OPT_IN)} (default: all but "
+                   f"{', '.join(OPT_IN)})")
     p.add_argument("--block-modes", default="compiled:none,compiled:selective,eager:none",
                    help="block variants, comma list of compiled|eager:none|selective|full"
                    "[:pure|autocast-fp32] (pure: weights in --dtype, as FSDP2; autocast-fp32: "
@@ -238,6 +240,8 @@ def _parser():
     p.add_argument("--host-step-layers", type=int, default=HOST_STEP_LAYERS,
                    help="bench host-step: also time the step of the model's first N blocks "
                    "(0: the full depth only), for the host's work per layer outside the blocks")
+    p.add_argument("--memory-layers", default="2,4", help="bench memory-stack: the depths "
+                   "(first N blocks) whose allocator reserve gives its growth per layer")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the GEMM shapes")
     p.add_argument("--tokens", type=int, default=16384, help="GEMM rows: micro-batch x seq")
     p.add_argument("--matmul-tp", default=None,
@@ -257,13 +261,13 @@ def _parser():
 
 def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict]]:
     from trainplan.bench import micro_layouts as lay
-    from trainplan.bench import micro_step, micro_tp
+    from trainplan.bench import micro_memory, micro_step, micro_tp
 
     benches = {b.strip() for b in args.benches.split(",") if b.strip()}
-    unknown = benches - set(BENCHES)
+    unknown = benches - set(BENCHES + OPT_IN)
     if unknown:
         raise SpecError(f"--benches {sorted(unknown)[0]!r} is not valid; "
-                        f"use {', '.join(BENCHES)}")
+                        f"use {', '.join(BENCHES + OPT_IN)}")
     modes, heads = lay.block_modes(args.block_modes), lay.head_modes(args.head_modes)
     ddp, fsdp = lay.ddp_modes(args.ddp_modes), lay.fsdp_modes(args.fsdp_modes)
     tps = micro_tp.tp_modes(args.tp_modes)
@@ -308,16 +312,20 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     if benches & {"host", "host-step"}:  # blocks, then whole steps (bench.micro_step)
         tasks += micro_step.host_tasks(args, rank, world, micro_tp.runnable(tps, world),
                                        blocks="host" in benches, steps="host-step" in benches)
+    if "memory-stack" in benches:  # the allocator's reserve per layer (bench.micro_memory)
+        tasks += micro_memory.stack_tasks(args, rank, world, micro_tp.runnable(tps, world))
     return tasks
 
 
 def _run(kind: str, kw: dict, common: dict) -> dict:
-    from trainplan.bench import micro_layouts, micro_model, micro_step, micro_tp
+    from trainplan.bench import micro_layouts, micro_memory, micro_model, micro_step, micro_tp
 
-    if kind in ("host", "interleave", "host-step"):  # marked top-level: calibrate_host's alone
+    if kind in ("host", "interleave", "host-step", "memory-stack"):  # purpose: own fit only
         kw, extra = dict(kw), {**(common.get("extra") or {}), "purpose": kind}
+        keep = {k: v for k, v in common.items() if k in ("run_id", "dtype", "warmup")}
+        if kind == "memory-stack":  # one depth a task
+            return micro_memory.bench_memory_stack(**kw, **keep, extra=extra)[0]
         if kind == "host-step":
-            keep = {k: v for k, v in common.items() if k in ("run_id", "dtype", "warmup")}
             return micro_step.bench_host_step(**kw, **keep, extra=extra)
         return _run(kw.pop("of"), kw, {**common, "extra": extra})
     if kind == "tp":

@@ -126,11 +126,12 @@ def _build(spec, seq: int, *, tp: int, zero: int, dev, low: bool, compile: bool,
     return Parallelized(parts=[net], fsdp=bool(zero))
 
 
-def _timed_steps(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, low: bool,
-                 compile: bool, mesh, warmup: int, repeats: int, max_norm: float):
-    """(host seconds, wall seconds) of each of `repeats` steps after `warmup`, as train.run
-    builds and runs them: the model (`_build`), AdamW (fused on GPU), the loss
-    (`train.loss_function`), synthetic micro-batches moved to the device, `train_step`."""
+def harness_step(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, low: bool,
+                 compile: bool, mesh, max_norm: float):
+    """A function running one training step as train.run builds and runs it: the model
+    (`_build`), AdamW (fused on GPU), the loss (`train.loss_function`), synthetic
+    micro-batches moved to the device, `train_step`. The host-step and memory-stack
+    benches time and measure it."""
     from trainplan.bench import feed
     from trainplan.bench import step as step_mod
     from trainplan.bench.train import loss_function, make_optimizer
@@ -148,7 +149,15 @@ def _timed_steps(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
         micro = feed.to_device(next(batches), dev, non_blocking=False)
         step_mod.train_step(par, optimizer, micro, autocast=autocast, reshard=zero == 3,
                             max_norm=max_norm, loss_fn=loss_fn)
+    return step
 
+
+def _timed_steps(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, low: bool,
+                 compile: bool, mesh, warmup: int, repeats: int, max_norm: float):
+    """(host seconds, wall seconds) of each of `repeats` steps of `harness_step` after
+    `warmup`."""
+    step = harness_step(spec, micro_batch, seq, tp=tp, zero=zero, dev=dev, low=low,
+                        compile=compile, mesh=mesh, max_norm=max_norm)
     for _ in range(warmup):
         step()
     host, wall = [], []
@@ -160,6 +169,32 @@ def _timed_steps(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
         _sync(dev)
         wall.append(time.perf_counter() - t0)
     return host, wall
+
+
+def wrapper_setup(tp: int, zero: int, seq: int, dtype: str, bench: str):
+    """(alone, ranks, low precision, device, mesh) for a whole-model bench under the wrapper
+    (tp, zero): "plain" (tp 1, zero 0) is this rank's own model and no mesh; else a
+    (world / tp, tp) mesh over every rank. Bad (tp, zero, seq) raise one SpecError line."""
+    from trainplan.bench.micro_tp import runnable
+
+    alone = tp == 1 and zero == 0
+    n = dist.get_world_size() if dist.is_initialized() else 1
+    if zero not in ZERO or not (alone or (tp, zero) in runnable([(tp, zero)], n)):
+        raise SpecError(f"tp = {tp}, zero = {zero} is not valid for {bench} on {n} "
+                        "ranks: zero is 0, 2 or 3, tp must divide the ranks, and FSDP needs "
+                        "world / tp >= 2")
+    if seq % tp:
+        raise SpecError(f"seq = {seq} is not valid for tp = {tp}: sequence parallel splits "
+                        "the sequence, so tp must divide it")
+    low = _dtype(dtype) != torch.float32  # the harness: bf16 on GPU, fp32 on CPU
+    nccl = torch.cuda.is_available() if alone else dist.get_backend() == "nccl"
+    dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    mesh = None
+    if not alone:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(dev.type, (n // tp, tp), mesh_dim_names=("dp_shard", "tp"))
+    return alone, n, low, dev, mesh
 
 
 def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero: int = 0,
@@ -174,22 +209,9 @@ def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero
     `layers`: the model's first `layers` blocks (None: all), recorded as config["layers"];
     config["model"] stays the model's name and model_spec is the model as built."""
     from trainplan.bench.micro_layouts import _slowest
-    from trainplan.bench.micro_tp import runnable
 
     whole(micro_batch=micro_batch, seq=seq, repeats=repeats, tp=tp)
     whole(low=0, warmup=warmup)
-    alone = tp == 1 and zero == 0
-    n = dist.get_world_size() if dist.is_initialized() else 1
-    if zero not in ZERO or not (alone or (tp, zero) in runnable([(tp, zero)], n)):
-        raise SpecError(f"tp = {tp}, zero = {zero} is not valid for the host step on {n} "
-                        "ranks: zero is 0, 2 or 3, tp must divide the ranks, and FSDP needs "
-                        "world / tp >= 2")
-    if seq % tp:
-        raise SpecError(f"seq = {seq} is not valid for tp = {tp}: sequence parallel splits "
-                        "the sequence, so tp must divide it")
-    low = _dtype(dtype) != torch.float32  # the harness: bf16 on GPU, fp32 on CPU
-    nccl = torch.cuda.is_available() if alone else dist.get_backend() == "nccl"
-    dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     spec = load_model(model)
     if layers is not None:
         whole(layers=layers)
@@ -197,11 +219,7 @@ def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero
             raise SpecError(f"layers = {layers} is not valid: {spec.name!r} has "
                             f"{spec.n_layers} layers")
         spec = dataclasses.replace(spec, n_layers=layers)
-    mesh = None
-    if not alone:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(dev.type, (n // tp, tp), mesh_dim_names=("dp_shard", "tp"))
+    alone, n, low, dev, mesh = wrapper_setup(tp, zero, seq, dtype, "the host step")
     warmup = max(1, warmup)  # the first step compiles: never timed
     host, wall = _timed_steps(spec, micro_batch, seq, tp=tp, zero=zero, dev=dev, low=low,
                               compile=compile, mesh=mesh, warmup=warmup, repeats=repeats,
