@@ -27,8 +27,8 @@ Everything is freed between depths (gc, `empty_cache`), so a depth starts from a
 pool. On CPU there are no allocator statistics: the bench runs (for the plumbing) and
 writes None for every byte field, which the calibration skips.
 
-The step loop is `micro_step._timed_steps`' own, with the peak reset between warm-up and
-measured steps that it has no place for.
+The step is `micro_step.harness_step`'s; the loop is this bench's own, for the peak reset
+between warm-up and measured steps.
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ import gc
 import time
 
 import torch
-import torch.distributed as dist
 
 from trainplan.bench.micro import _card, _sync, _timed_results
-from trainplan.bench.micro_step import harness_step, wrapper_of, wrapper_setup
+from trainplan.bench.micro_step import harness_step, step_config, wrapper_setup
 from trainplan.bench.shapes import whole
 from trainplan.errors import SpecError
 from trainplan.records import microbenchmark_record
@@ -154,16 +153,9 @@ def bench_memory_stack(model: str, micro_batch: int, seq: int, *, tp: int = 1, z
                    **dict(zip(BYTES, [int(b) for b in peaks] if peaks else [None] * 3,
                               strict=True)),
                    "memory_pools": pools}  # activation_bytes: not measured here
-        config = {"model": spec.name, "model_spec": dataclasses.asdict(cut),
-                  "wrapper": wrapper_of(tp, zero), "tp": tp, "dp": 1 if alone else n // tp,
-                  "zero": zero, "world": 1 if alone else n, "layers": depth,
-                  "micro_batch": micro_batch, "seq": seq, "compile": compile,
-                  "recompute": "none", "sequence_parallel": tp > 1,
-                  "precision": "autocast-fp32" if low and not zero else "pure",
-                  "max_norm": max_norm, "optimizer": "adamw" + (" fused" if dev.type == "cuda"
-                                                                  else ""),
-                  "feed": "synthetic", "backend": dist.get_backend() if mesh else None,
-                  "dtype": dtype, "device": dev.type, "tokens": tokens, "warmup": warmup,
+        config = {**step_config(cut, setup=(alone, n, low, dev, mesh), tp=tp, zero=zero,
+                                micro_batch=micro_batch, seq=seq, compile=compile,
+                                max_norm=max_norm, dtype=dtype, warmup=warmup),
                   "steps": steps, "peaks": "after warm-up (reset_peak_memory_stats)"}
         out.append(microbenchmark_record(bench="block", config=config, results=results,
                                          gpus=1 if alone else n, card=_card(dev), run_id=run_id,

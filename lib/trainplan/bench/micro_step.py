@@ -197,6 +197,23 @@ def wrapper_setup(tp: int, zero: int, seq: int, dtype: str, bench: str):
     return alone, n, low, dev, mesh
 
 
+def step_config(spec, *, setup, tp: int, zero: int, micro_batch: int, seq: int,
+                compile: bool, max_norm: float, dtype: str, warmup: int) -> dict:
+    """The config of a whole-model step record (host-step, memory-stack): the model as built
+    (`spec`, its depth as config["layers"]), the wrapper and the harness's step settings;
+    `setup` is `wrapper_setup`'s (alone, ranks, low, device, mesh)."""
+    alone, n, low, dev, mesh = setup
+    return {"model": spec.name, "model_spec": dataclasses.asdict(spec),
+            "wrapper": wrapper_of(tp, zero), "tp": tp, "dp": 1 if alone else n // tp,
+            "zero": zero, "layers": spec.n_layers, "micro_batch": micro_batch, "seq": seq,
+            "compile": compile, "recompute": "none", "sequence_parallel": tp > 1,
+            "precision": "autocast-fp32" if low and not zero else "pure", "max_norm": max_norm,
+            "optimizer": "adamw" + (" fused" if dev.type == "cuda" else ""),
+            "feed": "synthetic", "world": 1 if alone else n,
+            "backend": dist.get_backend() if mesh else None, "dtype": dtype,
+            "device": dev.type, "tokens": micro_batch * seq, "warmup": warmup}
+
+
 def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero: int = 0,
                     layers: int | None = None, compile: bool = True, dtype: str = "bfloat16",
                     warmup: int = 3, repeats: int = 6, max_norm: float = 1.0,
@@ -234,16 +251,9 @@ def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero
     iv = median_ci(wall)
     results.update({"wall_s": iv.estimate, "wall_s_ci": iv.as_list(), "wall_times_s": wall,
                     "activation_bytes": 0})  # not measured here; a block record carries it
-    autocast = low and not zero
-    config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
-              "wrapper": wrapper_of(tp, zero), "tp": tp, "dp": 1 if alone else n // tp,
-              "zero": zero, "layers": spec.n_layers, "micro_batch": micro_batch, "seq": seq,
-              "compile": compile, "recompute": "none", "sequence_parallel": tp > 1,
-              "precision": "autocast-fp32" if autocast else "pure", "max_norm": max_norm,
-              "optimizer": "adamw" + (" fused" if dev.type == "cuda" else ""),
-              "feed": "synthetic", "world": 1 if alone else n,
-              "backend": dist.get_backend() if mesh else None, "dtype": dtype,
-              "device": dev.type, "tokens": tokens, "warmup": warmup, "repeats": repeats}
+    config = {**step_config(spec, setup=(alone, n, low, dev, mesh), tp=tp, zero=zero,
+                            micro_batch=micro_batch, seq=seq, compile=compile,
+                            max_norm=max_norm, dtype=dtype, warmup=warmup), "repeats": repeats}
     return microbenchmark_record(bench="block", config=config, results=results,
                                  gpus=1 if alone else n, card=_card(dev), run_id=run_id,
                                  extra=extra)
