@@ -192,6 +192,37 @@ def test_a_layer_slice_config_predicts_and_launches_the_slice(tmp_path):
         suite_mod.load_suite(str(path))
 
 
+def test_a_config_may_name_its_own_model_and_sequence_length(tmp_path):
+    """A config's `model` and `seq_len` override the suite's in the prediction, the launch and
+    a failure record; the others keep the suite's; a config with no model anywhere, or a
+    sequence length that is not a whole number, is refused in one line."""
+    from trainplan.bench import suite as suite_mod
+
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama-1.3b\nseq_len: 2048\nconfigs:\n"
+                    "  - {tag: own, gpus: 4, model: llama-13b, layers: 2, seq_len: 8192,"
+                    " layout: {dp: 4, zero: 3, micro_batch: 1}}\n"
+                    "  - {tag: suite, gpus: 4, layout: {dp: 4, zero: 3, micro_batch: 1}}\n")
+    s = suite_mod.load_suite(str(path))
+    own, plain = s["configs"]
+    pred = suite_mod.predict(s, own, "NVIDIA H100 80GB HBM3", "r1")
+    assert pred["model"] == "llama-13b:2-layers" and pred["config"]["seq_len"] == 8192
+    base = suite_mod.predict(s, plain, "NVIDIA H100 80GB HBM3", "r1")
+    assert base["model"] == "llama-1.3b" and base["config"]["seq_len"] == 2048
+    cmd = suite_mod.train_command(s, own, tmp_path, "r1")
+    assert cmd[cmd.index("--model") + 1] == "llama-13b"
+    assert cmd[cmd.index("--seq-len") + 1] == "8192"
+    suite_mod.record_failure(tmp_path, s, own, 1, "out of memory", "r1")
+    failed = json.loads((tmp_path / "failed.jsonl").read_text())
+    assert (failed["model"], failed["seq_len"]) == ("llama-13b", 8192)
+    path.write_text("configs:\n  - {tag: x, gpus: 1, layout: {}}\n")
+    with pytest.raises(suite_mod.SpecError, match="names no model"):
+        suite_mod.load_suite(str(path))
+    path.write_text("model: llama-1.3b\nconfigs:\n  - {tag: x, gpus: 1, seq_len: 1.5}\n")
+    with pytest.raises(suite_mod.SpecError, match="seq_len = 1.5"):
+        suite_mod.load_suite(str(path))
+
+
 def test_a_micro_run_cut_short_calibrates_from_what_it_recorded(tmp_path, monkeypatch):
     """The overlap benchmark runs last; if the run is stopped there, the GEMM and attention
     records already appended still calibrate the card. Without them it is an error."""

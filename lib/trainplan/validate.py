@@ -88,8 +88,10 @@ def select_jobs(paths: list[str], only: list[str], gpus: int) -> list[tuple[dict
         for cfg in loaded["configs"]:
             tag = cfg["tag"]
             if tag in seen:
-                if (seen[tag][0]["model"], seen[tag][1].get("layout"), seen[tag][1]["gpus"]) != (
-                        loaded["model"], cfg.get("layout"), cfg["gpus"]):
+                first_suite, first = seen[tag]
+                if (suite_mod.base_model(first_suite, first), first.get("layout"),
+                        first["gpus"]) != (suite_mod.base_model(loaded, cfg), cfg.get("layout"),
+                                           cfg["gpus"]):
                     raise UsageError(f"config {tag!r} of {path} differs from the one of that tag "
                                      "in an earlier suite; tags must name one config")
                 continue
@@ -294,7 +296,7 @@ def validate(args) -> dict:
     gpu_source = suite_mod.gpu_preset(card, jobs[0][0])
     gpu = load_gpu(gpu_source, calibrated=False)
     preset = gpu.name
-    model = jobs[0][0]["model"]
+    model = jobs[0][0].get("model") or suite_mod.base_model(*jobs[0])  # the micro's shapes
     if prev and prev.get("card") != card:  # another card: its runs say nothing of this one
         clock.say(f"{args.continue_from} ran on {prev.get('card')}, this is {card}: "
                   "measuring everything again")

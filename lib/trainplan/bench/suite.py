@@ -72,7 +72,24 @@ def load_suite(path: str) -> dict:
         if c.get("impl", "trainplan") not in IMPL_MODULES:
             raise SpecError(f"suite {path}: config {c['tag']!r} has impl = {c['impl']!r}; "
                             f"use one of {list(IMPL_MODULES)}")
+        if not isinstance(c.get("model", suite.get("model")), str):
+            raise SpecError(f"suite {path}: config {c['tag']!r} names no model; give the suite "
+                            "or the config a 'model' (a preset or a YAML file)")
+        seq = seq_len(suite, c)
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+            raise SpecError(f"suite {path}: config {c['tag']!r} seq_len = {seq!r}; "
+                            "use a whole number >= 1 (tokens a sequence)")
     return suite
+
+
+def base_model(suite: dict, cfg: dict) -> str:
+    """The model a config runs: its own `model`, else the suite's (a preset or YAML file)."""
+    return cfg.get("model", suite.get("model"))
+
+
+def seq_len(suite: dict, cfg: dict) -> int:
+    """Tokens a sequence for a config: its own `seq_len`, else the suite's, else 2048."""
+    return cfg.get("seq_len", suite.get("seq_len", 2048))
 
 
 def card_name() -> str:
@@ -102,7 +119,7 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     from trainplan.specs import load_cluster, load_gpu, load_model
 
     lay = full_layout(cfg)
-    seq = suite.get("seq_len", 2048)
+    seq = seq_len(suite, cfg)
     gpu = load_gpu(gpu_preset(card, suite))
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
     cluster = load_cluster(suite.get("cluster", "dgx-h100"))
@@ -133,7 +150,7 @@ def train_command(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
 def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
     """The config's arguments to its module (train.py's flags; hf_baseline adds `--impl`)."""
     lay = full_layout(cfg)
-    cmd = ["--model", suite["model"], "--seq-len", str(suite.get("seq_len", 2048)),
+    cmd = ["--model", base_model(suite, cfg), "--seq-len", str(seq_len(suite, cfg)),
            "--steps", str(cfg.get("steps", suite.get("steps", 12))),
            "--warmup", str(cfg.get("warmup", suite.get("warmup", 4))),
            "--records", str(out / "measurements.jsonl"), "--run-id", run_id, "--json",
@@ -149,9 +166,10 @@ def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
 
 
 def model_name(suite: dict, cfg: dict) -> str:
-    """The model a config trains: the suite's, or its first `layers` blocks (`NAME:N-layers`,
-    the name train.py records and `specs.load_model` reads)."""
-    return f"{suite['model']}:{cfg['layers']}-layers" if cfg.get("layers") else suite["model"]
+    """The model a config trains (its own or the suite's), or its first `layers` blocks
+    (`NAME:N-layers`, the name train.py records and `specs.load_model` reads)."""
+    name = base_model(suite, cfg)
+    return f"{name}:{cfg['layers']}-layers" if cfg.get("layers") else name
 
 
 def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: float,
@@ -328,8 +346,8 @@ def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
     records.append(out / "failed.jsonl", {
         "kind": "failed_launch", "recorded_at": records.utc_now(),
         "provenance": records.provenance(), "run_id": run_id, "tag": cfg["tag"],
-        "model": suite["model"], "gpus": cfg["gpus"], "card": card_name(),
-        "seq_len": suite.get("seq_len", 2048),
+        "model": base_model(suite, cfg), "gpus": cfg["gpus"], "card": card_name(),
+        "seq_len": seq_len(suite, cfg),
         "layout": {**full_layout(cfg), "compile": bool(cfg.get("compile", False))},
         "compile": bool(cfg.get("compile", False)), "launch": launch, "reason": reason})
 
