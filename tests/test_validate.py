@@ -134,6 +134,13 @@ def test_continue_from_reuses_the_calibration_and_skips_what_was_done(first_run,
     assert not (d / "run2" / "micro.jsonl").exists()
     assert (d / "run2" / "calibration" / "cpu-test.yaml").read_text() == (
         out / "calibration" / "cpu-test.yaml").read_text()
+    # a third run continued from the second skips what the first did: the chain carries
+    proc = trainplan_cli(["validate", "--gpus", "2", "--suite", suite, "--out", d / "run3",
+                          "--launches", "2", "--continue-from", d / "run2", "--json"], cwd=d,
+                         timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    third = json.loads(proc.stdout)
+    assert sorted(third["skipped"]) == ["broken", "fsdp-z2"] and third["configs"] == []
 
 
 @pytest.mark.parametrize("extra, message", [

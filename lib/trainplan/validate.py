@@ -17,7 +17,7 @@ Stages, everything written under DIR:
 3. the suites (`trainplan.bench.suite`): a prediction of every selected config
    recorded first (DIR/predictions.jsonl), then `--launches` launches of each
    in order (DIR/measurements.jsonl), a failed launch -> DIR/failed.jsonl;
-   `--continue-from DIR0` skips the configs DIR0 measured or saw fail;
+   `--continue-from DIR0` skips the configs DIR0 measured, saw fail or skipped itself;
    `--sweep`: each repetition one launch per GPU count running all its
    configs (`trainplan.bench.suite_sweep`; off until a GPU A/B shows its
    timings equal separate launches');
@@ -118,7 +118,7 @@ def check_out(out: Path) -> None:
 
 def read_previous(path: str | None, launches: int) -> tuple[dict, dict]:
     """--continue-from: (its validate.json, tag -> outcome of the configs it measured in full
-    or saw fail: those are not run again)."""
+    or saw fail, or carried from the run it continued: those are not run again)."""
     if path is None:
         return {}, {}
     try:
@@ -126,7 +126,7 @@ def read_previous(path: str | None, launches: int) -> tuple[dict, dict]:
     except (OSError, ValueError) as err:
         raise UsageError(f"--continue-from {path!r}: no readable validate.json "
                          f"({type(err).__name__}); name the --out of an earlier run") from None
-    skip = {o["tag"]: o for o in prev.get("configs", [])
+    skip = {o["tag"]: o for o in prev.get("carried", []) + prev.get("configs", [])
             if o["status"] == "failed" or (o["status"] == "measured" and o["launches"] >= launches)}
     return prev, skip
 
@@ -330,6 +330,7 @@ def validate(args) -> dict:
                   "run_id": run_id, "suites": args.suite, "launches": args.launches,
                   "sweep": args.sweep,
                   "budget_s": args.budget_s, "calibration": cal, "skipped": skipped,
+                  "carried": [skip[t] for t in skipped],  # for a run continued from this one
                   "configs": outcomes, "compare": None}
         write_json(out / "validate.json", report)  # already enough for --continue-from
         clock.say("comparing predicted with measured")
