@@ -37,7 +37,7 @@ lab: $(STAMP)
 
 ## bench-book: time `make book` for the default scenario (figure quoted in the README)
 bench-book: browser $(STAMP)
-	$(BIN)/python bench/book_speed.py
+	$(BIN)/python tools/book_speed.py
 
 ## system-deps: Slurm and munge for the launch tests, Chromium for the book (Debian; apt-get
 ## runs only when missing)
@@ -85,7 +85,7 @@ fault-matrix: $(STAMP)
 
 ## bench-search: time the full strategy search (figure quoted in the README)
 bench-search: $(STAMP)
-	$(BIN)/python bench/search_speed.py
+	$(BIN)/python tools/search_speed.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check lib tests bench

@@ -1,6 +1,6 @@
 """Time the full strategy search: Llama 13B on 32 H100s (4 nodes x 8), the runbook's default.
 
-    .venv/bin/python bench/search_speed.py [--repeat 20] [--cli-repeat 5]
+    .venv/bin/python tools/search_speed.py [--repeat 20] [--cli-repeat 5]
 
 One warm-up search, then `--repeat` timed searches (enumerate every valid
 layout, price them all, rank); prints the median and the minimum, the layouts

@@ -1,6 +1,6 @@
 """Time `make book` for the default scenario: papermill, the strict HTML build and the PDF.
 
-    .venv/bin/python bench/book_speed.py [--runs 1] [--scenario llama-13b-32xh100]
+    .venv/bin/python tools/book_speed.py [--runs 1] [--scenario llama-13b-32xh100]
 
 Runs `make book` `--runs` times (after installation: the .venv must exist, and
 the first run pays no install), each a fresh process tree, and prints the wall
