@@ -20,14 +20,14 @@ $(STAMP): requirements.txt pyproject.toml
 
 ## book: execute the notebooks for SCENARIO with papermill, build the HTML strictly, print the PDF
 book: browser $(STAMP)
-	@$(BIN)/python -m trainplan.book --scenario $(SCENARIO)
+	@$(BIN)/python -m trainplan.runbook.build --scenario $(SCENARIO)
 	$(BIN)/jupyter-book build . --all --builder html -n -W --keep-going
-	$(BIN)/python -m trainplan.book_pdf
+	$(BIN)/python -m trainplan.runbook.pdf
 	@echo "runbook: $(CURDIR)/_build/html/index.html and $(CURDIR)/_build/pdf/trainplan-runbook.pdf"
 
 ## pdf: print the six runbook pages of the last `make book` to one PDF with headless Chromium
 pdf: browser $(STAMP)
-	$(BIN)/python -m trainplan.book_pdf
+	$(BIN)/python -m trainplan.runbook.pdf
 
 ## lab: JupyterLab on notebooks/ with the project's kernel (installs requirements-lab.txt once)
 lab: $(STAMP)
@@ -66,7 +66,7 @@ snap:
 
 ## notebooks: re-execute the committed notebooks in place (default scenario) after a library change
 notebooks: $(STAMP)
-	$(BIN)/python -m trainplan.book --in-place
+	$(BIN)/python -m trainplan.runbook.build --in-place
 
 ## validate: rerun the proof on this machine's GPUs: microbenchmarks -> calibration ->
 ## predictions -> measurements -> compare (VALIDATE_OUT, not OUT: the device sets $OUT)
@@ -81,7 +81,7 @@ validate: $(STAMP)
 
 ## fault-matrix: run tests/faults and write page 5's evidence table
 fault-matrix: $(STAMP)
-	$(BIN)/python -m trainplan.fault_matrix --out data/measurements/fault-matrix.json
+	$(BIN)/python -m trainplan.resilience.fault_matrix --out data/measurements/fault-matrix.json
 
 ## bench-search: time the full strategy search (figure quoted in the README)
 bench-search: $(STAMP)

@@ -1,4 +1,4 @@
-"""The runbook's notebooks and their papermill runner (`python -m trainplan.book`).
+"""The runbook's notebooks and their papermill runner (`python -m trainplan.runbook.build`).
 
 Fast: nothing here starts a kernel. Execution itself is checked by `make book`
 (strict build) and by nbval over the committed notebooks (`make test`).
@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import book, bookinfo, pages
-from trainplan.book import (
+from trainplan.runbook import build as book
+from trainplan.runbook import pages
+from trainplan.runbook import version as bookinfo
+from trainplan.runbook.build import (
     execute_all,
     notebook_paths,
     parse_parameters,
     read_parameters,
 )
-from trainplan.pages import DEFAULT_SCENARIO, ParameterError, resolve_inputs
+from trainplan.runbook.pages import DEFAULT_SCENARIO, ParameterError, resolve_inputs
 from trainplan.specs import Scenario, preset_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +44,7 @@ def _source(cell: dict) -> str:
 
 
 def run_book(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainplan.book", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "trainplan.runbook.build", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -87,7 +89,7 @@ def test_page_opens_with_label_title_and_plain_words_box(path):
     assert re.match(r"\(page-[a-z]+\)=\n# \S", first), "label, then title"
     assert ":::{admonition} In plain words" in first
     for part in ("**The decision.**", "**The number that matters.**", "**The risk.**",
-                 "{{ version }}"):  # the version: trainplan.bookinfo's Sphinx substitution
+                 "{{ version }}"):  # the version: trainplan.runbook.version's Sphinx substitution
         assert part in first
 
 
@@ -320,7 +322,7 @@ def test_provenance_table_names_every_record_file():
 
 
 def test_pdf_without_a_build_is_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "trainplan.book_pdf", "--html", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "trainplan.runbook.pdf", "--html", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     _one_line_exit_2(proc, "make book")
 
@@ -333,8 +335,9 @@ def test_the_gallery_adds_a_scenario_file_from_elsewhere(tmp_path):
 
 
 def test_memory_check_carries_the_width_checks_overrun_over_to_the_plan(monkeypatch):
-    from trainplan import compare, compare_views
-    from trainplan.memory import NON_ALLOCATOR_GIB
+    from trainplan.compare import accuracy as compare
+    from trainplan.compare import views as compare_views
+    from trainplan.cost.memory import NON_ALLOCATOR_GIB
 
     band = compare_views.memory_band(compare.compare(repredictions=False))
     card, factor = 80.0, band["factor"]

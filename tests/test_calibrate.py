@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from trainplan import calibrate, comms
-from trainplan.calibrate import CalibrationError
+from trainplan.calibrate import fit as calibrate
+from trainplan.calibrate.fit import CalibrationError
 from trainplan.cli import main
+from trainplan.cost import comms
 from trainplan.specs import ClusterSpec, load_gpu
 
 PEAK = 989.0

@@ -6,11 +6,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trainplan import calibrate_host, calibrate_pieces, overheads
+from trainplan.calibrate import host as calibrate_host
+from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.cost import measured as overheads
+from trainplan.cost.step_time import evaluate
 from trainplan.errors import SpecError
-from trainplan.layouts import Layouts
-from trainplan.perf import evaluate
 from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs.layouts import Layouts
 
 M = load_model("llama-1.3b")  # 24 layers
 P_BLOCK = 12 * M.hidden**2  # about one block's parameters; only the copies' price reads it

@@ -7,12 +7,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trainplan import calibrate, calibrate_memory, calibrate_pieces, memory
-from trainplan import memory_runtime as rt
+from trainplan.calibrate import fit as calibrate
+from trainplan.calibrate import memory as calibrate_memory
+from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.cost import memory
+from trainplan.cost import memory_runtime as rt
+from trainplan.cost.measured import activation_scale
 from trainplan.errors import SpecError
-from trainplan.layouts import Layouts
-from trainplan.overheads import activation_scale
 from trainplan.specs import ParallelConfig, load_gpu, load_model
+from trainplan.specs.layouts import Layouts
 
 M = load_model("llama-13b")
 GiB = 2**30

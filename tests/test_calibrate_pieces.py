@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from tests.bench.micro_runs import run_micro
 
-from trainplan import calibrate, calibrate_pieces
-from trainplan.layouts import Layouts
-from trainplan.perf import evaluate
+from trainplan.calibrate import fit as calibrate
+from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.cost.step_time import evaluate
 from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs.layouts import Layouts
 
 ROOT = Path(__file__).resolve().parents[1]
 M = load_model("llama-1.3b")

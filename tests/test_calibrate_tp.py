@@ -5,10 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from trainplan import calibrate_pieces, calibrate_tp, overheads
-from trainplan.layouts import Layouts
-from trainplan.perf import evaluate
+from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.calibrate import tp as calibrate_tp
+from trainplan.cost import measured as overheads
+from trainplan.cost.step_time import evaluate
 from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs.layouts import Layouts
 
 M = load_model("llama-1.3b")
 P_LAYER = 4 * 2048 * 2048 + 3 * 2048 * 5504 + 2 * 2048

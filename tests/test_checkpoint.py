@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainplan import checkpoint as ck
-from trainplan.checkpoint import CheckpointPlanError, plan_checkpoints
-from trainplan.params import total_params
+from trainplan.cost.params import total_params
+from trainplan.resilience import checkpoint as ck
+from trainplan.resilience.checkpoint import CheckpointPlanError, plan_checkpoints
 from trainplan.specs import load_model
 
 N13 = 13_015_864_320  # Llama 2 13B (data/models/llama-13b.yaml)

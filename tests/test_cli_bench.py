@@ -77,7 +77,7 @@ def test_standalone_command(tiny, capsys):
     cmd = _dry(["--model", tiny, "--nproc-per-node", "2", "--dp", "2", "--zero", "3",
                 "--compile", "--impl", "hf-baseline", "--cpu"], capsys)
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    rest = cmd[cmd.index("trainplan.bench.hf_baseline") + 1:]
+    rest = cmd[cmd.index("trainplan.bench.harness.hf_baseline") + 1:]
     assert " ".join(rest) == f"--model {tiny} --dp 2 --zero 3 --compile --cpu"
 
 
@@ -110,7 +110,7 @@ def test_tiny_cpu_run_through_the_verb(tiny, tmp_path):
 
 def test_suite_prints_the_table_and_the_ratios(tmp_path, capsys, monkeypatch):
     """The suite runner mocked: the verb's job is the plumbing and the side-by-side figures."""
-    from trainplan.bench import suite
+    from trainplan.bench.series import suite
 
     def launch(seconds):
         return {"tokens_per_step": 32768, "ranks": 2, "step_times_s": [seconds] * 10,

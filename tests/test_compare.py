@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import compare, compare_views
 from trainplan.cli import main
+from trainplan.compare import accuracy as compare
+from trainplan.compare import views as compare_views
 
 ROOT = Path(__file__).resolve().parents[1]
 PRED = ROOT / "data/measurements/proxy-h200x2-20261126-predictions.jsonl"
@@ -53,7 +54,7 @@ def test_contract_on_committed_records(committed, capsys):
         assert low <= row["measured_step_time_s"] <= high
         assert row["flagged"] == (row["launches"] < compare.MIN_LAUNCHES)
     assert out["refused"] == []
-    from trainplan import calibrate
+    from trainplan.calibrate import fit as calibrate
     head = next(r for r in out["rows"] if r["host"] == out["headline_host"])
     preset = calibrate.card_preset(head["card"])  # the headline host's card, calibrated
     assert out["repredicted"]["calibration"] == calibrate.load(preset)["label"]

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import compare, compare_failed, records
+from trainplan.compare import accuracy as compare
+from trainplan.compare import failed as compare_failed
 from trainplan.errors import RecordError
+from trainplan.records import schema as records
 
 ROOT = Path(__file__).resolve().parents[1]
 FAILED = ROOT / "data/measurements/proxy-h100x2-20261126-failed.jsonl"

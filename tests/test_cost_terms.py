@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
-from trainplan import comms, compute, memory, params
-from trainplan.compute import FULL, NONE, SELECTIVE
+from trainplan.cost import comms, compute, memory, params
+from trainplan.cost.compute import FULL, NONE, SELECTIVE
 from trainplan.specs import load_model
 
 GiB = 2**30
@@ -250,7 +250,7 @@ def test_buffer_bytes(tiny):
 def test_breakdown_sums_terms_with_the_runtime_terms(tiny):
     """FSDP2 ZeRO-3 by hand: sharded fp32 weights, gradients and Adam; block activations plus
     the head's inputs; the buffers, FSDP2's side-stream pool and the 8% fragmentation of
-    activations on top (trainplan.memory_runtime)."""
+    activations on top (trainplan.cost.memory_runtime)."""
     out = memory.breakdown(tiny, seq_len=32, dp_shard=4, tp=1, pp=1, cp=1, ep=1, zero=3,
                            micro_batch=2, grad_accum=8, recompute=NONE, sequence_parallel=False,
                            schedule_code=0, pp_virtual=1)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
-from trainplan import comms, compute, memory
+from trainplan.cost import comms, compute, memory
 from trainplan.specs import load_cluster, load_gpu
 
 

@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from trainplan import failures
-from trainplan.checkpoint import CheckpointPlanError, plan_checkpoints
-from trainplan.failures import simulate, simulate_plan
+from trainplan.resilience import failures
+from trainplan.resilience.checkpoint import CheckpointPlanError, plan_checkpoints
+from trainplan.resilience.failures import simulate, simulate_plan
 
 N13 = 13_015_864_320
 RUN_HOURS = 302.0  # about the default scenario's predicted 12.6 days

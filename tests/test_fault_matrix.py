@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import fault_matrix as fm
+from trainplan.resilience import fault_matrix as fm
 
 REPO = Path(__file__).resolve().parents[1]
 XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
@@ -47,7 +47,8 @@ def _fault_tests() -> set[str]:
 
 def test_every_fault_test_has_its_scenario_and_guarantee_in_words():
     missing = _fault_tests() - set(fm.SCENARIOS)
-    assert not missing, f"add these to trainplan.fault_matrix.SCENARIOS: {sorted(missing)}"
+    assert not missing, ("add these to trainplan.resilience.fault_matrix.SCENARIOS: "
+                         f"{sorted(missing)}")
     stale = set(fm.SCENARIOS) - _fault_tests()
     assert not stale, f"SCENARIOS names tests that no longer exist: {sorted(stale)}"
 
@@ -55,10 +56,10 @@ def test_every_fault_test_has_its_scenario_and_guarantee_in_words():
 def test_the_committed_matrix_covers_every_fault_test_and_all_passed():
     path = REPO / "data" / "measurements" / "fault-matrix.json"
     if not path.is_file():
-        pytest.skip("no committed fault matrix yet (python -m trainplan.fault_matrix)")
+        pytest.skip("no committed fault matrix yet (python -m trainplan.resilience.fault_matrix)")
     matrix = json.loads(path.read_text())
     ran = {r["test"].split("::")[1].split("[")[0] for r in matrix["rows"]}
-    assert ran == _fault_tests(), "regenerate: python -m trainplan.fault_matrix"
+    assert ran == _fault_tests(), "regenerate: python -m trainplan.resilience.fault_matrix"
     assert all(r["outcome"] == "passed" and r["described"] for r in matrix["rows"])
     assert matrix["counts"]["passed"] == len(matrix["rows"]) and matrix["date"]
 

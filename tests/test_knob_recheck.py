@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from trainplan import knob_recheck
 from trainplan.errors import RecordError
+from trainplan.tune import recheck as knob_recheck
 
 
 def test_committed_recheck_assigns_launches_by_layout_and_order():

@@ -1,12 +1,12 @@
-"""The harness's precision-path memory terms (trainplan.memory_runtime)."""
+"""The harness's precision-path memory terms (trainplan.cost.memory_runtime)."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-from trainplan import memory, params
-from trainplan import memory_runtime as rt
+from trainplan.cost import memory, params
+from trainplan.cost import memory_runtime as rt
 from trainplan.specs import load_model
 
 M = load_model("llama-1.3b")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
-from trainplan import params
+from trainplan.cost import params
 from trainplan.specs import load_model
 
 PUBLISHED = {

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from conftest import easy_cluster, easy_gpu, free_cluster, tiny_model
-from trainplan import comms, compute, memory, params
-from trainplan.layouts import Layouts
-from trainplan.perf import evaluate
+from trainplan.cost import comms, compute, memory, params
+from trainplan.cost.step_time import evaluate
 from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs.layouts import Layouts
 
 SEQ = 32
 
@@ -170,7 +170,7 @@ def test_strategy_labels():
 
 
 def test_time_to_train():
-    from trainplan.perf import time_to_train
+    from trainplan.cost.step_time import time_to_train
     # 2.6e11 tokens at 2.6e5 tokens/s = 1e6 s = 11.574 days; 32 GPUs x 1e6 s / 3600 GPU-hours
     t = time_to_train(2.6e11, 2.6e5, 32)
     assert t["seconds"] == pytest.approx(1e6)

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from conftest import easy_cluster, easy_gpu, tiny_model
-from trainplan import calibrate, comms, compute
-from trainplan.calibrate import CalibrationError
+from trainplan.calibrate import fit as calibrate
+from trainplan.calibrate.fit import CalibrationError
+from trainplan.cost import comms, compute
+from trainplan.cost.step_time import evaluate
 from trainplan.errors import SpecError
-from trainplan.layouts import Layouts
-from trainplan.perf import evaluate
 from trainplan.specs import ParallelConfig
+from trainplan.specs.layouts import Layouts
 
 SEQ = 32
 

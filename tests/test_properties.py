@@ -9,14 +9,14 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import easy_cluster, easy_gpu
-from trainplan import memory
-from trainplan import plan as planmod
-from trainplan.compute import FULL, NONE, SELECTIVE
+from trainplan.cost import memory
+from trainplan.cost.compute import FULL, NONE, SELECTIVE
+from trainplan.cost.step_time import evaluate
 from trainplan.errors import LayoutError, NoFeasiblePlan
-from trainplan.layouts import SCHEDULES, Layouts
-from trainplan.perf import evaluate
-from trainplan.search import enumerate_layouts, search
+from trainplan.plan import planner as planmod
+from trainplan.plan.search import enumerate_layouts, search
 from trainplan.specs import ModelSpec, load_model
+from trainplan.specs.layouts import SCHEDULES, Layouts
 
 SETTINGS = settings(max_examples=50, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -110,7 +110,7 @@ def test_wider_fsdp_shard_never_adds_memory(m, dp, data, tp, rc):
     if small > 1:  # sharded both ways: every term shrinks or stays
         assert hi["total"] <= lo["total"] * (1 + 1e-12)
     else:  # from unsharded, FSDP2's side-stream pools start: only they may add (a toy model)
-        from trainplan.memory_runtime import FSDP, stream_pool_bytes
+        from trainplan.cost.memory_runtime import FSDP, stream_pool_bytes
         pools = float(stream_pool_bytes(m, path=FSDP, tp=tp, pp=1, ep=1, zero=3,
                                         dp_shard=big, cp=1))
         assert hi["total"] <= (lo["total"] + pools) * (1 + 1e-12)

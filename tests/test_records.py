@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from trainplan import records
 from trainplan.errors import RecordError
+from trainplan.records import schema as records
 
 LAYOUT = dict(dp=2, tp=1, pp=1, cp=1, ep=1, zero=3, micro_batch=8, grad_accum=1,
               recompute="none", compile=True)

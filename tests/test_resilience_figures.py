@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from trainplan import records  # noqa: E402
-from trainplan.figures import resilience as fig  # noqa: E402
+from trainplan.records import schema as records  # noqa: E402
+from trainplan.runbook.figures import resilience as fig  # noqa: E402
 
 
 def _record(device="cuda", sync_stall=14.0, async_stall=0.3, raw=2.0, p_sync=1.6, p_async=1.2):

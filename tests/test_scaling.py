@@ -1,10 +1,10 @@
-"""Weak-scaling efficiency from `trainplan compare` rows (`trainplan.scaling`)."""
+"""Weak-scaling efficiency from `trainplan compare` rows (`trainplan.compare.scaling`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainplan import scaling
+from trainplan.compare import scaling
 
 
 def row(config, gpus, zero, rate, tp=1, launches=3, mb=8, card="NVIDIA H100 80GB HBM3"):
@@ -58,7 +58,7 @@ def test_format_and_figure():
     text = scaling.format_scaling(out)
     assert "96.0%" in text and "misses the target" in text
     assert "no data-parallel" in scaling.format_scaling(scaling.weak_scaling([]))
-    from trainplan.figures.validation import weak_scaling_figure
+    from trainplan.runbook.figures.validation import weak_scaling_figure
 
     fig = weak_scaling_figure(out)
     assert len(fig.axes[0].lines) >= 3

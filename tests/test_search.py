@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import easy_cluster, easy_gpu, tiny_model
-from trainplan import plan as planmod
 from trainplan.errors import LayoutError, NoFeasiblePlan
-from trainplan.layouts import RECOMPUTE, SCHEDULES, Layouts
-from trainplan.search import (
+from trainplan.plan import planner as planmod
+from trainplan.plan.search import (
     best_per_strategy,
     check_cluster_size,
     divisors,
@@ -18,6 +17,7 @@ from trainplan.search import (
     search,
 )
 from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs.layouts import RECOMPUTE, SCHEDULES, Layouts
 
 M13 = dict(gpus=32, seq_len=4096, global_batch_tokens=4 * 2**20)
 
@@ -257,7 +257,7 @@ def test_memory_answer_matches_hand_count(specs13):
     stage = (40 * ((13_015_864_320 - 2 * 32000 * 5120 - 5120) / 40 - 2 * 5120) / 8
              + 40 * 2 * 5120 + 2 * 32000 * 5120 / 8 + 5120 / 8)
     # TP alone (one data-parallel rank) runs under autocast: fp32 weights are the master
-    # copy (4 bytes a parameter), Adam's two fp32 moments 8 (trainplan.memory_runtime)
+    # copy (4 bytes a parameter), Adam's two fp32 moments 8 (trainplan.cost.memory_runtime)
     assert out["memory_gib"]["params"] == pytest.approx(4 * stage / 2**30, abs=1e-3)
     assert out["memory_gib"]["optimizer"] == pytest.approx(8 * stage / 2**30, abs=1e-3)
     assert out["fits"] is True

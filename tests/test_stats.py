@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainplan.errors import SpecError
-from trainplan.stats import median_ci, overlap, rank_coverage, rate_ci, ratio_ci
+from trainplan.records.stats import median_ci, overlap, rank_coverage, rate_ci, ratio_ci
 
 
 def test_rank_coverage_matches_the_binomial_formula():

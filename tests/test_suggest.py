@@ -9,8 +9,11 @@ import pytest
 
 from conftest import ROOT, trainplan_cli
 from test_tune import fake_study
-from trainplan import cli, params, suggest, tune_report
+from trainplan import cli
+from trainplan.cost import params
 from trainplan.specs import load_model
+from trainplan.tune import report as tune_report
+from trainplan.tune import suggest
 
 DESIGN = ["suggest", "--model-size", "7B", "--gpus", "16", "--dataset-tokens", "2e9"]
 

@@ -16,9 +16,11 @@ from torch.autograd import DeviceType
 
 matplotlib.use("Agg")
 
-from trainplan import compare, figures, trace_split  # noqa: E402
-from trainplan.bench import profile  # noqa: E402
+from trainplan.bench.observe import profile  # noqa: E402
+from trainplan.compare import accuracy as compare  # noqa: E402
+from trainplan.compare import trace_split
 from trainplan.errors import RecordError  # noqa: E402
+from trainplan.runbook import figures
 
 LAYOUT = {"dp": 2, "tp": 2, "pp": 1, "cp": 1, "ep": 1, "zero": 3, "dp_shard": 2,
           "micro_batch": 8, "grad_accum": 1, "recompute": "none", "compile": True,
@@ -58,7 +60,7 @@ def write(tmp_path, prof, name="prof.json") -> str:
 
 
 def row(config="tp2-fsdp2-mb8-c", host="4 x NVIDIA H200", card="NVIDIA H200", **layout) -> dict:
-    """A compare row (trainplan.compare.make_row's keys that pairing reads)."""
+    """A compare row (trainplan.compare.accuracy.make_row's keys that pairing reads)."""
     return {"config": config, "host": host, "card": card, "impl": "trainplan",
             "model": "llama-1.3b", "gpus": 4, "layout": {**LAYOUT, **layout},
             "predicted_split_s": {"compute": 0.12, "exposed_comm": 0.03, "bubble": 0.0,

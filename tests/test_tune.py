@@ -22,9 +22,13 @@ import numpy as np
 import pytest
 import yaml
 
-from trainplan import knobs, tune, tune_launch, tune_loop, tune_report
 from trainplan.specs import load_gpu
-from trainplan.tune_launch import HEARTBEAT_S
+from trainplan.tune import knobs
+from trainplan.tune import loop as tune_loop
+from trainplan.tune import report as tune_report
+from trainplan.tune import study as tune
+from trainplan.tune import trial as tune_launch
+from trainplan.tune.trial import HEARTBEAT_S
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"n_layers": 2, "hidden": 32, "n_heads": 2, "n_kv_heads": 2, "ffn": 64, "vocab": 256}
@@ -92,7 +96,7 @@ def test_a_config_too_slow_to_measure_is_skipped():
 
 
 def test_knobs_reach_the_harness_and_the_environment(monkeypatch):
-    from trainplan import tune_launch
+    from trainplan.tune import trial as tune_launch
 
     cfg = _cfg(nccl_algo="Tree", nccl_proto="default", num_workers=3, prefetch_factor=5,
                compile=True)
@@ -149,7 +153,8 @@ def test_report_finds_the_known_effect_and_no_effect_elsewhere(tmp_path):
 
 
 def test_report_cli_prints_the_contract_keys_and_figures_draw(tmp_path, capsys):
-    from trainplan import cli, figures
+    from trainplan import cli
+    from trainplan.runbook import figures
 
     fake_study(tmp_path / "fake.journal")
     assert cli.main(["tune", "--report", "--storage", str(tmp_path / "fake.journal"),
@@ -286,7 +291,7 @@ def _fake_launch(seconds: float):
 
 
 def test_study_loop_promotes_few_configs_to_a_second_launch(tmp_path, monkeypatch):
-    from trainplan import tune_launch
+    from trainplan.tune import trial as tune_launch
 
     monkeypatch.setattr(tune_launch, "run_launch", _fake_launch(10.0))
     suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
@@ -302,7 +307,7 @@ def test_study_loop_promotes_few_configs_to_a_second_launch(tmp_path, monkeypatc
 
 
 def test_study_loop_stops_at_the_budget_before_overrunning_it(tmp_path, monkeypatch):
-    from trainplan import tune_launch
+    from trainplan.tune import trial as tune_launch
 
     monkeypatch.setattr(tune_launch, "run_launch", _fake_launch(10.0))
     suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
@@ -340,8 +345,8 @@ def test_recipe_sentences_say_only_what_was_measured(tmp_path):
 
 
 def test_device_groups_split_the_visible_gpus_and_refuse_too_few(monkeypatch):
-    from trainplan import tune_launch
     from trainplan.errors import TrainplanError
+    from trainplan.tune import trial as tune_launch
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     assert tune_launch.device_groups(2, 2, cpu=False) == ["0,1", "2,3"]
@@ -365,7 +370,7 @@ def _slow_fake_launch(seconds: float, spans: list):
 
 
 def test_two_workers_launch_at_once_and_share_one_budget(tmp_path, monkeypatch):
-    from trainplan import tune_launch
+    from trainplan.tune import trial as tune_launch
 
     spans = []
     monkeypatch.setattr(tune_launch, "run_launch", _slow_fake_launch(10.0, spans))
@@ -385,7 +390,7 @@ def test_two_workers_launch_at_once_and_share_one_budget(tmp_path, monkeypatch):
 
 
 def test_two_workers_stop_at_the_trial_count(tmp_path, monkeypatch):
-    from trainplan import tune_launch
+    from trainplan.tune import trial as tune_launch
 
     monkeypatch.setattr(tune_launch, "run_launch", _slow_fake_launch(10.0, []))
     suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))

@@ -17,7 +17,9 @@ import pytest
 import yaml
 
 from conftest import trainplan_cli
-from trainplan import calibrate, cli, records
+from trainplan import cli
+from trainplan.calibrate import fit as calibrate
+from trainplan.records import schema as records
 
 TINY_MODEL = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n"
 CPU_GPU = ("name: cpu-test\nbf16_tflops: 0.5\nmemory_gib: 64\nhbm_tbps: 0.05\n"
@@ -107,7 +109,7 @@ def test_compare_json_matches_the_records(first_run):
 
 def test_predictions_used_the_run_s_calibration(first_run, tiny_suite):
     """The same config priced on the datasheet GPU gives another step time."""
-    from trainplan.plan import plan
+    from trainplan.plan.planner import plan
     from trainplan.specs import load_cluster, load_gpu, load_model
 
     out, _, _ = first_run
@@ -163,7 +165,7 @@ def test_failure_reasons_and_the_deadline_kill():
     import sys
     import time
 
-    from trainplan.bench import suite
+    from trainplan.bench.series import suite
 
     oom = ("Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of "
            "memory. Tried to allocate 2.00 GiB\nChildFailedError: ...")
@@ -180,7 +182,7 @@ def test_failure_reasons_and_the_deadline_kill():
 
 def test_a_layer_slice_config_predicts_and_launches_the_slice(tmp_path):
     """`layers: N` reaches the prediction (the planner prices N blocks) and the launch."""
-    from trainplan.bench import suite as suite_mod
+    from trainplan.bench.series import suite as suite_mod
 
     path = tmp_path / "s.yaml"
     path.write_text("model: llama-13b\nseq_len: 4096\nconfigs:\n"
@@ -203,7 +205,7 @@ def test_a_config_may_name_its_own_model_and_sequence_length(tmp_path):
     """A config's `model` and `seq_len` override the suite's in the prediction, the launch and
     a failure record; the others keep the suite's; a config with no model anywhere, or a
     sequence length that is not a whole number, is refused in one line."""
-    from trainplan.bench import suite as suite_mod
+    from trainplan.bench.series import suite as suite_mod
 
     path = tmp_path / "s.yaml"
     path.write_text("model: llama-1.3b\nseq_len: 2048\nconfigs:\n"
@@ -234,7 +236,7 @@ def test_a_micro_run_cut_short_calibrates_from_what_it_recorded(tmp_path, monkey
     """The overlap benchmark runs last; if the run is stopped there, the GEMM and attention
     records already appended still calibrate the card. Without them it is an error."""
     from trainplan import validate as v
-    from trainplan.bench import suite as suite_mod
+    from trainplan.bench.series import suite as suite_mod
     from trainplan.errors import TrainplanError
 
     path = tmp_path / "micro.jsonl"

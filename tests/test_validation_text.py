@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainplan import validation_text as vt
+from trainplan.runbook import validation_text as vt
 
 
 def test_hosts_list_names_every_host_largest_first():
@@ -22,7 +22,7 @@ def test_not_measured_note_lists_waiting_configs_and_the_missing_slice():
 
 
 def test_worst_repredicted_picks_the_largest_miss_among_the_kept_rows():
-    from trainplan import validation_text as vt
+    from trainplan.runbook import validation_text as vt
 
     def row(name, tp, meas, pred):
         return {"config": name, "layout": {"tp": tp}, "measured_step_time_s": meas,
@@ -39,7 +39,7 @@ def test_worst_repredicted_picks_the_largest_miss_among_the_kept_rows():
 
 
 def test_suspects_name_each_layout_s_least_sure_terms():
-    from trainplan.validation_text import suspects
+    from trainplan.runbook.validation_text import suspects
     base = {"dp": 1, "tp": 1, "pp": 1, "zero": 0, "micro_batch": 8, "compile": True}
     assert suspects(base, 1) == []
     got = suspects({**base, "dp": 2, "tp": 2, "zero": 3, "micro_batch": 1, "compile": False}, 4)
@@ -50,7 +50,7 @@ def test_suspects_name_each_layout_s_least_sure_terms():
 
 
 def test_failed_note_names_the_out_of_memory_miss_and_its_bound():
-    from trainplan import validation_text
+    from trainplan.runbook import validation_text
     oom = {"config": "1gpu-mb16-c", "host": "2 x NVIDIA H100 80GB HBM3", "out_of_memory": True,
            "predicted_fits": True, "predicted_memory_gib": 77.574, "needed_gib": 79.8,
            "memory_error_at_most": 77.574 / 79.8 - 1, "reason": "out of memory (rc=1)"}

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from trainplan.search import search
+from trainplan.plan.search import search
 from trainplan.specs import load_cluster, load_gpu, load_model
 
 SCENARIO = dict(model="llama-13b", gpu="h100-sxm", cluster="dgx-h100", gpus=32, seq_len=4096,

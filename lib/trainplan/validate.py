@@ -5,24 +5,24 @@
         [--continue-from DIR] [--sweep]
 
 Stages, everything written under DIR:
-1. microbenchmarks (`trainplan.bench.micro` under torchrun, N processes):
+1. microbenchmarks (`trainplan.bench.micro.run` under torchrun, N processes):
    GEMMs of the suite's model, attention, collectives 64 KiB - 1 GiB on GPUs
    (small sizes on CPU) -> DIR/micro.jsonl;
-2. calibration of the card from those records only (`trainplan.calibrate`,
+2. calibration of the card from those records only (`trainplan.calibrate.fit`,
    what `trainplan calibrate` does) -> DIR/calibration/<gpu preset>.yaml,
    used by this run's predictions and re-predictions. Instead of 1-2:
    `--calibration FILE` (a calibration of this card made before),
    `--continue-from DIR0` (DIR0's, if it is of this card), or `--skip-micro`
    (the committed calibration of the card, else the datasheet);
-3. the suites (`trainplan.bench.suite`): a prediction of every selected config
+3. the suites (`trainplan.bench.series.suite`): a prediction of every selected config
    recorded first (DIR/predictions.jsonl), then `--launches` launches of each
    in order (DIR/measurements.jsonl), a failed launch -> DIR/failed.jsonl;
    `--continue-from DIR0` skips the configs DIR0 measured, saw fail or skipped itself;
    `--sweep`: each repetition one launch per GPU count running all its
-   configs (`trainplan.bench.suite_sweep`; off until a GPU A/B shows its
+   configs (`trainplan.bench.series.suite_sweep`; off until a GPU A/B shows its
    timings equal separate launches');
-4. comparison over DIR's records (`trainplan.compare`, with weak scaling,
-   `trainplan.scaling`) -> DIR/compare.json; DIR/validate.json holds the run.
+4. comparison over DIR's records (`trainplan.compare.accuracy`, with weak scaling,
+   `trainplan.compare.scaling`) -> DIR/compare.json; DIR/validate.json holds the run.
 
 `--budget-s` is the wall time of the whole command: a config starts only if
 its launches fit, a launch is stopped at the limit, and COMPARE_RESERVE_S is
@@ -80,7 +80,7 @@ class Clock:
 
 def select_jobs(paths: list[str], only: list[str], gpus: int) -> list[tuple[dict, dict]]:
     """(suite, config) pairs to run, in the order given; bad input raises one line."""
-    from trainplan.bench import suite as suite_mod
+    from trainplan.bench.series import suite as suite_mod
 
     jobs, seen = [], {}
     for path in paths:
@@ -143,11 +143,11 @@ def gpu_count_check(gpus: int, cuda: bool) -> None:
 
 def run_micro(out: Path, gpus: int, model: str, cuda: bool, clock: Clock) -> Path:
     """Stage 1: microbenchmarks under torchrun with `gpus` processes -> DIR/micro.jsonl."""
-    from trainplan.bench.suite import NO_MULTICAST, run_group
+    from trainplan.bench.series.suite import NO_MULTICAST, run_group
 
     path = out / "micro.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={gpus}", "-m", "trainplan.bench.micro", "--out", str(path),
+           f"--nproc-per-node={gpus}", "-m", "trainplan.bench.micro.run", "--out", str(path),
            "--model", model, *(GPU_MICRO if cuda else CPU_MICRO)]
     env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
     limit = min(MICRO_LIMIT_S, clock.left() - COMPARE_RESERVE_S)
@@ -182,7 +182,7 @@ def micro_kinds(path: Path) -> set[str]:
 
 def calibration_file(args, preset: str, prev: dict) -> str | None:
     """The calibration file to take instead of measuring one (checked), or None."""
-    from trainplan import calibrate
+    from trainplan.calibrate import fit as calibrate
 
     given = args.calibration
     if given is None and prev:
@@ -202,7 +202,7 @@ def calibration_file(args, preset: str, prev: dict) -> str | None:
 def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
                 clock: Clock) -> dict:
     """Stage 2: the calibration of `gpu` (a GPUSpec) this run uses: {"source", "path", "label"}."""
-    from trainplan import calibrate
+    from trainplan.calibrate import fit as calibrate
 
     preset = gpu.name
     target = out / "calibration" / f"{preset}.yaml"
@@ -235,7 +235,7 @@ def calibration_in(cal: dict, out: Path):
     at DIR/calibration (where the measured or given file was put), so the
     repository's committed calibrations are neither used nor overwritten.
     """
-    from trainplan import calibrate
+    from trainplan.calibrate import fit as calibrate
 
     if cal["path"] is None or cal["source"] == "committed":
         yield
@@ -253,8 +253,8 @@ def compare_records(out: Path, repredict: bool) -> dict:
 
     Re-predictions look the GPU up by preset name, so a GPU given as a YAML
     file (CPU tests) goes without them."""
-    from trainplan.compare import compare, error_summary
-    from trainplan.scaling import weak_scaling
+    from trainplan.compare.accuracy import compare, error_summary
+    from trainplan.compare.scaling import weak_scaling
 
     files = [out / f for f in ("predictions.jsonl", "measurements.jsonl", "failed.jsonl")
              if (out / f).is_file()]
@@ -278,7 +278,7 @@ def compare_records(out: Path, repredict: bool) -> dict:
 
 
 def validate(args) -> dict:
-    from trainplan.bench import suite as suite_mod
+    from trainplan.bench.series import suite as suite_mod
     from trainplan.specs import load_gpu
 
     out = Path(args.out)

@@ -1,4 +1,5 @@
-"""Run several harness layouts in one `torchrun` launch of CPU ranks (`trainplan.bench.sweep`)
+"""Run several harness layouts in one `torchrun` launch of CPU ranks
+(`trainplan.bench.series.sweep`)
 and return each run's line by tag: shared by the parity and compile tests."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def run_sweep(model: str, layouts: dict[str, str], base: list[str], ranks: int, 
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}),
                     PYTHONPATH=os.pathsep.join([str(LIB), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(ranks), "-m", "trainplan.bench.sweep", str(spec)]
+           "--nproc-per-node", str(ranks), "-m", "trainplan.bench.series.sweep", str(spec)]
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"tag"')]

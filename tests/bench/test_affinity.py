@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainplan.bench import affinity
+from trainplan.bench.harness import affinity
 
 
 def test_cpulist_ranges_and_singles():

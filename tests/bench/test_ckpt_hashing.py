@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainplan.bench import dcp_io, faults
-from trainplan.bench import manifest as mf
+from trainplan.bench.ckpt import dcp_io, faults
+from trainplan.bench.ckpt import manifest as mf
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -106,8 +106,9 @@ def test_the_manifest_from_hashes_taken_while_writing_catches_damage(tmp_path):
 
 
 def test_the_checkpointer_passes_the_hash_flag_to_the_writer(tmp_path, monkeypatch):
-    from trainplan.bench import ckpt, ckpt_save
-    from trainplan.bench.parallelize import Parallelized
+    from trainplan.bench.ckpt import save as ckpt_save
+    from trainplan.bench.ckpt import store as ckpt
+    from trainplan.bench.harness.parallelize import Parallelized
 
     monkeypatch.setattr(faults.Signals, "install", classmethod(lambda cls: None))
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # as test_units does

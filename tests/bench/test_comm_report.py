@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainplan.bench import comm_report
-from trainplan.bench.model import Transformer, count_params
+from trainplan.bench.harness.model import Transformer, count_params
+from trainplan.bench.observe import comm_report
 from trainplan.specs import load_model
 
 LAYERS = 2
@@ -52,7 +52,7 @@ def reports(tmp_path_factory) -> dict[str, dict]:
     procs = {}
     for tag, extra in layouts.items():
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", "-m", "trainplan.bench.comm_report",
+               "--nproc-per-node", "2", "-m", "trainplan.bench.observe.comm_report",
                "--model", str(model), *BASE, *extra]
         procs[tag] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True)

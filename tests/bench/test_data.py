@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainplan.bench import data
-from trainplan.bench.tokenizer import (
+from trainplan.bench.harness import data
+from trainplan.bench.harness.tokenizer import (
     EOT,
     FIRST_MERGE_ID,
     ByteBPE,

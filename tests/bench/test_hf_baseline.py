@@ -20,10 +20,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from trainplan import params  # noqa: E402
-from trainplan.bench import hf_baseline, sidebyside, suite, train  # noqa: E402
-from trainplan.bench.model import Transformer, count_params  # noqa: E402
-from trainplan.bench.step import cross_entropy  # noqa: E402
+from trainplan.bench.harness import (
+    hf_baseline,  # noqa: E402
+    train,
+)
+from trainplan.bench.harness.model import Transformer, count_params  # noqa: E402
+from trainplan.bench.harness.step import cross_entropy  # noqa: E402
+from trainplan.bench.series import sidebyside, suite
+from trainplan.cost import params  # noqa: E402
 from trainplan.errors import LayoutError, SpecError  # noqa: E402
 from trainplan.specs import ModelSpec, ParallelConfig, load_model  # noqa: E402
 
@@ -143,7 +147,8 @@ def test_two_rank_fsdp2_baseline_trains_like_one_process(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", "-m", "trainplan.bench.hf_baseline", *base,
+                           "--nproc-per-node", "2", "-m", "trainplan.bench.harness.hf_baseline",
+                           *base,
                            "--dp", "2", "--zero", "3"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

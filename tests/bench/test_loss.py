@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainplan.bench.loss import fused_linear_cross_entropy
-from trainplan.bench.step import cross_entropy
+from trainplan.bench.harness.loss import fused_linear_cross_entropy
+from trainplan.bench.harness.step import cross_entropy
 from trainplan.errors import SpecError
 
 

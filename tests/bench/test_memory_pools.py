@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from trainplan import compare, records
-from trainplan.bench.train import pools_by_stream
+from trainplan.bench.harness.train import pools_by_stream
+from trainplan.compare import accuracy as compare
+from trainplan.records import schema as records
 
 GiB = 2**30
 

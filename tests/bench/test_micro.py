@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import records
-from trainplan.bench import micro
+from trainplan.bench.micro import run as micro
 from trainplan.errors import SpecError
+from trainplan.records import schema as records
 from trainplan.specs import load_model
 
 from .micro_runs import run_micro

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import calibrate_host
-from trainplan.bench import micro
+from trainplan.bench.micro import run as micro
+from trainplan.calibrate import host as calibrate_host
 from trainplan.errors import SpecError
 from trainplan.specs import load_model
 

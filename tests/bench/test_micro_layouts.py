@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import calibrate, records
-from trainplan.bench import micro_layouts as lay
-from trainplan.bench import micro_model
+from trainplan.bench.micro import layouts as lay
+from trainplan.bench.micro import model as micro_model
+from trainplan.calibrate import fit as calibrate
 from trainplan.errors import SpecError
+from trainplan.records import schema as records
 from trainplan.specs import load_gpu, load_model
 
 from .micro_runs import run_micro
@@ -123,14 +124,14 @@ def test_two_rank_ddp_block_and_layout_pieces_feed_a_calibration(tmp_path, tiny)
 
 
 def test_bad_fsdp_flags_give_one_line_and_exit_2(tmp_path, tiny, capsys):
-    from trainplan.bench import micro
+    from trainplan.bench.micro import run as micro
 
     out = tmp_path / "micro.jsonl"
     assert micro.main(["--out", str(out), "--model", tiny, "--benches", "fsdp",
                        "--fsdp-modes", "z2,z4"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "trainplan.bench.micro: --fsdp-modes 'z2,z4' is not valid; use a comma list " \
-        "of z2, z3"
+    assert err == ("trainplan.bench.micro.run: --fsdp-modes 'z2,z4' is not valid; use a comma "
+                   "list of z2, z3")
     assert not out.exists()
     assert micro.main(["--out", str(out), "--model", tiny, "--benches", "fsdp,zero"]) == 2
     assert "--benches 'zero' is not valid" in capsys.readouterr().err
@@ -163,7 +164,7 @@ def test_two_rank_fsdp_block_records_feed_fsdp_block_scale(tmp_path, tiny):
         assert res["activation_bytes"] == res["peak_bytes"] == 0  # CPU: not measured
     cpu = dataclasses.replace(load_gpu("h100-sxm", calibrated=False), name="cpu",
                               bf16_tflops=0.5, hbm_tbps=0.2)
-    from trainplan import calibrate_pieces
+    from trainplan.calibrate import pieces as calibrate_pieces
 
     pieces, checks = calibrate_pieces.fit({"block": got}, cpu)
     assert pieces["fsdp_block_scale"] >= 1.0 and checks == []  # no plain block to check

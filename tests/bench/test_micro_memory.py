@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from trainplan import calibrate_memory, calibrate_pieces
-from trainplan.bench import micro, micro_memory
+from trainplan.bench.micro import memory as micro_memory
+from trainplan.bench.micro import run as micro
+from trainplan.calibrate import memory as calibrate_memory
+from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.errors import SpecError
 from trainplan.specs import load_model
 
@@ -110,7 +112,7 @@ def test_a_tiny_model_at_two_depths_on_cpu_writes_records_without_bytes(tmp_path
     assert [r["config"]["layers"] for r in both] == [1, 2]
     assert all(calibrate_memory.is_stack(r) for r in both)
     assert calibrate_memory.fragmentation_scales(recs + both, None, calibrate_pieces._spec) == {}
-    from trainplan.bench.micro_report import summary
+    from trainplan.bench.micro.report import summary
 
     assert summary(recs[0])[0] == "block"  # the end-of-run table reads it
 

@@ -5,8 +5,9 @@ import statistics
 
 import pytest
 
-from trainplan import calibrate_host
-from trainplan.bench import micro, micro_step
+from trainplan.bench.micro import run as micro
+from trainplan.bench.micro import step as micro_step
+from trainplan.calibrate import host as calibrate_host
 from trainplan.errors import SpecError
 from trainplan.specs import load_model
 

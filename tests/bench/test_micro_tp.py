@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from trainplan import calibrate_tp
-from trainplan.bench import micro, micro_tp
+from trainplan.bench.micro import run as micro
+from trainplan.bench.micro import tp as micro_tp
+from trainplan.calibrate import tp as calibrate_tp
 from trainplan.errors import SpecError
 from trainplan.specs import load_gpu, load_model
 

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from trainplan.bench import feed
-from trainplan.bench import parallelize as pz
-from trainplan.bench.model import Transformer, count_params, flop_params, slice_spec
+from trainplan.bench.harness import feed
+from trainplan.bench.harness import parallelize as pz
+from trainplan.bench.harness.model import Transformer, count_params, flop_params, slice_spec
 from trainplan.errors import LayoutError, SpecError
 from trainplan.specs import ModelSpec, ParallelConfig, load_model
 
@@ -47,7 +47,7 @@ def test_causal_mask(spec):
                                              ("gpt2-xl", 1_557_611_200)])
 def test_param_count_matches_formula(name, published):
     """The built module (on meta: no memory) has exactly the analytical parameter count."""
-    from trainplan import params
+    from trainplan.cost import params
 
     spec = load_model(name)
     with torch.device("meta"):
@@ -141,7 +141,7 @@ def test_single_process_run_learns(tmp_path):
     """The loop end to end in-process: the loss of the learnable synthetic data falls."""
     import yaml
 
-    from trainplan.bench import train
+    from trainplan.bench.harness import train
 
     path = tmp_path / "tiny.yaml"
     fields = dataclasses.asdict(TINY)
@@ -166,7 +166,7 @@ def test_single_process_run_learns(tmp_path):
     (["--model", "llama-1.3b", "--cpu", "--records", "x.jsonl"], "records are for GPU runs"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(argv, match, capsys):
-    from trainplan.bench import train
+    from trainplan.bench.harness import train
 
     assert train.main([*argv, "--synthetic", "--json"]) == 2
     out, err = capsys.readouterr()
@@ -174,9 +174,9 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, match, capsys):
 
 
 def test_write_record_appends_a_valid_measurement(tmp_path):
-    """A GPU run's summary becomes a measurement record that trainplan.records reads back."""
-    from trainplan import records
-    from trainplan.bench import train
+    """A GPU run's summary becomes a measurement record that trainplan.records.schema reads back."""
+    from trainplan.bench.harness import train
+    from trainplan.records import schema as records
 
     layout = {"dp": 2, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 3, "dp_shard": 2,
               "micro_batch": 8, "grad_accum": 1, "recompute": "none", "compile": True,

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainplan.bench import monitor
+from trainplan.bench.observe import monitor
 
 LIB = Path(__file__).resolve().parents[2] / "lib"
 TINY = "n_layers: 2\nhidden: 32\nn_heads: 4\nn_kv_heads: 2\nffn: 64\nvocab: 128\n"
@@ -99,7 +99,8 @@ def test_two_ranks_slow_rank_is_a_straggler(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", TRAINPLAN_FAULT=f"sleep@step:*:rank:1:s:{SLOW_S}",
                PYTHONPATH=os.pathsep.join([str(LIB), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainplan.bench.train", "--model", str(model), "--dp", "2", "--seq-len", "32",
+           "-m", "trainplan.bench.harness.train", "--model", str(model), "--dp", "2",
+           "--seq-len", "32",
            "--micro-batch", "2", "--steps", "6", "--warmup", "1", "--synthetic", "--cpu",
            "--json", "--metrics", str(metrics), "--straggler-window", "3",
            "--alert-window", "2", "--alert-tokens-per-s-per-gpu", "1e12"]

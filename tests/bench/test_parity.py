@@ -12,7 +12,7 @@ pipeline layouts, up to ~5e-7 where tensor parallel splits the matmul
 reductions (gradient norm ~5e-6 at tp 2-4, ~3e-5 at tp 8); RTOL leaves a
 factor of 4 or more.
 
-Layouts run in groups, one launch per group (`trainplan.bench.sweep`):
+Layouts run in groups, one launch per group (`trainplan.bench.series.sweep`):
 starting torch and gloo, and DTensor's first step, are most of the cost on
 a small machine.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from trainplan.bench import train
+from trainplan.bench.harness import train
 
 from .sweep_runs import run_sweep
 

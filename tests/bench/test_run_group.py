@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 
-from trainplan.bench.suite import run_group
+from trainplan.bench.series.suite import run_group
 
 WORKER = """
 import os, sys, time
@@ -35,7 +35,7 @@ def test_timed_out_torchrun_leaves_no_worker_behind(tmp_path):
 
 
 def test_gpu_process_lines_are_parsed():
-    from trainplan.bench.suite import gpu_processes
+    from trainplan.bench.series.suite import gpu_processes
 
     text = "1004, 11006\n1005, 3556\n[N/A], [N/A]\n\n"
     assert gpu_processes(text) == [(1004, 11006), (1005, 3556)]
@@ -44,7 +44,7 @@ def test_gpu_process_lines_are_parsed():
 def test_busy_gpus_refuse_to_be_measured(tmp_path, monkeypatch):
     import pytest
 
-    from trainplan.bench.suite import check_gpus_idle
+    from trainplan.bench.series.suite import check_gpus_idle
     from trainplan.errors import TrainplanError
 
     smi = tmp_path / "nvidia-smi"

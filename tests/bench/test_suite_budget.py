@@ -2,7 +2,7 @@
 
 import pytest
 
-from trainplan.bench import suite
+from trainplan.bench.series import suite
 
 
 def test_the_slowest_launch_counts_once_and_the_median_for_the_rest():

@@ -17,9 +17,9 @@ from datetime import datetime
 import pytest
 import yaml
 
-from trainplan import records
-from trainplan.bench import suite as suite_mod
-from trainplan.bench import suite_sweep
+from trainplan.bench.series import suite as suite_mod
+from trainplan.bench.series import suite_sweep
+from trainplan.records import schema as records
 
 TINY_MODEL = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n"
 

@@ -8,7 +8,7 @@ redistribute backward failed with "'Tensor' object has no attribute
 '_local_tensor'" (`parallelize._resolve_async` is the fix).
 
 Each compiled layout runs beside its uncompiled twin in one `torchrun`
-launch of two gloo ranks (`trainplan.bench.sweep`), on the same seed and
+launch of two gloo ranks (`trainplan.bench.series.sweep`), on the same seed and
 synthetic batches, fp32 on CPU, and per-step losses and gradient norms must
 agree within RTOL. The gradient norm is compared because the bug's quiet form
 (an embedding that gets no gradient) moves the norm more plainly than the

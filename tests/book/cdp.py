@@ -20,7 +20,7 @@ import select
 import subprocess
 import time
 
-from trainplan.book_pdf import chromium, chromium_flags
+from trainplan.runbook.pdf import chromium, chromium_flags
 
 LOAD_TIMEOUT_S = 60
 

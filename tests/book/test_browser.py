@@ -24,8 +24,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from tests.book.cdp import Browser
 
-from trainplan.book import notebook_paths
-from trainplan.book_pdf import BROWSERS
+from trainplan.runbook.build import notebook_paths
+from trainplan.runbook.pdf import BROWSERS
 
 ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
@@ -57,7 +57,7 @@ def built_book():
             return stamp.read_text().split("\n", 1)[1]
         pages = {p.name for p in notebook_paths(ROOT / "notebooks")}
         if not pages <= {p.name for p in GENERATED.glob("*.ipynb")}:
-            proc = _run([sys.executable, "-m", "trainplan.book"], timeout=600)
+            proc = _run([sys.executable, "-m", "trainplan.runbook.build"], timeout=600)
             assert proc.returncode == 0, proc.stderr
         proc = _run(BUILD, timeout=600)
         log = proc.stdout + proc.stderr
@@ -72,7 +72,7 @@ def test_strict_build_succeeds_without_warnings(built_book):
 
 
 def test_every_page_shows_the_version(built_book):
-    from trainplan.bookinfo import version
+    from trainplan.runbook.version import version
 
     pages = [HTML / "book" / f"{n}.html" for n in ("index", "methods", "changelog")]
     pages += [HTML / "book" / "_generated" / f"{p.stem}.html"
@@ -224,8 +224,8 @@ def test_the_checks_catch_a_broken_page(tmp_path):
 
 def test_pdf_of_the_six_pages(built_book, tmp_path):
     """About six printed pages, one PDF, the version in its title (and on every page)."""
-    from trainplan.book_pdf import pdf_pages, print_page, print_pdf
-    from trainplan.bookinfo import version
+    from trainplan.runbook.pdf import pdf_pages, print_page, print_pdf
+    from trainplan.runbook.version import version
 
     out = print_pdf(print_page(HTML), tmp_path / "runbook.pdf")
     assert 5 <= pdf_pages(out) <= 9

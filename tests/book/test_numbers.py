@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainplan.book import PARAMETERS_TAG, notebook_paths
+from trainplan.runbook.build import PARAMETERS_TAG, notebook_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {0, 1, 2, 100, 60, 3600, 86400, 1e3, 1e6, 1e9, 1e12}

@@ -76,7 +76,7 @@ def launch(tiny_yaml: str, root: Path, args: list[str], *, nproc: int = 2, resta
                PYTHONPATH=os.pathsep.join([str(LIB), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
-           "-m", "trainplan.bench.train", "--model", tiny_yaml, *BASE,
+           "-m", "trainplan.bench.harness.train", "--model", tiny_yaml, *BASE,
            "--ckpt-dir", str(root), *args]
     started, start = time.time(), time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

@@ -2,7 +2,7 @@
 
 Each test launches the 2-rank tiny run under real torchrun with
 `--max-restarts`, injects a fault through TRAINPLAN_FAULT
-(`trainplan.bench.faults`), and checks the guarantee from the run's event
+(`trainplan.bench.ckpt.faults`), and checks the guarantee from the run's event
 log (`DIR/events.jsonl`) and its state digest against the uninterrupted
 reference (conftest.py).
 """

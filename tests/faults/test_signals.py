@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from faults.harness import LAYOUT_2, launch
-from trainplan.bench import manifest as mf
-from trainplan.bench.ckpt import GRACE_S
+from trainplan.bench.ckpt import manifest as mf
+from trainplan.bench.ckpt.store import GRACE_S
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ ends bit for bit where the uninterrupted one does. Printed: the measured
 effective training time ratio (useful step time over wall time from the
 first step), the same from the event log's accounting (1 - lost / total),
 and the planner's first-order prediction for the measured interval, stall,
-persist and restart times (`trainplan.checkpoint.ettr`).
+persist and restart times (`trainplan.resilience.checkpoint.ettr`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ EVERY = 4
 def predicted_ettr(interval, stall, persist, restart, mtbf) -> float:
     """The planner's model; the same first-order formula if the planner is not importable."""
     try:
-        from trainplan.checkpoint import ettr
+        from trainplan.resilience.checkpoint import ettr
     except ImportError:
         def ettr(interval, stall, persist, restart, mtbf):
             return (1 - stall / interval) * (1 - (interval / 2 + persist + restart)

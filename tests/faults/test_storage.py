@@ -17,7 +17,7 @@ import shutil
 import pytest
 
 from faults.harness import LAYOUT_2, copy_checkpoints, launch
-from trainplan.bench import manifest as mf
+from trainplan.bench.ckpt import manifest as mf
 
 NEWEST, BEFORE = "step-000040", "step-000039"
 

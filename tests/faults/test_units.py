@@ -19,9 +19,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainplan.bench import ckpt, faults, feed
-from trainplan.bench import manifest as mf
-from trainplan.bench.parallelize import Parallelized
+from trainplan.bench.ckpt import faults
+from trainplan.bench.ckpt import manifest as mf
+from trainplan.bench.ckpt import store as ckpt
+from trainplan.bench.harness import feed
+from trainplan.bench.harness.parallelize import Parallelized
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -101,7 +103,7 @@ def test_data_position_resumes_the_same_sample_stream():
         next(whole)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(next(whole), next(resumed), strict=True))
 
-    from trainplan.bench.data import SyntheticDataset
+    from trainplan.bench.harness.data import SyntheticDataset
 
     def loader_batches(start):  # 5 batches an epoch: start 3 x 2 = epoch 1, batch 1
         src = feed.LoaderBatches.__new__(feed.LoaderBatches)
@@ -180,7 +182,7 @@ def test_a_non_tensor_entry_is_refused_not_unpickled(tmp_path, no_signal_handler
 def test_the_async_stager_survives_being_closed_after_each_stage_as_torch_2_11_does():
     """torch 2.11's DefaultStager closes its inner stager after every stage; reused, the
     second save failed with KeyError: <class 'type'> (seen on H200s). Ours keeps it."""
-    from trainplan.bench import dcp_io
+    from trainplan.bench.ckpt import dcp_io
 
     stager = dcp_io.make_stager(torch.device("cpu"))
     if stager is None:

@@ -30,7 +30,7 @@ def artefacts(tmp_path_factory):
 
 
 def _harness_part(text: str) -> str:
-    return text[text.index("-m trainplan.bench.train"):]
+    return text[text.index("-m trainplan.bench.harness.train"):]
 
 
 def test_the_plan_becomes_4_nodes_of_8(artefacts):
@@ -49,7 +49,7 @@ def test_torchrun_script_has_rendezvous_restarts_and_nccl_settings(artefacts):
     for part in ("--nnodes 4", "--nproc-per-node 8", "--rdzv-backend c10d",
                  '--rdzv-endpoint "$RDZV_HOST:$RDZV_PORT"', '--rdzv-id "$JOB_ID"',
                  "--max-restarts 3", "export NCCL_NVLS_ENABLE=0",
-                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3", "-m trainplan.bench.train"):
+                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3", "-m trainplan.bench.harness.train"):
         assert part in text
     harness = _harness_part(text)
     for flag, value in zip(summary["harness_args"][::2], summary["harness_args"][1::2],
@@ -142,7 +142,7 @@ def test_k8s_manifest_is_a_pytorchjob_v1_with_an_elastic_policy(artefacts):
     assert flag("--rdzv-id") == pol["rdzvId"]
     assert flag("--max-restarts") == str(pol["maxRestarts"])
     assert pod["terminationGracePeriodSeconds"] > int(flag("--shutdown-timeout"))
-    assert cmd[cmd.index("-m") + 1] == "trainplan.bench.train"
+    assert cmd[cmd.index("-m") + 1] == "trainplan.bench.harness.train"
 
 
 # ---------------------------------------------------------------- the CPU proxy

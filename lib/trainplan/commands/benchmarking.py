@@ -10,14 +10,14 @@
 One launch: every input is checked here first (flags, the model preset, the
 layout against the world size `nproc_per_node x nnodes`, the baseline's
 limits), so bad input is one line and exit 2 before any process starts. Then
-`torchrun` runs `trainplan.bench.train` (or `trainplan.bench.hf_baseline`);
+`torchrun` runs `trainplan.bench.harness.train` (or `trainplan.bench.harness.hf_baseline`);
 its progress bar goes to stderr as it runs, and its one-line JSON summary is
 read back and printed (or returned whole with --json). On a multi-node launch
 only the node holding rank 0 gets a summary. Flags after `--` go to the
 harness unchecked by this parser but checked by the harness's own (so flags
 train.py gains later, e.g. checkpointing, pass through).
 
-A suite (`trainplan.bench.suite`): predictions first, then each config's
+A suite (`trainplan.bench.series.suite`): predictions first, then each config's
 launches, then the table and the side-by-side ratios (`bench.sidebyside`).
 Its progress lines go to stderr, so --json keeps stdout to one object.
 """
@@ -42,7 +42,8 @@ def non_negative_int(text: str) -> int:
     return 0 if text.strip() in ("0", "+0", "-0") else positive_int(text)
 
 
-IMPLS = {"trainplan": "trainplan.bench.train", "hf-baseline": "trainplan.bench.hf_baseline"}
+IMPLS = {"trainplan": "trainplan.bench.harness.train",
+         "hf-baseline": "trainplan.bench.harness.hf_baseline"}
 HARNESS_FLAGS = {  # flag -> (type, help); passed on to train.py as given
     "model": (str, "model preset or YAML file"),
     "layers": (positive_int, "keep only this many blocks (a layer slice)"),
@@ -140,8 +141,8 @@ def _check_rendezvous(args) -> None:
 
 def _check_harness(args, argv: list[str]) -> None:
     """Parse and check the harness arguments as train.py will, before anything starts."""
-    from trainplan.bench import parallelize as par_mod
-    from trainplan.bench import train
+    from trainplan.bench.harness import parallelize as par_mod
+    from trainplan.bench.harness import train
 
     err = io.StringIO()
     try:
@@ -162,7 +163,7 @@ def _check_harness(args, argv: list[str]) -> None:
         raise UsageError(f"--nproc-per-node = {args.nproc_per_node} but this node has {gpus} "
                          f"GPUs; use at most {gpus} (or --cpu)")
     if args.impl == "hf-baseline":
-        from trainplan.bench import hf_baseline
+        from trainplan.bench.harness import hf_baseline
 
         hf_baseline.check(spec, cfg)
         hf_baseline._transformers()
@@ -200,7 +201,7 @@ def cmd_bench(args) -> dict:
     cmd = torchrun_command(args, argv)
     if args.dry_run:
         return {"command": cmd, "dry_run": True, "summary": None}
-    from trainplan.bench.suite import NO_MULTICAST
+    from trainplan.bench.series.suite import NO_MULTICAST
 
     env = {**NO_MULTICAST, **os.environ, "PYTHONUNBUFFERED": "1"}  # the user's setting wins
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
@@ -217,7 +218,7 @@ def cmd_bench(args) -> dict:
 
 
 def _run_suite(args) -> dict:
-    from trainplan.bench import sidebyside, suite
+    from trainplan.bench.series import sidebyside, suite
 
     for flag in ("model", "records", "rdzv_endpoint", "master_addr", "node_rank"):
         if getattr(args, flag) is not None:
@@ -245,7 +246,7 @@ def _run_suite(args) -> dict:
 
 def format_bench(out: dict) -> str:
     if "suite" in out:
-        from trainplan.bench.sidebyside import format_comparison
+        from trainplan.bench.series.sidebyside import format_comparison
 
         return out["table"] + format_comparison(out)
     if out["dry_run"]:

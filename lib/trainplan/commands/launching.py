@@ -61,7 +61,7 @@ def register(verbs) -> None:
 
 
 def cmd_launch(args) -> dict:
-    from trainplan.launch import TARGETS, LaunchSettings, check_out_dir
+    from trainplan.launch.artefacts import TARGETS, LaunchSettings, check_out_dir
 
     if args.target not in TARGETS:  # before any planning: a typo answers at once
         raise UsageError(f"--target {args.target!r} is not valid; use one of {list(TARGETS)}")
@@ -78,7 +78,7 @@ def cmd_launch(args) -> dict:
     from trainplan.specs import load_cluster, load_gpu, load_model
 
     m, gpu, cluster = load_model(args.model), load_gpu(args.gpu), load_cluster(args.cluster)
-    from trainplan.launch import plan_and_generate, write
+    from trainplan.launch.artefacts import plan_and_generate, write
 
     launch = plan_and_generate(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                                global_batch_tokens=args.global_batch_tokens, settings=settings,

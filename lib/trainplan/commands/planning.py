@@ -65,7 +65,7 @@ def _specs(args):
 
 def cmd_plan(args) -> dict:
     m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
-    from trainplan.plan import plan
+    from trainplan.plan.planner import plan
     return plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                 global_batch_tokens=args.global_batch_tokens, pins=_pins(args), top=args.top,
                 gpus_per_node=args.gpus_per_node)
@@ -76,8 +76,8 @@ def cmd_memory(args) -> dict:
     m, gpu, cluster = _specs(args)
     pins = _pins(args)
     cfg = ParallelConfig(**pins)
-    from trainplan.plan import memory
-    from trainplan.search import check_pins
+    from trainplan.plan.planner import memory
+    from trainplan.plan.search import check_pins
     check_pins(m, pins, None, cluster.gpus_per_node, args.seq_len)
     return memory(m, gpu, cluster, cfg, args.seq_len)
 

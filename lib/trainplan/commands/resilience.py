@@ -40,8 +40,8 @@ def register(verbs) -> None:
 def cmd_checkpoint(args) -> dict:
     from trainplan.specs import load_model
     model = load_model(args.model)
-    from trainplan.checkpoint import plan_checkpoints
-    from trainplan.params import total_params
+    from trainplan.cost.params import total_params
+    from trainplan.resilience.checkpoint import plan_checkpoints
     plan = plan_checkpoints(
         total_params(model), args.gpus, args.node_mtbf_hours, args.write_gbps_per_node,
         args.restart_minutes, args.max_lost_minutes, gpus_per_node=args.gpus_per_node,

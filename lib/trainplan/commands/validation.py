@@ -7,14 +7,14 @@
         [--continue-from DIR] [--sweep] --json
 
 `compare` reads prediction and measurement records (default: the committed
-data/measurements/*.jsonl) and prints the error table (`trainplan.compare`).
+data/measurements/*.jsonl) and prints the error table (`trainplan.compare.accuracy`).
 `calibrate` fits the card's efficiency constants to microbenchmark records
 only and writes data/hardware/calibration/<gpu>.yaml (or --out); the
-planner then uses them for that card (`trainplan.calibrate`). `validate`
+planner then uses them for that card (`trainplan.calibrate.fit`). `validate`
 runs microbenchmarks, calibration, a suite (predictions first) and the
 comparison in one command, everything under DIR (`trainplan.validate`).
 `compare` adds weak-scaling efficiency where the records allow
-(`trainplan.scaling`).
+(`trainplan.compare.scaling`).
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def register(verbs) -> None:
 
 
 def cmd_compare(args) -> dict:
-    from trainplan.compare import compare
-    from trainplan.scaling import weak_scaling
+    from trainplan.compare.accuracy import compare
+    from trainplan.compare.scaling import weak_scaling
 
     out = compare(args.records, repredictions=args.repredict)
     out["scaling"] = weak_scaling(out["rows"])
@@ -90,7 +90,7 @@ def format_validate(out: dict) -> str:
 
 
 def cmd_calibrate(args) -> dict:
-    from trainplan import calibrate
+    from trainplan.calibrate import fit as calibrate
     from trainplan.specs import load_gpu
 
     gpu = load_gpu(args.gpu, calibrated=False)
@@ -163,7 +163,7 @@ def format_compare(out: dict) -> str:
                      f"{p['predicted_memory_gib']:.2f} / {p['measured_memory_gib']:.2f} GiB "
                      f"({_pct(p['memory_error'])})")
     if out.get("scaling", {}).get("series"):
-        from trainplan.scaling import format_scaling
+        from trainplan.compare.scaling import format_scaling
         lines.append(format_scaling(out["scaling"]))
     return "\n".join(lines)
 

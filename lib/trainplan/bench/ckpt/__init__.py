@@ -1,0 +1,1 @@
+"""Distributed checkpointing (DCP), its manifest, faults and the checkpoint benchmark."""

@@ -1,0 +1,354 @@
+"""Distributed checkpoints of the proxy run: save, verify, keep the last k, resume.
+
+(Saving and committing are in `ckpt_save.py`, DCP plumbing in `dcp_io.py`,
+files and hashes in `manifest.py`; injected faults and preemption signals in
+`faults.py`.)
+
+On disk, one directory per step, shared by every rank:
+
+    DIR/step-000012/
+        __0_0.distcp ...        DCP shards: model and optimizer state, one file per rank
+        .metadata               DCP's index (a pickle: read only after its checksum matched)
+        rank-00000.json         that rank's RNG states (torch, CUDA, numpy, python) and
+                                data position (steps consumed)
+        rank-00000.files.json   sha256 and size of the shards that rank wrote
+        manifest.json           written last: step, world size, every file's sha256 and size
+    DIR/events.jsonl            one JSON line per save, failure, resume, fault and digest
+
+Why a manifest on top of DCP: DCP writes .metadata last, so its absence marks
+an unfinished save, but it has no content checksums (FACTS.md), so a
+truncated or bit-flipped shard would load silently or fail deep inside a
+collective. The manifest is the commit record: written to a temporary name,
+fsynced, renamed, directory fsynced, only after every rank's shards and DCP's
+.metadata are on disk. A directory without it is incomplete and ignored.
+Each rank hashes its own shards (in the writer, on the background thread
+when saving asynchronously), so hashing scales with the ranks; rank 0 only
+hashes the small files and gathers the rest.
+
+Resume: rank 0 verifies the newest checkpoint (manifest present, every
+file's size and sha256 match), falls back to the one before, and so on, and
+says which it took and why in one line; every rank then loads it with
+`dcp.load`, which reshards to the current layout and world size.
+`get_state_dict`/`set_state_dict` translate between DDP, FSDP2, TP and a
+plain module, so FQNs are the plain model's in every layout. Only tensors
+are stored in DCP (optimizer hyper-parameters come from the command line and
+are recorded in the manifest), and the loader refuses any non-tensor entry,
+so nothing is unpickled beyond DCP's own verified index.
+
+Retention keeps the last k >= 2 complete checkpoints: with k = 1 the only good
+checkpoint would be deleted before its successor is known to be good.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainplan.bench.ckpt import manifest as mf
+from trainplan.bench.ckpt.dcp_io import (
+    CheckpointError,
+    PendingSave,
+    dcp_errors,
+    make_stager,
+    one_line,
+    one_process,
+    process_start,
+    tensors_only_planner,
+)
+from trainplan.bench.ckpt.faults import Faults, Signals, digest_steps
+from trainplan.bench.ckpt.save import FORMAT, SaveMixin  # noqa: F401 (FORMAT: re-exported)
+
+EVENTS = "events.jsonl"
+GRACE_S = 30.0  # torchrun's SIGTERM-to-SIGKILL wait (and Slurm's default KillWait)
+
+
+# ---------------------------------------------------------------- flags
+
+
+def add_arguments(p) -> None:
+    """The checkpoint flags of train.py."""
+    g = p.add_argument_group("checkpointing (trainplan.bench.ckpt.store)")
+    g.add_argument("--ckpt-dir", default=None, help="save checkpoints here (one folder per step)")
+    g.add_argument("--ckpt-every", type=int, default=0,
+                   help="save every N steps; 0 = only at the end and on SIGTERM/SIGUSR1")
+    g.add_argument("--ckpt-keep", type=int, default=2,
+                   help="keep the last K complete checkpoints (K >= 2)")
+    g.add_argument("--ckpt-async", action="store_true",
+                   help="dcp.async_save: stage a CPU copy, write it on a background thread")
+    g.add_argument("--ckpt-threads", type=int, default=1,
+                   help="DCP writer threads per rank (one shard file each), written in parallel")
+    g.add_argument("--ckpt-hash", choices=("while-writing", "after-writing"),
+                   default="while-writing",
+                   help="when each shard's sha256 for the manifest is taken: as its bytes are "
+                        "written (default), or by reading it back after all writing (to compare)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the newest verified checkpoint in --ckpt-dir, if any")
+    g.add_argument("--collective-timeout-s", type=float, default=None,
+                   help="process-group timeout: a step with a hung rank fails after this long")
+
+
+def check_args(args) -> None:
+    if args.ckpt_keep < 2:
+        raise CheckpointError(f"--ckpt-keep = {args.ckpt_keep}: keep at least 2 (with 1 the only "
+                              "good checkpoint is deleted before the next is known good)")
+    if args.ckpt_every < 0:
+        raise CheckpointError(f"--ckpt-every = {args.ckpt_every} must be >= 0 (0 = at the end)")
+    if not args.ckpt_dir and (args.resume or args.ckpt_async or args.ckpt_every):
+        raise CheckpointError("--resume, --ckpt-async and --ckpt-every need --ckpt-dir DIR")
+    if args.ckpt_threads < 1:
+        raise CheckpointError(f"--ckpt-threads = {args.ckpt_threads} must be >= 1")
+    if args.collective_timeout_s is not None and args.collective_timeout_s <= 0:
+        raise CheckpointError(f"--collective-timeout-s = {args.collective_timeout_s} must be > 0")
+
+
+def timeout(args) -> timedelta | None:
+    return timedelta(seconds=args.collective_timeout_s) if args.collective_timeout_s else None
+
+
+# ---------------------------------------------------------------- the run's checkpointer
+
+
+class Checkpointer(SaveMixin):
+    """Checkpoints of one run: `resume()` once, `before_step`/`after_step` around every
+    step, `finish()` at the end. Without --ckpt-dir only faults and digests act."""
+
+    def __init__(self, args, par, optimizer, *, rank: int, world: int, device):
+        self.root = Path(args.ckpt_dir) if args.ckpt_dir else None
+        self.every, self.keep, self.use_async = args.ckpt_every, args.ckpt_keep, args.ckpt_async
+        self.want_resume = args.resume
+        self.threads = args.ckpt_threads
+        self.hash_while_writing = args.ckpt_hash == "while-writing"
+        self.timings: dict[int, dict] = {}  # step -> this rank's phases of its save (seconds)
+        self.model, self.optimizer = par.parts[0], optimizer
+        self.rank, self.world, self.device = rank, world, device
+        self.faults = Faults(rank, world,
+                             log=lambda event, **fields: self.event(event, True, **fields))
+        self.digest_on, self.digest_at = digest_steps()
+        self.pending: PendingSave | None = None
+        self._stepped = False
+        self._stager = make_stager(device) if self.use_async else None
+        self.last_committed: int | None = None
+        self.stats = {"resumed_from": None, "saves": [], "failed": [], "emergency": []}
+        if self.root is not None and len(par.parts) > 1:
+            raise CheckpointError(f"--ckpt-dir with {len(par.parts)} pipeline stages on one rank "
+                                  "(--pp-virtual > 1) is not implemented; use --pp-virtual 1")
+        self.save_pg = self.ctl_pg = None
+        if world > 1 and (self.root is not None or self.digest_on):
+            # DCP's collectives (a background thread when async) and this class's small
+            # control collectives each get their own gloo group: never interleaved with
+            # each other or with training's collectives, and CPU tensors on any backend
+            self.save_pg = dist.new_group(backend="gloo", timeout=timeout(args))
+            self.ctl_pg = dist.new_group(backend="gloo", timeout=timeout(args))
+        if self.root is not None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            Signals.install()
+            self._log_crashes()
+
+    # ------------------------------------------------------------ logging
+
+    def event(self, event: str, any_rank: bool = False, **fields) -> None:
+        """One JSON line in DIR/events.jsonl (rank 0's, or any rank's; one write each, so
+        lines of several processes do not mix)."""
+        if self.root is None or (self.rank and not any_rank):
+            return
+        line = json.dumps({"t": time.time(), "event": event, "rank": self.rank,
+                           "attempt": self.faults.attempt if hasattr(self, "faults") else 0,
+                           **fields}) + "\n"
+        try:
+            fd = os.open(self.root / EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the log must never be what breaks a run (e.g. under a `full` fault)
+
+    def _log_crashes(self) -> None:
+        """Record an exception that ends this process (a collective timeout, a lost peer)
+        with its time and step, so the restart path can be timed from the log."""
+        previous = sys.excepthook
+
+        def hook(kind, value, tb):
+            self.event("crash", True, step=self.faults.step, error=one_line(value))
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
+
+    def say(self, line: str) -> None:
+        if self.rank == 0:
+            print(f"trainplan ckpt: {line}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------ collectives
+
+    def _all(self, ok: bool) -> bool:
+        """True when every rank is ok (a barrier as well)."""
+        if self.ctl_pg is None:
+            return ok
+        t = torch.tensor([int(ok)])
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctl_pg)
+        return bool(t.item())
+
+    def _max(self, code: int) -> int:
+        if self.ctl_pg is None:
+            return code
+        t = torch.tensor([code])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ctl_pg)
+        return int(t.item())
+
+    def _from_rank0(self, obj):
+        if self.ctl_pg is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.ctl_pg)
+        return box[0]
+
+    # ------------------------------------------------------------ resume
+
+    def resume(self) -> int:
+        """Load the newest verified checkpoint if --resume; return the step to start from."""
+        if self.root is None:
+            return 0
+        choice = None
+        if self.rank == 0:
+            complete = [d.name for _, d in mf.step_dirs(self.root) if (d / mf.MANIFEST).is_file()]
+            if complete and not self.want_resume:
+                choice = ("error", f"--ckpt-dir {self.root} already holds checkpoints (newest "
+                          f"{complete[0]}); pass --resume to continue, or use an empty folder")
+            elif self.want_resume:
+                path, manifest, line = mf.choose(self.root)
+                choice = ("ok", str(path) if path else None, manifest, line)
+            else:
+                choice = ("ok", None, None, None)
+        choice = self._from_rank0(choice)
+        if choice[0] == "error":
+            raise CheckpointError(choice[1])
+        _, path, manifest, line = choice
+        if line:
+            self.say(line)
+        if path is None:
+            if self.want_resume:
+                self.event("resume", step=0, line=line)
+            return 0
+        start = time.perf_counter()
+        self._load(Path(path), manifest)
+        step = manifest["step"]
+        self.last_committed = step
+        self.stats["resumed_from"] = step
+        self.event("resume", step=step, line=line, load_s=time.perf_counter() - start,
+                   saved_world=manifest["world_size"])
+        if manifest["world_size"] != self.world:
+            self.say(f"{Path(path).name} was saved by {manifest['world_size']} ranks, loaded by "
+                     f"{self.world} (resharded by DCP)")
+        if self.digest_on:
+            self.log_digest(step, "load")
+        return step
+
+    def _load(self, path: Path, manifest: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # inits Adam's state
+        state = {"model": model_sd, "optim": {"state": optim_sd["state"]}}
+        try:
+            with one_process():
+                dcp.load(state, checkpoint_id=str(path), planner=tensors_only_planner(),
+                         process_group=self.save_pg, no_dist=not dist.is_initialized())
+        except dcp_errors() as err:
+            raise CheckpointError(f"loading {path} failed: {one_line(err)}") from None
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict={"state": state["optim"]["state"],
+                                         "param_groups": optim_sd["param_groups"]})
+        own = path / f"rank-{self.rank:05d}.json"
+        if own.is_file():  # a rank the saving run did not have keeps its fresh RNG
+            mf.restore_rank_state(json.loads(own.read_text()), self.device)
+
+    # ------------------------------------------------------------ the loop
+
+    def before_step(self, step: int) -> None:
+        """Called as step `step` (1-based) begins: the `step` fault point."""
+        self.faults.at("step", step)
+
+    def after_step(self, step: int) -> bool:
+        """After step `step`: digest, async bookkeeping, signals, the periodic save.
+        Returns True when the run must stop (SIGTERM, after its emergency checkpoint)."""
+        if self.digest_on and step in self.digest_at:
+            self.log_digest(step, "step")
+        if self.root is None:
+            return False
+        if not self._stepped:  # restart cost, for the GPU figures: process start to here
+            self._stepped = True
+            self.event("first_step", step=step, since_start_s=time.time() - process_start())
+        self._poll()
+        code = self._max(Signals.pending())
+        if code:
+            self._emergency(step, code)
+            return code == 2
+        if self.every and step % self.every == 0:
+            self.save(step)
+        return False
+
+    def finish(self, step: int) -> dict:
+        """Wait for a save in flight, save the final step; return the checkpoint summary."""
+        if self.root is not None:
+            self._wait()
+            if step > 0 and self.last_committed != step:
+                self.save(step, reason="final")
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+            self.join_prune()
+        if self.digest_on:
+            self.stats["digest"] = self.log_digest(step, "end")
+        return dict(self.stats, last_committed=self.last_committed)
+
+    def _emergency(self, step: int, code: int) -> None:
+        name = "SIGTERM" if code == 2 else "SIGUSR1"
+        start = time.time()
+        self._wait()
+        if self.last_committed != step:
+            self.save(step, reason=name)
+        took = time.time() - start
+        ok = self.last_committed == step
+        self.stats["emergency"].append({"signal": name, "step": step, "ok": ok, "took_s": took})
+        self.event("emergency", signal=name, step=step, ok=ok, took_s=took, grace_s=GRACE_S)
+        self.say(f"{name}: emergency checkpoint {mf.step_name(step)} "
+                 f"{'committed' if ok else 'FAILED'} in {took:.2f} s (grace {GRACE_S:.0f} s)"
+                 + ("; stopping" if code == 2 else "; training goes on"))
+
+    # ------------------------------------------------------------ digest
+
+    def log_digest(self, step: int, when: str) -> str:
+        """sha256 over every model and optimizer tensor, gathered whole (a test aid)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=True))
+        flat = {f"model.{k}": v for k, v in model_sd.items()}
+        flat.update({f"optim.{fqn}.{name}": v for fqn, st in optim_sd["state"].items()
+                     for name, v in st.items()})
+        mine = {k: _tensor_sha(v) for k, v in flat.items() if isinstance(v, torch.Tensor)}
+        merged = dict(mine)
+        if self.ctl_pg is not None:  # pipeline stages hold different keys
+            every = [None] * self.world
+            dist.all_gather_object(every, mine, group=self.ctl_pg)
+            for part in every:
+                merged.update(part)
+        digest = hashlib.sha256("\n".join(f"{k}={v}" for k, v in sorted(merged.items()))
+                                .encode()).hexdigest()
+        self.event("digest", step=step, when=when, digest=digest, tensors=len(merged))
+        return digest
+
+
+def _tensor_sha(t: torch.Tensor) -> str:
+    t = t.detach().cpu().contiguous().reshape(-1)
+    h = hashlib.sha256(f"{t.dtype}".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

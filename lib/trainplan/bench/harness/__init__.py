@@ -1,0 +1,1 @@
+"""The proxy training harness: model, parallelisation, step, data, the timed run."""

@@ -1,0 +1,91 @@
+"""Batches for one optimizer step: synthetic (deterministic by global index) or the data module.
+
+A step needs `grad_accum` micro-batches of (input_ids, labels), each
+(micro_batch, seq_len), for this rank's data-parallel replica. Tensor-parallel
+and pipeline ranks of one replica read the same data.
+
+The synthetic source is built so that a layout and a single process see the
+same global batch: step t's batch is one (dp * grad_accum * micro_batch, S+1)
+block drawn from a generator seeded by (seed, t), and data-parallel rank r
+takes rows of micro-batches r * grad_accum ... r * grad_accum + grad_accum - 1.
+A single process with grad_accum' = dp * grad_accum reads the same rows, so
+loss curves can be compared exactly. The sequences are arithmetic progressions
+modulo the vocabulary (random start and stride) rather than uniform noise, so
+the loss falls and a parity test compares a moving curve, not a flat ln V.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from trainplan.errors import LayoutError
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # input_ids, labels: (micro_batch, seq_len) each
+
+
+class SyntheticBatches:
+    """Deterministic learnable token sequences; see the module docstring."""
+
+    def __init__(self, *, vocab: int, seq_len: int, micro_batch: int, grad_accum: int,
+                 dp_rank: int, dp: int, seed: int, start: int = 0):
+        self.vocab, self.seq_len, self.micro_batch = vocab, seq_len, micro_batch
+        self.grad_accum, self.dp_rank, self.dp, self.seed = grad_accum, dp_rank, dp, seed
+        self.start = start  # steps already consumed (a resumed run): its data position
+
+    def step(self, t: int) -> list[Batch]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + t)
+        rows = self.dp * self.grad_accum * self.micro_batch
+        start = torch.randint(self.vocab, (rows, 1), generator=g)
+        stride = torch.randint(1, 8, (rows, 1), generator=g)
+        tokens = (start + stride * torch.arange(self.seq_len + 1)) % self.vocab  # (rows, S+1)
+        out = []
+        for a in range(self.grad_accum):
+            first = (self.dp_rank * self.grad_accum + a) * self.micro_batch
+            block = tokens[first:first + self.micro_batch]  # (mb, S+1)
+            out.append((block[:, :-1].contiguous(), block[:, 1:].contiguous()))
+        return out
+
+    def __iter__(self) -> Iterator[list[Batch]]:
+        t = self.start
+        while True:
+            yield self.step(t)
+            t += 1
+
+
+class LoaderBatches:
+    """Groups of `grad_accum` micro-batches from `trainplan.bench.harness.data.build_loader`,
+    cycled.
+
+    `start` steps already consumed (a resumed run) are skipped: whole epochs by
+    number, the rest of the current epoch by drawing and dropping its batches
+    (the sampler's order is a function of seed and epoch, so this is the same
+    stream for the same data-parallel size).
+    """
+
+    def __init__(self, grad_accum: int, start: int = 0, **loader_kwargs):
+        try:
+            from trainplan.bench.harness import data
+        except ImportError as err:
+            raise LayoutError(
+                f"the data pipeline (trainplan.bench.harness.data) cannot be imported ({err}); "
+                "use --synthetic"
+            ) from None
+        self.grad_accum, self.start = grad_accum, start
+        self.loader = data.build_loader(**loader_kwargs)  # SpecError for bad knobs
+
+    def __iter__(self) -> Iterator[list[Batch]]:
+        from trainplan.bench.harness import data
+
+        epoch, offset = divmod(self.start * self.grad_accum, len(self.loader))
+        it = data.infinite(self.loader, epoch)  # epoch after epoch, reshuffled by set_epoch
+        for _ in range(offset):
+            next(it)
+        while True:
+            yield [next(it) for _ in range(self.grad_accum)]
+
+
+def to_device(group: list[Batch], device: torch.device, non_blocking: bool) -> list[Batch]:
+    return [(x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking))
+            for x, y in group]

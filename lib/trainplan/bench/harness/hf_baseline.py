@@ -1,0 +1,216 @@
+"""The rival: Hugging Face `LlamaForCausalLM` trained by our own loop, configured at its best.
+
+Issue 3 item 6 asks for the speed-up over what a user would otherwise run,
+measured side by side, so the baseline gets everything a careful user would
+give it and nothing of ours that they could not have:
+
+- the same model, built from the same `ModelSpec` (hidden, layers, heads, key/
+  value heads, FFN, vocabulary, RoPE base 10000, RMSNorm eps 1e-5, untied):
+  exactly `trainplan.cost.params.total_params` parameters, like ours;
+- `use_cache=False` (with the cache on, per-layer compile recompiles until it
+  gives up: FACTS.md) and `attn_implementation="sdpa"`;
+- the same layout code: `parallelize.apply_compile` (per decoder layer,
+  fullgraph) and `parallelize.apply_fsdp` (FSDP2 per decoder layer then the
+  root, bf16 parameters with fp32 reduction, ZeRO-2 or ZeRO-3), DDP with
+  autocast for zero 0, the same activation checkpointing;
+- the same loop, data, loss, optimizer (fused AdamW), timing and records:
+  train.py runs it; only `build` differs and the record says
+  `impl: "hf-baseline"`.
+
+The loss is ours (`step.cross_entropy` on the logits, compiled with --compile
+as for our model), not HF's `labels=`: our loader's labels are already the
+next tokens, and HF would shift them once more.
+
+Two ways in, one loop: `train.py --impl hf-baseline` builds the model with
+`build` below (same signature as train.build), and
+`python -m trainplan.bench.harness.hf_baseline [train.py flags]` is a shorthand for it.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+
+import torch
+from torch import nn
+
+from trainplan.bench.harness import parallelize as par_mod
+from trainplan.bench.harness.model import ROPE_THETA, count_params, init_normal
+from trainplan.errors import LayoutError, SpecError
+from trainplan.specs import ModelSpec, ParallelConfig
+
+IMPL = "hf-baseline"
+RMS_EPS = 1e-5  # = model._norm's nn.RMSNorm eps; LlamaConfig's default would be 1e-6
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise SpecError("--impl hf-baseline needs the package 'transformers' "
+                        "(pip install transformers); or use --impl trainplan") from None
+    return transformers
+
+
+def check(spec: ModelSpec, cfg: ParallelConfig) -> None:
+    """Refuse what LlamaForCausalLM or this baseline cannot run, naming the value."""
+    for field, want in (("mlp", "swiglu"), ("positions", "rope"), ("norm", "rmsnorm")):
+        if getattr(spec, field) != want:
+            raise SpecError(f"--impl hf-baseline: model {spec.name!r} has {field} = "
+                            f"{getattr(spec, field)!r}; LlamaForCausalLM needs {want!r} "
+                            "(use --impl trainplan)")
+    if spec.tied_embeddings or spec.is_moe:
+        raise SpecError(f"--impl hf-baseline: model {spec.name!r} is tied or MoE; the baseline "
+                        "is an untied dense Llama (use --impl trainplan)")
+    for name in ("tp", "pp", "cp", "ep"):
+        if getattr(cfg, name) > 1:
+            raise LayoutError(f"--impl hf-baseline with {name} = {getattr(cfg, name)}: the "
+                              "baseline runs data-parallel layouts only (1 GPU, DDP, FSDP2 "
+                              f"ZeRO-1/2/3, HSDP); use {name} 1 or --impl trainplan")
+
+
+def hf_config(spec: ModelSpec, seq_len: int):
+    """The `LlamaConfig` of `spec`: the same function as `model.Transformer` computes."""
+    tf = _transformers()
+    return tf.LlamaConfig(
+        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.ffn,
+        num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
+        max_position_embeddings=seq_len, rms_norm_eps=RMS_EPS, hidden_act="silu",
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        attention_bias=spec.bias, mlp_bias=spec.bias, tie_word_embeddings=False,
+        use_cache=False, attn_implementation="sdpa", pad_token_id=None)
+
+
+class HFCausalLM(nn.Module):
+    """LlamaForCausalLM seen as our model is: token ids (B, S) in, logits (B, S, V) out.
+
+    `layers` maps "0", "1", ... to the decoder layers, as `Transformer.layers`
+    does to our blocks, so `parallelize.apply_compile` and `apply_fsdp` treat
+    both models with the same calls.
+    """
+
+    def __init__(self, spec: ModelSpec, seq_len: int):
+        super().__init__()
+        self.spec = spec
+        self.hf = _transformers().LlamaForCausalLM(hf_config(spec, seq_len))
+
+    @property
+    def layers(self) -> dict[str, nn.Module]:
+        return {str(i): layer for i, layer in enumerate(self.hf.model.layers)}
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, S) -> (B, S, V)
+        return self.hf(input_ids=tokens, use_cache=False).logits
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Our initialisation (model.Transformer.init_weights) under HF's names.
+
+        Also after a meta-device build has been materialised by `to_empty`
+        (parameters possibly sharded DTensors), where the rotary inverse
+        frequencies are garbage and must be recomputed.
+        """
+        init_normal(self, self.spec.n_layers, residual=("o_proj", "down_proj"))
+        for module in self.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
+                nn.init.ones_(module.weight)
+        rotary = self.hf.model.rotary_emb
+        hd = self.spec.head_dim
+        device = buffer_device or rotary.inv_freq.device
+        inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, hd, 2, device=device).float() / hd)
+        rotary.inv_freq = inv_freq
+        rotary.original_inv_freq = inv_freq.clone()
+
+
+# Our module names -> HF's (in a decoder layer, then outside the layers).
+_LAYER_NAMES = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
+                "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
+                "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
+                "feed_forward.w2": "mlp.down_proj", "attention_norm": "input_layernorm",
+                "ffn_norm": "post_attention_layernorm"}
+_ROOT_NAMES = {"tok_embeddings": "hf.model.embed_tokens", "norm": "hf.model.norm",
+               "output": "hf.lm_head"}
+
+
+def hf_state_from_trainplan(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our `Transformer.state_dict()` under `HFCausalLM`'s names: the same weights, renamed."""
+    out = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        if parts[0] == "layers":
+            module = ".".join(parts[2:-1])
+            new = f"hf.model.layers.{parts[1]}.{_LAYER_NAMES[module]}.{parts[-1]}"
+        else:
+            new = f"{_ROOT_NAMES[parts[0]]}.{parts[-1]}"
+        out[new] = value
+    return out
+
+
+def apply_ac(model: HFCausalLM, mode: str) -> None:
+    """Activation checkpointing of every decoder layer, as `parallelize.apply_ac` does ours."""
+    if mode == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    kwargs = {"preserve_rng_state": False}
+    if mode == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts,
+                                       par_mod._save_policy)
+    layers = model.hf.model.layers
+    for i, layer in enumerate(layers):
+        layers[i] = checkpoint_wrapper(layer, **kwargs)
+
+
+def build(spec: ModelSpec, cfg: ParallelConfig, args, device: torch.device, mesh):
+    """train.build for the baseline: (Parallelized, loss function); same order of steps.
+
+    Checkpointing, compile, then FSDP2 or DDP; on GPU with sharded parameters
+    the model is built on the meta device and materialised shard by shard.
+    """
+    from trainplan.bench.harness.train import loss_function
+
+    check(spec, cfg)
+    sharded = cfg.world > 1 and cfg.zero > 0
+    meta = device.type == "cuda" and sharded
+    torch.manual_seed(args.seed)
+    with torch.device("meta" if meta else device):
+        model = HFCausalLM(spec, args.seq_len)
+    if not meta:
+        model.init_weights()
+    out = par_mod.Parallelized(parts=[model], notes=[
+        f"{IMPL}: transformers {_transformers().__version__} LlamaForCausalLM, sdpa, "
+        f"use_cache=False", f"{count_params(model)} parameters"])
+    if cfg.zero == 1 and cfg.dp > 1:
+        out.notes.append("zero 1 runs as FSDP2 without resharding (= ZeRO-2: grads sharded too)")
+    apply_ac(model, cfg.recompute)
+    if args.compile:
+        par_mod.apply_compile(model)
+    out.fsdp, out.ddp = cfg.dp > 1 and cfg.zero > 0, cfg.dp > 1 and cfg.zero == 0
+    if out.fsdp:
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if cfg.dp_shard < cfg.dp else mesh["dp_shard"]
+        par_mod.apply_fsdp(model, dp_mesh, reshard=cfg.zero == 3,
+                           mixed_precision=device.type == "cuda")
+    elif out.ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        out.parts = [DistributedDataParallel(model, device_ids=ids)]
+    if meta:
+        model.to_empty(device=device)
+        model.init_weights(buffer_device=device)
+    return out, loss_function(args.compile)
+
+
+def main(argv=None) -> int:
+    """`python -m trainplan.bench.harness.hf_baseline [train.py flags]`: train.py's run, this
+    model."""
+    from trainplan.bench.harness import train
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return train.main([*argv, "--impl", IMPL])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""One optimizer step: forward, backward over the micro-batches, update; and the step's loss.
+
+Kept apart from the loop so that timing, progress and records (train.py)
+stay out of the arithmetic, and so tests can drive a step directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainplan.bench.harness.feed import Batch
+from trainplan.bench.harness.parallelize import Parallelized
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss over (B, S) positions; logits upcast to fp32 for a stable softmax."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+def _sync_context(par: Parallelized, model, sync: bool, reshard: bool):
+    """Skip the gradient collective on all but the last micro-batch where that is cheaper.
+
+    DDP: no_sync. FSDP2 without resharding (ZeRO-1/2): defer the
+    reduce-scatter to the last micro-batch. FSDP2 with resharding (ZeRO-3)
+    reduce-scatters every micro-batch, so that unsharded gradients are never
+    held for the whole model.
+    """
+    if par.ddp and not sync:
+        return model.no_sync()
+    if par.fsdp and not reshard:
+        model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def train_step(par: Parallelized, optimizer, micro: list[Batch], *, autocast: bool,
+               reshard: bool, max_norm: float = 1.0, loss_fn=cross_entropy) -> torch.Tensor:
+    """Run one optimizer step on this rank; return (loss sum, count, grad norm).
+
+    The loss sum and count are to be added over ranks (`reduce_loss`); the
+    gradient norm is already global. `loss_fn` must be the one the pipeline
+    schedule was built with, if there is one.
+
+    Without a pipeline, each micro-batch's loss is divided by their number so
+    the accumulated gradient is that of the mean loss. With one, the schedule
+    splits the concatenated batch into the same micro-batches and scales the
+    gradients itself (`scale_grads`); only the last stage sees the loss.
+    """
+    device_type = micro[0][0].device.type
+    amp = torch.autocast(device_type, dtype=torch.bfloat16) if autocast \
+        else contextlib.nullcontext()
+    total = torch.zeros(3, device=micro[0][0].device)  # (loss sum, count, grad norm)
+    if par.schedule is None:
+        model = par.parts[0]
+        for i, (x, y) in enumerate(micro):
+            with _sync_context(par, model, i == len(micro) - 1, reshard):
+                with amp:
+                    loss = loss_fn(model(x), y)
+                (loss / len(micro)).backward()
+            total[0] += loss.detach()
+        total[1] += len(micro)
+    else:
+        x = torch.cat([b[0] for b in micro])  # (grad_accum * mb, S): split again by the schedule
+        y = torch.cat([b[1] for b in micro])
+        losses: list[torch.Tensor] = []
+        kwargs = {"target": y, "losses": losses} if par.is_last else {}
+        if "return_outputs" in inspect.signature(par.schedule.step).parameters:
+            # older torch lacks it; without it the last stage keeps every micro-batch's logits
+            kwargs["return_outputs"] = False
+        args = (x,) if par.is_first else ()
+        with amp:
+            par.schedule.step(*args, **kwargs)
+        if par.is_last:
+            total[0] += torch.stack([loss.detach().float() for loss in losses]).sum()
+            total[1] += len(losses)
+    total[2] = clip_grad_norm(par, max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+def clip_grad_norm(par: Parallelized, max_norm: float) -> torch.Tensor:
+    """Global gradient 2-norm over every rank's parameters; clip to `max_norm` if it is > 0.
+
+    Gradients are grouped by how they are laid out (plain, or DTensor of one
+    mesh and placement), each group's norm is computed where it lives and
+    made whole once (`full_tensor`), and pipeline stages add their squares.
+    The norm is also a check: a layout that scaled gradients wrongly would
+    still match the single process's loss under Adam, not its gradient norm.
+    """
+    from torch.distributed.tensor import DTensor
+
+    groups: dict = {}
+    for p in par.parameters():
+        if p.grad is not None:
+            g = p.grad
+            key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
+            groups.setdefault(key, []).append(p)
+    squares = []
+    for params in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squares.append(norm.float() ** 2)
+    squared = torch.stack(squares).sum()
+    if par.pp_group is not None:
+        dist.all_reduce(squared, group=par.pp_group)
+    norm = squared.sqrt()
+    if max_norm > 0:
+        for params in groups.values():
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
+
+
+def reduce_loss(total: torch.Tensor) -> tuple[float, float]:
+    """(mean loss over every rank that computed one, gradient norm) of one step.
+
+    Losses come from all ranks, or only from the last pipeline stage's.
+    """
+    sums = total[:2].clone()
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    return (sums[0] / sums[1]).item(), total[2].item()

@@ -1,0 +1,1 @@
+"""Microbenchmarks: GEMMs, attention, collectives and the model's own pieces."""

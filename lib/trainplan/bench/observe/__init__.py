@@ -1,0 +1,1 @@
+"""Watching a run: the progress monitor, profiler buckets, communication report."""

@@ -1,0 +1,227 @@
+"""Per-step monitoring of the proxy run: what the operations page (runbook page 6) reads.
+
+With `--metrics PATH`, rank 0 appends one JSON line per step to PATH:
+
+    {"step": 12, "t": 1764130000.1, "warmup": false, "step_time_s": 0.41,
+     "step_s": [0.41, 0.12], "host_s": [0.01, 0.30], "tokens_per_s_per_gpu": 312.0,
+     "mfu": null, "mem_allocated_gib": null, "mem_reserved_gib": null, "stragglers": [1]}
+
+and, when throughput drops, an alert line (also one line on rank 0's stderr):
+
+    {"alert": "throughput", "step": 14, "t": ..., "tokens_per_s_per_gpu": 250.0,
+     "threshold": 400.0, "window": 5}
+
+One file, written by rank 0: every rank's numbers reach it through one
+all_gather of four floats per step, so an operator tails one file per job
+instead of one per GPU, and a rank that has died shows as a step that never
+comes. The gather is only made when --metrics or an alert threshold is set.
+
+Step time and rates follow train.py's summary: a step ends when its slowest
+rank does (`step_time_s` is the max over ranks), tokens/s/GPU is the step's
+tokens over that time over the world size, MFU is that rate times
+`trainplan.cost.compute.model_flops_per_token` over the card's bf16 peak (None on
+CPU). Memory is the current allocation and reservation (GiB) per rank; None
+on CPU.
+
+Stragglers. In a synchronous step every rank waits in the gradient
+collective for the slowest, so each rank's timed step ends at the same
+moment, and the late rank's timer, started late, reads the *shortest*. The
+time a rank spends between steps (`host_s`: data, hooks, a slow host) and
+its timed step (`step_s`) separate the two: a rank's own time is estimated
+as `host_s + min(step_s)` (what it would have taken had nobody waited for
+it), and a rank whose own time, as the median over the last
+`--straggler-window` measured steps, exceeds the median over ranks by more
+than `--straggler-tolerance` is listed. Slowness inside the compute before
+the first collective (a throttled GPU) is hidden in the others' wait and not
+attributed to a rank here; it shows as a throughput alert.
+
+Alerts. Once `--alert-window` measured steps are in (the first `--warmup`
+steps of this process, compile and allocator warm-up, are never alerted on),
+the rate over the last window is compared with `--alert-tokens-per-s-per-gpu`;
+an alert is written when it falls below and again only after it has
+recovered, so a slow hour is one line, not thousands. `trainplan launch`
+takes the threshold from the plan (`trainplan.launch.artefacts.watch`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from trainplan.errors import TrainplanError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+GiB = 1024**3
+
+
+class MonitorError(TrainplanError):
+    """A monitoring flag that cannot be used."""
+
+
+def add_arguments(p) -> None:
+    """The monitoring flags of train.py."""
+    g = p.add_argument_group("monitoring (trainplan.bench.observe.monitor)")
+    g.add_argument("--metrics", default=None,
+                   help="rank 0 appends one JSON line per step (all ranks' numbers) here")
+    g.add_argument("--straggler-tolerance", type=float, default=0.10,
+                   help="a rank more than this share above the median over ranks is a straggler")
+    g.add_argument("--straggler-window", type=int, default=5,
+                   help="measured steps whose median decides a straggler")
+    g.add_argument("--alert-tokens-per-s-per-gpu", type=float, default=None,
+                   help="alert when tokens/s/GPU over the window falls below this; default off")
+    g.add_argument("--alert-window", type=int, default=5,
+                   help="measured steps the alert's rate is taken over")
+
+
+def launch_flags(watch: dict, path: str = "metrics.jsonl") -> list[str]:
+    """The flags that make a launched run watch itself against its plan.
+
+    `watch` is `trainplan.launch.artefacts.watch(...)`: its alert line (a share of the
+    plan's tokens/s/GPU) becomes the alert threshold, and its straggler line (a
+    ratio over the plan's step time) the tolerance, so the metrics file and the
+    runbook's table use the same numbers.
+    """
+    ratio = watch["straggler_step_time_s"] / watch["step_time_s"]
+    return ["--metrics", path,
+            "--alert-tokens-per-s-per-gpu", f"{watch['alert_tokens_per_s_per_gpu']:.0f}",
+            "--straggler-tolerance", f"{ratio - 1:.2f}"]
+
+
+def check_args(args) -> None:
+    if args.straggler_tolerance < 0:
+        raise MonitorError(f"--straggler-tolerance = {args.straggler_tolerance} must be >= 0")
+    for name in ("straggler_window", "alert_window"):
+        if getattr(args, name) < 1:
+            raise MonitorError(f"--{name.replace('_', '-')} = {getattr(args, name)} must be >= 1")
+    threshold = args.alert_tokens_per_s_per_gpu
+    if threshold is not None and not threshold > 0:
+        raise MonitorError(f"--alert-tokens-per-s-per-gpu = {threshold} must be > 0 "
+                           "(leave it out for no alert)")
+
+
+class Monitor:
+    """One run's monitor: `step()` after every timed step on every rank, `finish()` at the end."""
+
+    def __init__(self, args, *, tokens_per_step: int, flops_per_token: float,
+                 peak: float | None, device, rank: int, world: int):
+        check_args(args)
+        self.args, self.device, self.rank, self.world = args, device, rank, world
+        self.tokens_per_step, self.flops_per_token, self.peak = (tokens_per_step,
+                                                                 flops_per_token, peak)
+        self.on = bool(args.metrics) or args.alert_tokens_per_s_per_gpu is not None
+        self.own = deque(maxlen=args.straggler_window)  # per step: each rank's own time
+        self.rates = deque(maxlen=args.alert_window)  # per step: step time (max over ranks)
+        self.calls, self.alerting, self.alerts = 0, False, 0
+        self.last = time.perf_counter()  # end of the previous step (or of the set-up)
+        self.file = None
+        if args.metrics and rank == 0:
+            Path(args.metrics).parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(args.metrics, "a")  # appended: a resumed run continues the file
+
+    def step(self, step: int, step_time_s: float) -> dict | None:
+        """Gather this step's numbers; rank 0 writes them. Every rank must call it."""
+        now = time.perf_counter()
+        host_s = max(0.0, now - step_time_s - self.last)
+        self.calls += 1
+        if not self.on:
+            self.last = now
+            return None
+        cuda = self.device.type == "cuda"
+        mine = torch.tensor([step_time_s, host_s,
+                             torch.cuda.memory_allocated(self.device) / GiB if cuda else math.nan,
+                             torch.cuda.memory_reserved(self.device) / GiB if cuda else math.nan],
+                            dtype=torch.float64, device=self.device)
+        rows = [mine]
+        if dist.is_initialized() and self.world > 1:
+            rows = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(rows, mine)
+        per_rank = torch.stack(rows).cpu().tolist()  # (world, 4)
+        self.last = time.perf_counter()  # the gather's own time is not the next step's host
+        if self.rank != 0:
+            return None
+        return self._record(step, per_rank)
+
+    def _record(self, step: int, per_rank: list[list[float]]) -> dict:
+        step_s = [r[0] for r in per_rank]
+        host_s = [r[1] for r in per_rank]
+        warmup = self.calls <= self.args.warmup
+        slowest = max(step_s)
+        rate = self.tokens_per_step / slowest / self.world if slowest > 0 else 0.0
+        stragglers = []
+        if not warmup:
+            self.own.append([h + min(step_s) for h in host_s])
+            self.rates.append(slowest)
+            stragglers = self._stragglers()
+        line = {"step": step, "t": time.time(), "warmup": warmup, "step_time_s": slowest,
+                "step_s": step_s, "host_s": host_s, "tokens_per_s_per_gpu": rate,
+                "mfu": rate * self.flops_per_token / self.peak if self.peak else None,
+                "mem_allocated_gib": _or_none([r[2] for r in per_rank]),
+                "mem_reserved_gib": _or_none([r[3] for r in per_rank]),
+                "stragglers": stragglers}
+        self._write(line)
+        self._alert(step)
+        return line
+
+    def _stragglers(self) -> list[int]:
+        """Ranks whose own time (median over the window) is above the median over ranks."""
+        own = [statistics.median(col) for col in zip(*self.own, strict=True)]
+        middle = statistics.median(own)
+        return [r for r, t in enumerate(own)
+                if t > middle * (1 + self.args.straggler_tolerance)]
+
+    def _alert(self, step: int) -> None:
+        threshold = self.args.alert_tokens_per_s_per_gpu
+        if threshold is None or len(self.rates) < self.rates.maxlen:
+            return
+        rate = self.tokens_per_step * len(self.rates) / sum(self.rates) / self.world
+        low = rate < threshold
+        if low and not self.alerting:
+            self.alerts += 1
+            self._write({"alert": "throughput", "step": step, "t": time.time(),
+                         "tokens_per_s_per_gpu": rate, "threshold": threshold,
+                         "window": len(self.rates)})
+            print(f"trainplan monitor: ALERT step {step}: {rate:,.0f} tokens/s/GPU over the "
+                  f"last {len(self.rates)} steps, below {threshold:,.0f}", file=sys.stderr,
+                  flush=True)
+        self.alerting = low
+
+    def _write(self, line: dict) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(line) + "\n")
+            self.file.flush()  # an operator tails it while the run goes on
+
+    def finish(self) -> dict:
+        """Close the file; the summary's `monitor` entry."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        return {"metrics": self.args.metrics, "alerts": self.alerts}
+
+
+def _or_none(values: list[float]) -> list[float] | None:
+    return None if all(math.isnan(v) for v in values) else values
+
+
+def read(path) -> pd.DataFrame:
+    """A metrics file as a table, one row per line in order: step lines, and alert lines
+    (the `alert` column set, NaN on step lines). Per-rank columns hold lists. pandas is
+    imported here, not at the top: the ranks of a run never need it."""
+    import pandas as pd
+
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    frame = pd.DataFrame(rows)
+    if "alert" not in frame.columns:
+        frame["alert"] = None
+    return frame

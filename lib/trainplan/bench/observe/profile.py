@@ -1,0 +1,155 @@
+"""Where a step's time goes: one harness run under `torch.profiler`, kernels in named buckets.
+
+    torchrun --standalone --nproc-per-node 2 -m trainplan.bench.observe.profile \
+        --profile-out prof.json [--impl trainplan|hf-baseline] [--sdpa cudnn] \
+        [--active 3] [train.py flags]
+
+Issue 3: "profile before optimising". The run is train.py's own (its loop,
+data, loss, optimizer and layout: nothing copied); this entry only counts
+`step.train_step` calls to drive the profiler's schedule (skip the warm-up
+steps, record `--active` steps) and, on rank 0, writes a JSON file with GPU
+kernel time per step in buckets (matmul, attention, fused element-wise
+(Triton), collectives, optimizer, copies, other), the top kernels, and the
+timed step of the same steps, so that the gap to the matmul ceiling is a sum
+of named terms. Collective kernels overlap compute, so the buckets can add up
+to more than the step: `busy_s` is the union's upper bound, not the wall.
+
+`--sdpa` picks the attention backend before anything is compiled (the
+choice is baked into compiled graphs): default, flash, cudnn, efficient.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+import torch
+
+from trainplan.compare.trace_split import is_annotation  # one rule, shared with the JSON reader
+
+BUCKETS = (  # first match wins; names of CUDA kernels as the profiler reports them
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
+    ("collectives", re.compile(r"nccl", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor|foreach", re.I)),
+    ("matmul", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|matmul|sm90|sm80", re.I)),
+    ("elementwise_fused", re.compile(r"triton", re.I)),
+    ("copies", re.compile(r"memcpy|memset|copy|cat_|CatArray", re.I)),
+)
+SDPA = ("default", "flash", "cudnn", "efficient")
+
+
+def set_sdpa_backend(name: str) -> None:
+    """Leave only `name` (and the math fallback) enabled for scaled_dot_product_attention."""
+    if name == "default":
+        return
+    cuda = torch.backends.cuda
+    cuda.enable_flash_sdp(name == "flash")
+    cuda.enable_cudnn_sdp(name == "cudnn")
+    cuda.enable_mem_efficient_sdp(name == "efficient")
+
+
+def bucket_of(kernel: str) -> str:
+    return next((name for name, pattern in BUCKETS if pattern.search(kernel)), "other")
+
+
+def summarise(events, active: int, device: bool = True) -> dict:
+    """Per-step kernel seconds by bucket, and the 15 longest kernels, from `key_averages()`.
+
+    `device=False` (a CPU run) buckets the operators' own CPU time instead. User annotations
+    (`is_annotation`: the profiler step, nccl: and optimizer-step ranges) are not counted.
+    """
+    from torch.autograd import DeviceType
+
+    buckets: dict[str, float] = {}
+    kernels = []
+    for e in events:
+        if device and e.device_type == DeviceType.CPU:
+            continue  # an operator: its kernels are listed as events of their own
+        if is_annotation(e):
+            continue  # a range around kernels that are listed themselves
+        t = e.self_device_time_total if device else e.self_cpu_time_total
+        if t <= 0:
+            continue
+        seconds = t / 1e6 / active
+        buckets[bucket_of(e.key)] = buckets.get(bucket_of(e.key), 0.0) + seconds
+        kernels.append({"kernel": e.key[:120], "bucket": bucket_of(e.key),
+                        "s_per_step": seconds, "calls_per_step": e.count / active})
+    kernels.sort(key=lambda k: -k["s_per_step"])
+    return {"buckets_s_per_step": dict(sorted(buckets.items(), key=lambda kv: -kv[1])),
+            "busy_s": sum(buckets.values()), "top_kernels": kernels[:15]}
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python -m trainplan.bench.observe.profile", add_help=False)
+    p.add_argument("--profile-out", required=True)
+    p.add_argument("--impl", choices=("trainplan", "hf-baseline"), default="trainplan")
+    p.add_argument("--sdpa", choices=SDPA, default="default")
+    p.add_argument("--active", type=int, default=3, help="steps recorded after the warm-up")
+    return p.parse_known_args(argv)
+
+
+def main(argv=None) -> int:
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from trainplan.bench.harness import step as step_mod
+    from trainplan.bench.harness import train
+
+    mine, rest = parse(list(sys.argv[1:] if argv is None else argv))
+    targs = train.parse_args([*rest, "--impl", mine.impl])
+    set_sdpa_backend(mine.sdpa)
+    active = max(1, min(mine.active, targs.steps - targs.warmup - 1))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if torch.cuda.is_available() else [])
+    prof = profile(activities=activities,
+                   schedule=schedule(wait=targs.warmup, warmup=1, active=active, repeat=1))
+    real_step, seen = step_mod.train_step, []
+
+    def counted(*a, **kw):
+        out = real_step(*a, **kw)
+        prof.step()
+        seen.append(1)
+        return out
+
+    summary = {}
+    real_summarise = train._summarise
+
+    def keep(*a, **kw):
+        summary.update(real_summarise(*a, **kw))
+        return summary
+
+    step_mod.train_step, train._summarise = counted, keep
+    try:
+        with prof:
+            code = train.main([*rest, "--impl", mine.impl])
+    finally:
+        step_mod.train_step, train._summarise = real_step, real_summarise
+    if code or int(os.environ.get("RANK", 0)) != 0:
+        return code
+    # the profiler's active steps; the last one also runs the profiler's stop and trace
+    # collection (0.4-0.9 s on 4 x H100), so the step is their median, not their mean
+    recorded = summary.get("step_times_s", [])[1:1 + active]
+    from trainplan.records.provenance import provenance
+
+    out = {"impl": mine.impl, "sdpa": mine.sdpa, "layout": summary.get("layout"),
+           "card": summary.get("card"), "active_steps": active,
+           # what trace_split.pair matches a compare row on (tag: --tag, as a suite passes)
+           "tag": summary.get("tag"), "model": summary.get("model"),
+           "gpus": summary.get("gpus"), "seq_len": summary.get("seq_len"),
+           "host_gpus": torch.cuda.device_count(), "provenance": provenance(),
+           "step_time_s": statistics.median(recorded) if recorded else None,
+           "step_times_s_profiled": recorded,
+           "step_time_s_unprofiled_median": summary.get("step_time_s"),
+           **summarise(prof.key_averages(), active, device=torch.cuda.is_available())}
+    with open(mine.profile_out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({k: out[k] for k in ("impl", "sdpa", "step_time_s", "busy_s",
+                                          "buckets_s_per_step")}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Measurement series: suites (predictions first), sweeps, the side-by-side baseline."""

@@ -1,0 +1,97 @@
+"""Side by side: trainplan's layouts against the Hugging Face baseline from one suite run.
+
+Issue 3 wants the speed-up as a ratio measured in the same run, not against
+figures from another day. From the per-launch summaries of a suite run
+(`suite.run_suite`'s rows) this pools each config's launches (total tokens
+over total time of all kept steps, DESIGN.md, with a bootstrap 95% interval
+over the steps, `stats.rate_ci`) and reports, at the GPU count of the
+baseline configs:
+
+- the best trainplan config against the best baseline config (bar: >= 1.05,
+  goal 1.15), and whether their intervals overlap (then neither is better);
+- the best trainplan config against the naive default (the config marked
+  `naive: true` in the suite; bar >= 1.4).
+
+Which config is "best" is decided by the measured rate, after the fact, and
+said so: the ratio is the best of those tried, not a planner's pick.
+"""
+
+from __future__ import annotations
+
+from trainplan.records.stats import Interval, overlap, rate_ci
+
+
+def pooled(summaries: list[dict]) -> dict | None:
+    """One config's launches as one rate (tokens/s/GPU with interval) and MFU; None if none ran."""
+    amounts, seconds = [], []
+    for s in summaries:
+        per_gpu = s["tokens_per_step"] / max(s["ranks"], 1)
+        amounts += [per_gpu] * len(s["step_times_s"])
+        seconds += list(s["step_times_s"])
+    if not seconds:
+        return None
+    rate = rate_ci(amounts, seconds)
+    first = summaries[0]
+    peak = first.get("peak_tflops")
+    mem = [s.get("peak_mem_reserved_gib") for s in summaries if s.get("peak_mem_reserved_gib")]
+    return {"launches": len(summaries), "steps": len(seconds),
+            "tokens_per_s_per_gpu": rate.estimate, "tokens_per_s_per_gpu_ci": rate.as_list(),
+            "mfu": rate.estimate * first["flops_per_token"] / (peak * 1e12) if peak else None,
+            "peak_mem_reserved_gib": max(mem) if mem else None}
+
+
+def _interval(row: dict) -> Interval:
+    low, high = row["tokens_per_s_per_gpu_ci"]
+    return Interval(row["tokens_per_s_per_gpu"], low, high, 0.95, "bootstrap-percentile",
+                    row["steps"], True)
+
+
+def compare(configs: list[dict], rows: list) -> dict:
+    """Pooled figures per config and the two ratios; `rows` are (tag, predicted, summaries)."""
+    by_tag = {c["tag"]: c for c in configs}
+    table = []
+    for tag, predicted, done in rows:
+        cfg = by_tag.get(tag, {})
+        row = {"tag": tag, "impl": cfg.get("impl", "trainplan"), "gpus": cfg.get("gpus"),
+               "naive": bool(cfg.get("naive", False)),
+               "predicted_step_time_s": (predicted or {}).get("step_time_s")}
+        row.update(pooled(done) or {"launches": 0})
+        table.append(row)
+    measured = [r for r in table if r["launches"]]
+    base_gpus = max((r["gpus"] for r in measured if r["impl"] == "hf-baseline"), default=None)
+    at = [r for r in measured if r["gpus"] == base_gpus]
+
+    def best(impl):
+        rows_ = [r for r in at if r["impl"] == impl]
+        return max(rows_, key=lambda r: r["tokens_per_s_per_gpu"]) if rows_ else None
+
+    ours, theirs = best("trainplan"), best("hf-baseline")
+    naive = next((r for r in at if r["naive"]), None)
+    out = {"configs": table, "gpus": base_gpus,
+           "best_trainplan": ours and ours["tag"], "best_baseline": theirs and theirs["tag"],
+           "naive": naive and naive["tag"], "speedup_vs_best_baseline": None,
+           "intervals_overlap": None, "speedup_vs_naive": None,
+           "best_mfu": ours and ours["mfu"]}
+    if ours and theirs:
+        out["speedup_vs_best_baseline"] = (ours["tokens_per_s_per_gpu"]
+                                           / theirs["tokens_per_s_per_gpu"])
+        out["intervals_overlap"] = overlap(_interval(ours), _interval(theirs))
+    if ours and naive:
+        out["speedup_vs_naive"] = ours["tokens_per_s_per_gpu"] / naive["tokens_per_s_per_gpu"]
+    return out
+
+
+def format_comparison(out: dict) -> str:
+    """Two lines: the ratios issue 3 sets bars for, or why one is missing."""
+    if out["speedup_vs_best_baseline"] is None:
+        return "side by side: no trainplan and baseline configs measured at the same GPU count"
+    lines = [f"on {out['gpus']} GPUs: best trainplan {out['best_trainplan']} / best baseline "
+             f"{out['best_baseline']} = {out['speedup_vs_best_baseline']:.3f}x "
+             f"(bar 1.05, goal 1.15; intervals "
+             f"{'overlap' if out['intervals_overlap'] else 'apart'})"]
+    if out["best_mfu"] is not None:
+        lines[0] += f", MFU {out['best_mfu']:.1%} (bar 55%)"
+    if out["speedup_vs_naive"] is not None:
+        lines.append(f"best trainplan / naive default {out['naive']} = "
+                     f"{out['speedup_vs_naive']:.3f}x (bar 1.4)")
+    return "\n".join(lines)

@@ -1,0 +1,394 @@
+"""A measurement series: predict every config first, then measure each in separate launches.
+
+    PYTHONPATH=lib python -m trainplan.bench.series.suite data/suites/NAME.yaml --out DIR \
+        [--launches 3] [--only TAG ...] [--budget-s 540] [--sweep]
+
+1. Predictions: for every config of the suite, the planner prices exactly that
+   layout (`trainplan.plan.planner.plan`, every dimension pinned: the `trainplan plan`
+   code path) and a prediction record is appended to DIR/predictions.jsonl,
+   stamped before any measurement of the series starts (DESIGN.md, "Honest
+   measurement").
+2. Measurements: each config is launched `--launches` times, each a fresh
+   `torchrun` of `trainplan.bench.harness.train` appending a measurement record to
+   DIR/measurements.jsonl; configs run in the suite's order, all launches of
+   one before the next, so that a budget cut leaves whole configs. A launch
+   that fails (out of memory, say) is written to DIR/failed.jsonl with its
+   reason, and the series goes on with the next config.
+3. A short table (predicted vs measured step time, tokens/s/GPU, MFU, memory).
+
+`--sweep` (off by default) measures differently in step 2: each of the
+`--launches` repetitions is one torchrun launch per GPU count that runs all
+of that count's configs in turn (`trainplan.bench.series.sweep`, order rotated by
+one per repetition), each config still its own measurement record, marked in
+its `notes` (suite_sweep.py). It saves the ~20 s start of every launch; that
+its GPU timings equal separate launches' is still to be shown.
+
+NVLink multicast stays off in every launch (NCCL_NVLS_ENABLE=0 and friends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from trainplan.errors import SpecError, TrainplanError
+from trainplan.proctree import stop_tree
+from trainplan.records import schema as records
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+LAYOUT_FLAGS = ("dp", "tp", "pp", "zero", "dp_shard", "micro_batch", "grad_accum", "recompute",
+                "pp_schedule", "pp_virtual")
+CARD_PRESETS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}
+# a config's `impl:` -> what it launches
+IMPL_MODULES = {"trainplan": "trainplan.bench.harness.train",
+                "hf-baseline": "trainplan.bench.harness.hf_baseline"}
+
+
+def load_suite(path: str) -> dict:
+    try:
+        suite = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise SpecError(f"suite {path}: cannot read ({' '.join(str(err).split())[:200]})") from None
+    if not isinstance(suite, dict) or not isinstance(suite.get("configs"), list):
+        raise SpecError(f"suite {path}: expected a mapping with a 'configs' list")
+    for c in suite["configs"]:
+        unknown = set(c.get("layout", {})) - set(LAYOUT_FLAGS) - {"cp", "ep"}
+        if "tag" not in c or "gpus" not in c or unknown:
+            raise SpecError(f"suite {path}: config {c!r} needs 'tag' and 'gpus'; "
+                            f"layout keys are {list(LAYOUT_FLAGS)}")
+        layers = c.get("layers", 1)
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise SpecError(f"suite {path}: config {c['tag']!r} layers = {layers!r}; "
+                            "use a whole number >= 1 (a layer slice of the model)")
+        if c.get("impl", "trainplan") not in IMPL_MODULES:
+            raise SpecError(f"suite {path}: config {c['tag']!r} has impl = {c['impl']!r}; "
+                            f"use one of {list(IMPL_MODULES)}")
+        if not isinstance(c.get("model", suite.get("model")), str):
+            raise SpecError(f"suite {path}: config {c['tag']!r} names no model; give the suite "
+                            "or the config a 'model' (a preset or a YAML file)")
+        seq = seq_len(suite, c)
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+            raise SpecError(f"suite {path}: config {c['tag']!r} seq_len = {seq!r}; "
+                            "use a whole number >= 1 (tokens a sequence)")
+    return suite
+
+
+def base_model(suite: dict, cfg: dict) -> str:
+    """The model a config runs: its own `model`, else the suite's (a preset or YAML file)."""
+    return cfg.get("model", suite.get("model"))
+
+
+def seq_len(suite: dict, cfg: dict) -> int:
+    """Tokens a sequence for a config: its own `seq_len`, else the suite's, else 2048."""
+    return cfg.get("seq_len", suite.get("seq_len", 2048))
+
+
+def card_name() -> str:
+    import torch
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def gpu_preset(card: str, suite: dict) -> str:
+    for key, preset in CARD_PRESETS.items():
+        if key in card:
+            return preset
+    return suite.get("gpu", "h100-sxm")
+
+
+def full_layout(cfg: dict) -> dict:
+    """The config's layout with every field the planner pins (ParallelConfig's defaults)."""
+    lay = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "micro_batch": 1,
+           "grad_accum": 1, "recompute": "none", "pp_schedule": "1f1b", "pp_virtual": 1}
+    lay.update(cfg.get("layout", {}))
+    lay.setdefault("dp_shard", lay["dp"] if lay["zero"] else 1)
+    return lay
+
+
+def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
+    """The planner's figures for exactly this layout, as a prediction record."""
+    from trainplan.plan.planner import plan
+    from trainplan.specs import load_cluster, load_gpu, load_model
+
+    lay = full_layout(cfg)
+    seq = seq_len(suite, cfg)
+    gpu = load_gpu(gpu_preset(card, suite))
+    tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
+    cluster = load_cluster(suite.get("cluster", "dgx-h100"))
+    out = plan(load_model(model_name(suite, cfg)), gpu, cluster,
+               gpus=cfg["gpus"], seq_len=seq, global_batch_tokens=tokens, pins=lay,
+               compiled=bool(cfg.get("compile", False)))
+    p = out["plans"][0]
+    predicted = {k: p[k] for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "fits")}
+    predicted["memory_gib"] = p["memory_gib"]
+    predicted["time_breakdown_s"] = p["time_breakdown_s"]
+    layout = {**{k: lay[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch",
+                                     "grad_accum", "recompute")},
+              "compile": bool(cfg.get("compile", False))}
+    return records.prediction_record(
+        model=model_name(suite, cfg), layout=layout, gpus=cfg["gpus"], card=card,
+        predicted=predicted,
+        config={"tag": cfg["tag"], "gpu_preset": gpu.name, "seq_len": seq, "full_layout": lay,
+                "impl": cfg.get("impl", "trainplan")},
+        run_id=run_id)
+
+
+def train_command(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={cfg['gpus']}", "-m", IMPL_MODULES[cfg.get("impl", "trainplan")],
+            *train_args(suite, cfg, out, run_id)]
+
+
+def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
+    """The config's arguments to its module (train.py's flags; hf_baseline adds `--impl`)."""
+    lay = full_layout(cfg)
+    cmd = ["--model", base_model(suite, cfg), "--seq-len", str(seq_len(suite, cfg)),
+           "--steps", str(cfg.get("steps", suite.get("steps", 12))),
+           "--warmup", str(cfg.get("warmup", suite.get("warmup", 4))),
+           "--records", str(out / "measurements.jsonl"), "--run-id", run_id, "--json",
+           "--tag", cfg["tag"]]
+    for k in LAYOUT_FLAGS:
+        cmd += [f"--{k.replace('_', '-')}", str(lay[k])]
+    if cfg.get("compile"):
+        cmd.append("--compile")
+    if cfg.get("layers"):
+        cmd += ["--layers", str(cfg["layers"])]
+    cmd += [str(a) for a in cfg.get("extra_args", suite.get("extra_args", []))]
+    return cmd
+
+
+def model_name(suite: dict, cfg: dict) -> str:
+    """The model a config trains (its own or the suite's), or its first `layers` blocks
+    (`NAME:N-layers`, the name train.py records and `specs.load_model` reads)."""
+    name = base_model(suite, cfg)
+    return f"{name}:{cfg['layers']}-layers" if cfg.get("layers") else name
+
+
+def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: float,
+              sweep: bool = False) -> list:
+    """Predict every selected config of the suite at `path`, then measure them within the budget
+    (in separate launches, or with `sweep` one launch per GPU count and repetition)."""
+    suite = load_suite(path)
+    jobs = [(suite, c) for c in suite["configs"] if not only or c["tag"] in only]
+    out.mkdir(parents=True, exist_ok=True)
+    card = card_name()
+    run_id = f"{Path(path).stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    preds = predict_all(jobs, out, card, run_id)
+    rows, _ = measurer(sweep)(jobs, preds, out, run_id, launches, time.monotonic() + budget_s)
+    return rows
+
+
+def measurer(sweep: bool):
+    """`measure` (separate launches), or with `sweep` suite_sweep's `measure_sweep`: the same
+    arguments and results."""
+    if not sweep:
+        return measure
+    from trainplan.bench.series.suite_sweep import measure_sweep
+    return measure_sweep
+
+
+def predict_all(jobs: list[tuple[dict, dict]], out: Path, card: str, run_id: str) -> dict:
+    """A prediction record per (suite, config), all appended before any launch; tag -> record."""
+    preds = {}
+    for suite, cfg in jobs:
+        preds[cfg["tag"]] = predict(suite, cfg, card, run_id)
+        records.append(out / "predictions.jsonl", preds[cfg["tag"]])
+    return preds
+
+
+FIRST_LAUNCH_GUESS_S = 40.0  # before any launch has been timed (H200 x 2: 23-42 s a launch)
+
+
+def time_needed(took: list[float], launches_left: int) -> float:
+    """Seconds `launches_left` more launches of a config should take, from the launches timed
+    so far: the slowest once and the median for the rest (FIRST_LAUNCH_GUESS_S each before
+    any). One slow launch (a config's first compiles and warms its loader; on 4 x H100 a PP 4
+    first launch took 71 s against a 36 s median) no longer counts for every launch: pricing
+    all three at the slowest stopped a validate call with 180 s left, room for a config."""
+    if not took:
+        return FIRST_LAUNCH_GUESS_S * launches_left
+    return max(took) + statistics.median(took) * (launches_left - 1)
+
+
+def measure(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: float):
+    """Launch each config `launches` times, in order, until `deadline` (time.monotonic()).
+
+    A config starts only if all its launches fit (`time_needed`: the longest launch
+    seen so far once, the median for the others); a launch still running at
+    the deadline is stopped. A failed launch (out of memory, layout error,
+    timeout) ends its config: a line goes to DIR/failed.jsonl with the reason
+    and the next config runs. Returns (rows of (tag, predicted, summaries),
+    outcomes: one dict per config with its status, `measured`, `failed` or
+    `not run`, and the reason).
+    """
+    env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
+    rows, outcomes, took_all = [], [], []
+    for i, (suite, cfg) in enumerate(jobs, 1):
+        done, status, reason = [], "not run", "time budget spent before it started"
+        for launch in range(launches):
+            left = deadline - time.monotonic()
+            need = time_needed(took_all, (launches - launch) if not done else 1)
+            if need > left:
+                if done:
+                    reason = f"time budget spent after {len(done)} launch(es)"
+                break
+            t0 = time.monotonic()
+            summary, failure = launch_once(train_command(suite, cfg, out, run_id), env, left)
+            took = time.monotonic() - t0
+            took_all.append(took)
+            if failure:
+                status, reason = ("measured" if done else "failed"), failure
+                print(f"[{i}/{len(jobs)}] {cfg['tag']} launch {launch + 1}: FAILED ({failure})",
+                      flush=True)
+                record_failure(out, suite, cfg, launch + 1, failure, run_id)
+                break
+            done.append(summary)
+            status, reason = "measured", None
+            print(f"[{i}/{len(jobs)}] {cfg['tag']} launch {launch + 1}/{launches}: "
+                  f"{summary.get('tokens_per_s_per_gpu', 0):,.0f} tok/s/GPU ({took:.0f} s)",
+                  flush=True)
+        rows.append((cfg["tag"], preds[cfg["tag"]]["predicted"], done))
+        outcomes.append({"tag": cfg["tag"], "gpus": cfg["gpus"], "layout": full_layout(cfg),
+                         "compile": bool(cfg.get("compile", False)), "status": status,
+                         "launches": len(done), "reason": reason})
+    return rows, outcomes
+
+
+def launch_once(cmd: list[str], env: dict, timeout_s: float) -> tuple[dict | None, str | None]:
+    """One torchrun launch: (rank 0's summary, None), or (None, why it failed)."""
+    rc, stdout, stderr = run_group(cmd, env, timeout_s)
+    if rc is None:
+        return None, f"stopped at the time budget after {timeout_s:.0f} s"
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if rc == 0 and lines:
+        return json.loads(lines[-1]), None
+    return None, failure_reason(rc, stderr or stdout)
+
+
+def run_group(cmd: list[str], env: dict, timeout_s: float, capture: bool = True):
+    """Run `cmd` in its own process group: (exit code, stdout, stderr), or (None, ...) when it
+    ran past `timeout_s` and was killed, workers and all. Without `capture`, its stdout goes
+    to this process's stderr and its stderr passes through (progress bars stay visible)."""
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, env=env, stdout=pipe if capture else _stderr_fd(), stderr=pipe,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=max(timeout_s, 1.0))
+    except subprocess.TimeoutExpired:
+        stop_tree(proc)
+        stdout, stderr = proc.communicate()
+        return None, stdout or "", stderr or ""
+    return proc.returncode, stdout or "", stderr or ""
+
+
+def gpu_processes(csv_text: str) -> list[tuple[int, int]]:
+    """(pid, MiB) of each line of `nvidia-smi --query-compute-apps=pid,used_memory
+    --format=csv,noheader,nounits`; lines that are not two numbers are skipped."""
+    out = []
+    for line in csv_text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and all(p.isdigit() for p in parts):
+            out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+def check_gpus_idle() -> None:
+    """Refuse to measure on GPUs that other processes are using: their kernels would be timed
+    with ours. (A launch left running by an earlier kill spun 4 H200s at 100%.) No
+    nvidia-smi, no check."""
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return
+    busy = gpu_processes(text)
+    if busy:
+        listed = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in busy[:4])
+        raise TrainplanError(f"GPUs busy: {len(busy)} other process(es) hold GPU memory "
+                             f"({listed}); their kernels would be timed with ours. Stop them "
+                             "or pass --allow-busy")
+
+
+
+def _stderr_fd() -> int | None:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a test's capture: inherit
+        return None
+
+
+def failure_reason(returncode: int, text: str) -> str:
+    """One line: out of memory where the run says so, else the run's own last error line."""
+    low = text.lower()
+    if "out of memory" in low or "outofmemoryerror" in low:
+        line = next((ln.strip() for ln in text.splitlines() if "out of memory" in ln.lower()), "")
+        return f"out of memory (rc={returncode}): {line[:200]}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    ours = [ln for ln in lines if ln.lower().startswith("error:")]  # train.py's one line
+    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln)]
+    why = (ours or raised or lines or ["no output"])[0]
+    return f"rc={returncode}: {why[:240]}"
+
+
+def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
+                   run_id: str) -> None:
+    """A failed launch, as a `failed_launch` record in DIR/failed.jsonl (no measurement):
+    `trainplan compare` lists it beside the configs it compares, with its prediction."""
+    records.append(out / "failed.jsonl", {
+        "kind": "failed_launch", "recorded_at": records.utc_now(),
+        "provenance": records.provenance(), "run_id": run_id, "tag": cfg["tag"],
+        "model": base_model(suite, cfg), "gpus": cfg["gpus"], "card": card_name(),
+        "seq_len": seq_len(suite, cfg),
+        "layout": {**full_layout(cfg), "compile": bool(cfg.get("compile", False))},
+        "compile": bool(cfg.get("compile", False)), "launch": launch, "reason": reason})
+
+
+def print_table(rows) -> None:
+    print(f"{'config':<24}{'n':>2}{'pred s':>9}{'meas s':>9}{'err':>7}{'tok/s/GPU':>11}"
+          f"{'MFU':>7}{'pred GiB':>9}{'rsv GiB':>9}")
+    for tag, pred, done in rows:
+        if not done:
+            print(f"{tag:<24} 0  (not measured)")
+            continue
+        step = sorted(s["step_time_s"] for s in done)[len(done) // 2]
+        rate = sorted(s["tokens_per_s_per_gpu"] for s in done)[len(done) // 2]
+        mfu = sorted(s["mfu"] for s in done)[len(done) // 2]
+        rsv = max((s["peak_mem_reserved_gib"] or 0.0) for s in done)  # 0 on CPU
+        err = pred["step_time_s"] / step - 1
+        print(f"{tag:<24}{len(done):>2}{pred['step_time_s']:>9.3f}{step:>9.3f}{err:>+7.1%}"
+              f"{rate:>11,.0f}{mfu or 0.0:>7.1%}{pred['memory_gib']['total']:>9.1f}{rsv:>9.1f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainplan.bench.series.suite")
+    p.add_argument("suite")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--launches", type=int, default=3)
+    p.add_argument("--only", nargs="*", default=[])
+    p.add_argument("--budget-s", type=float, default=540.0)
+    p.add_argument("--sweep", action="store_true",
+                   help="each repetition: one launch per GPU count running all its configs "
+                        "(suite_sweep.py); not yet shown on GPUs to time as separate launches")
+    args = p.parse_args(argv)
+    try:
+        rows = run_suite(args.suite, args.out, args.launches, args.only, args.budget_s,
+                         args.sweep)
+    except TrainplanError as err:
+        print(f"suite: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Constants of a card fitted from its microbenchmark records."""

@@ -1,0 +1,337 @@
+"""Calibration: efficiency constants of one card from its microbenchmark records only.
+
+    records of microbenchmarks -> calibration constants -> cost models  (DESIGN.md)
+
+From `microbenchmark` records (`trainplan.bench.micro.run`) this module derives:
+
+- matmul fraction: achieved / peak bf16 rate over the model's own forward
+  GEMM shapes, weighted as the cost model spends time on them: total FLOPs
+  over total time, each shape counted as often as a forward pass runs it
+  (per layer x layers, the output layer once). The per-shape fractions are
+  kept beside it. Records of other shapes (`bench.micro --matmul-tp
+  --matmul-tokens`, config `base: false`) stay out of this constant and give
+  the curve in GEMM size (`calibrate_pieces.matmul_curve`).
+- attention fraction: the dense-equivalent rate of causal attention
+  (forward + backward, 12 b a s^2 d FLOPs, twice the causal work done; the
+  convention of `compute.attention_flops_per_token_per_layer`) over peak.
+- collectives: per op, the alpha-beta model the planner uses
+  (`comms.collective_time`): t = alpha + ring bytes / B, ring bytes
+  2 (n-1)/n S for all-reduce and (n-1)/n S otherwise (nccl-tests
+  doc/PERFORMANCE.md; Hockney 1994). alpha and 1/B are fitted by least
+  squares on relative error, so 64 KiB and 1 GiB weigh alike; B is then the
+  large-message bus bandwidth.
+
+HBM streaming efficiency and the scales on the element-wise, head,
+optimizer, activation and overlap terms come from the model-piece records
+(`trainplan.calibrate.pieces`); where a piece was not measured the preset's
+value stays, and the calibration file says so. A calibration is written to
+data/hardware/calibration/<gpu preset>.yaml with the records it came from;
+`specs.load_gpu` applies it when one exists for the card.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.errors import SpecError
+from trainplan.specs import DATA_DIR, GPUSpec
+
+CALIBRATION_DIR = DATA_DIR / "hardware" / "calibration"
+OFF_ENV = "TRAINPLAN_CALIBRATION"  # "off": use the datasheet/preset values everywhere
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+GEMM_COUNT = {"q": 1, "kv": 2, "out": 1, "gate_up": 2, "up": 1, "down": 1}  # per layer
+CARDS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}  # nvidia-smi name -> preset
+REQUIRED = ("gpu", "label", "matmul_efficiency", "attention_efficiency", "collectives")
+
+
+class CalibrationError(SpecError):
+    """Microbenchmark records that cannot calibrate a card, or a malformed calibration file."""
+
+
+# ---------------------------------------------------------------- fits
+
+
+def matmul_fraction(recs: list[dict], peak_tflops: float, n_layers: int | None) -> dict:
+    """Forward-pass-weighted matmul fraction of peak: sum(c F) / sum(c t) / peak.
+
+    c = times a forward pass runs the shape (GEMM_COUNT x n_layers, the
+    output layer once; every shape once when the model is unknown), F = 2 M N K
+    FLOPs, t = the median time of one call (`bench.micro`).
+    """
+    flops = time = 0.0
+    shapes = []
+    for r in recs:
+        c, res = r["config"], r["results"]
+        name = c.get("name", "")
+        count = 1 if not n_layers else (GEMM_COUNT.get(name, 1) * n_layers
+                                        if name != "output" else 1)
+        f = 2.0 * c["m"] * c["n"] * c["k"]
+        flops += count * f
+        time += count * res["time_s"]
+        shapes.append({"name": name, "m": c["m"], "n": c["n"], "k": c["k"], "count": count,
+                       "tflops": round(res["tflops"], 1),
+                       "fraction": round(res["tflops"] / peak_tflops, 4)})
+    fractions = [s["fraction"] for s in shapes]
+    return {"fraction": round(flops / time / 1e12 / peak_tflops, 4), "shapes": shapes,
+            "spread": [min(fractions), max(fractions)],
+            "token_counts": sorted({s["m"] for s in shapes})}
+
+
+def dense_equivalent_tflops(rec: dict) -> float:
+    """Attention rate credited with the full 12 b a s^2 d (twice the causal work done)."""
+    res = rec["results"]
+    if "tflops_dense_equiv" in res:
+        return float(res["tflops_dense_equiv"])
+    return float(res["tflops"]) * (2.0 if rec["config"].get("causal", True) else 1.0)
+
+
+def attention_fraction(recs: list[dict], peak_tflops: float) -> dict:
+    """Dense-equivalent attention FLOPs over total time, as a fraction of peak."""
+    flops = sum(dense_equivalent_tflops(r) * r["results"]["time_s"] for r in recs)
+    time = sum(r["results"]["time_s"] for r in recs)
+    shapes = [{k: r["config"].get(k) for k in ("batch", "heads", "seq", "head_dim", "causal")}
+              | {"tflops_dense_equiv": round(dense_equivalent_tflops(r), 1)} for r in recs]
+    return {"fraction": round(flops / time / peak_tflops, 4), "shapes": shapes}
+
+
+def ring_bytes(op: str, size_bytes, n) -> np.ndarray:
+    """Bytes a rank sends: 2 (n-1)/n S (all-reduce), (n-1)/n S (others); as `comms.ring_bytes`."""
+    from trainplan.cost import comms
+    return np.asarray(comms.ring_bytes(op, size_bytes, n), dtype=float)
+
+
+def fit_alpha_beta(xbytes, times) -> tuple[float, float]:
+    """(alpha s, B bytes/s) minimising sum(((alpha + x / B) - t) / t)^2, alpha >= 0.
+
+    Linear least squares in (alpha, 1/B) with each row divided by t; if the
+    best alpha is negative, alpha = 0 and 1/B = sum(x/t) / sum((x/t)^2).
+    """
+    x, t = np.asarray(xbytes, dtype=float), np.asarray(times, dtype=float)
+    if x.size < 2 or np.any(t <= 0) or np.any(x <= 0):
+        raise CalibrationError(f"an alpha-beta fit needs >= 2 positive points; got {x.size}")
+    a = np.column_stack([1.0 / t, x / t])
+    (alpha, inv_b), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    if alpha < 0:
+        alpha, inv_b = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
+    if inv_b <= 0:
+        raise CalibrationError("alpha-beta fit gave a bandwidth <= 0; the timings do not "
+                               "grow with message size")
+    return float(alpha), float(1.0 / inv_b)
+
+
+def collective_fit(recs: list[dict]) -> dict:
+    """The alpha-beta fit of one op on one world size, with its relative errors per point."""
+    op, n = recs[0]["config"]["op"], recs[0]["config"]["world"]
+    sizes = np.array([r["config"]["size_bytes"] for r in recs], dtype=float)
+    times = np.array([r["results"]["time_s"] for r in recs], dtype=float)
+    x = ring_bytes(op, sizes, n)
+    alpha, bw = fit_alpha_beta(x, times)
+    err = np.abs((alpha + x / bw) / times - 1.0)
+    big = int(np.argmax(sizes))
+    return {"world": int(n), "latency_us": round(alpha * 1e6, 2),
+            "busbw_gbps": round(bw / 1e9, 1), "points": int(len(recs)),
+            "sizes_bytes": [int(sizes.min()), int(sizes.max())],
+            "busbw_gbps_at_largest": round(float(x[big] / times[big] / 1e9), 1),
+            "rel_error_median": round(float(np.median(err)), 4),
+            "rel_error_max": round(float(err.max()), 4)}
+
+
+# ---------------------------------------------------------------- build
+
+
+def card_preset(card: str) -> str | None:
+    """The GPU preset a recorded card name (nvidia-smi's) belongs to, e.g. 'NVIDIA H200'."""
+    return next((p for key, p in CARDS.items() if key in card), None)
+
+
+def _source(path: Path, recs: list[dict]) -> dict:
+    stamps = sorted(r["recorded_at"] for r in recs)
+    commits = sorted({r.get("provenance", {}).get("git_commit") for r in recs}, key=str)
+    runs = sorted({str(r.get("run_id")) for r in recs})
+    return {"path": str(path), "records": len(recs), "run_ids": runs, "git_commits": commits,
+            "recorded": [stamps[0], stamps[-1]]}
+
+
+def build(paths, gpu: GPUSpec) -> dict:
+    """A calibration of preset `gpu` from the microbenchmark records in `paths`."""
+    from trainplan.records import schema as records
+    from trainplan.specs import load_model
+
+    by_bench, sources = defaultdict(list), []
+    for path in map(Path, paths):
+        recs = [r for r in records.load(path) if r["kind"] == "microbenchmark"]
+        for r in recs:
+            preset = card_preset(r["card"])
+            if preset is not None and preset != gpu.name:
+                raise CalibrationError(f"{path}: card {r['card']!r} is {preset}, not "
+                                       f"{gpu.name}; pass --gpu {preset} or other records")
+            by_bench[r["bench"]].append(r)
+        if recs:
+            sources.append(_source(path, recs))
+    for bench in ("matmul", "attention"):
+        if not by_bench[bench]:  # the pieces' scales are relative to these two fractions
+            raise CalibrationError(f"no {bench!r} microbenchmark records in {list(map(str, paths))}"
+                                   "; run `python -m trainplan.bench.micro.run` first")
+    models = {r.get("model") for r in by_bench["matmul"]}
+    layers = None  # a model given as a YAML file is not a preset: weigh the shapes per layer
+    if len(models) == 1 and None not in models:
+        try:
+            layers = load_model(models.pop()).n_layers
+        except SpecError:
+            pass
+    base_mm = [r for r in by_bench["matmul"] if r["config"].get("base", True)]  # the model's own
+    mm = matmul_fraction(base_mm or by_bench["matmul"], gpu.bf16_tflops, layers)
+    att = attention_fraction(by_bench["attention"], gpu.bf16_tflops)
+    coll = {}
+    for op in COLLECTIVES:
+        worlds = defaultdict(list)
+        for r in by_bench[op]:
+            worlds[r["config"]["world"]].append(r)
+        if worlds:  # the largest world measured stands for the node
+            coll[op] = collective_fit(worlds[max(worlds)])
+    n = sum(s["records"] for s in sources)
+    day = max(s["recorded"][1] for s in sources)[:10]
+    base = dataclasses.replace(  # the pieces are priced at the links just fitted (TP blocks)
+        gpu, matmul_efficiency=mm["fraction"], attention_efficiency=att["fraction"],
+        collectives=tuple((op, f["latency_us"], f["busbw_gbps"]) for op, f in sorted(coll.items())))
+    scales, checks = calibrate_pieces.fit(by_bench, base)
+    return {
+        "gpu": gpu.name, "card": sorted({r["card"] for v in by_bench.values() for r in v}),
+        "label": f"{gpu.name} ({n} microbenchmark records, {day})",
+        "peak_bf16_tflops": gpu.bf16_tflops,
+        "matmul_efficiency": mm["fraction"], "attention_efficiency": att["fraction"],
+        "memory_efficiency": scales.get("memory_efficiency"),
+        "pieces": scales, "block_checks": checks,
+        "preset": {"matmul_efficiency": gpu.matmul_efficiency,
+                   "attention_efficiency": gpu.attention_efficiency,
+                   "memory_efficiency": gpu.memory_efficiency},
+        "matmul": mm, "attention": att, "collectives": coll, "sources": sources,
+        "notes": [
+            "memory_efficiency: " + ("device copy bandwidth / datasheet"
+                                     if "memory_efficiency" in scales else
+                                     "no HBM microbenchmark record; the preset's value is used"),
+            "pieces: " + (", ".join(sorted(scales)) or "none measured; analytic terms unscaled"),
+            f"matmul: forward GEMMs at {mm['token_counts']} tokens"
+            + ("; other sizes (tp shards, token counts) in pieces.matmul_curve"
+               if "matmul_curve" in scales else " only; other token counts are not measured")
+            + "; backward shapes are not measured",
+            "collectives: fitted on the largest world recorded, inside one node (NVLink); "
+            "the planner uses them for groups inside a node, the cluster's figures across",
+        ],
+    }
+
+
+def write(calibration: dict, path: str | Path) -> Path:
+    """Write a calibration as YAML (a temporary file renamed into place: never half written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("# written by `trainplan calibrate` from microbenchmark records only\n"
+                   + yaml.safe_dump(calibration, sort_keys=False, width=100))
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------- load and apply
+
+
+def _check(cal, path: Path) -> dict:
+    """The calibration mapping of `path` if it is well formed, else one CalibrationError line."""
+    if not isinstance(cal, dict):
+        raise CalibrationError(f"{path}: expected a mapping, got {type(cal).__name__}")
+    for key in REQUIRED:
+        if key not in cal:
+            raise CalibrationError(f"{path}: missing field {key!r} (required: {list(REQUIRED)})")
+    for key in ("matmul_efficiency", "attention_efficiency"):
+        v = cal[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+            raise CalibrationError(f"{path}: {key} = {v!r} is not valid; use a number in (0, 1]")
+    if not isinstance(cal["collectives"], dict):
+        raise CalibrationError(f"{path}: collectives = {cal['collectives']!r} is not a mapping")
+    for op, fit in cal["collectives"].items():
+        ok = op in COLLECTIVES and isinstance(fit, dict) and all(
+            isinstance(fit.get(k), (int, float)) and not isinstance(fit.get(k), bool)
+            and math.isfinite(fit[k]) and fit[k] >= 0 for k in ("latency_us", "busbw_gbps"))
+        if not ok or fit["busbw_gbps"] <= 0:
+            raise CalibrationError(f"{path}: collectives.{op} = {fit!r} is not valid; use "
+                                   f"{list(COLLECTIVES)} with latency_us >= 0, busbw_gbps > 0")
+    return cal
+
+
+def path_for(gpu_name: str) -> Path:
+    return CALIBRATION_DIR / f"{gpu_name}.yaml"
+
+
+def load(gpu_name: str, path: str | Path | None = None) -> dict | None:
+    """The calibration of preset `gpu_name` (or the file `path`); None where there is none."""
+    path = Path(path) if path else path_for(gpu_name)
+    if not path.is_file():
+        return None
+    try:
+        cal = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise CalibrationError(f"{path}: not a readable calibration ({first})") from None
+    return _check(cal, path)
+
+
+def apply(gpu: GPUSpec, cal: dict | None) -> GPUSpec:
+    """`gpu` with the calibrated fractions and collectives, labelled; unchanged if `cal` is None."""
+    if cal is None:
+        return gpu
+    coll = tuple((op, float(f["latency_us"]), float(f["busbw_gbps"]))
+                 for op, f in sorted(cal["collectives"].items()))
+    out = dataclasses.replace(
+        gpu, matmul_efficiency=float(cal["matmul_efficiency"]),
+        attention_efficiency=float(cal["attention_efficiency"]),
+        memory_efficiency=float(cal.get("memory_efficiency") or gpu.memory_efficiency),
+        calibration=str(cal["label"]), collectives=coll)
+    try:
+        return calibrate_pieces.apply(out, cal.get("pieces") or {})
+    except (SpecError, TypeError, ValueError) as err:
+        raise CalibrationError(f"{cal['label']}: pieces = {cal.get('pieces')!r} are not "
+                               f"valid ({err})") from None
+
+
+def calibrated(gpu: GPUSpec) -> GPUSpec:
+    """`gpu` with its file under data/hardware/calibration/ applied, if any (and not off)."""
+    if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no", "datasheet"):
+        return gpu
+    return apply(gpu, load(gpu.name))
+
+
+def _fmt(value, spec: str) -> str:
+    return "not measured" if value is None else format(value, spec)
+
+
+def summary_table(cal: dict):
+    """A calibration's constants beside the preset's, as a pandas table (runbook page 4)."""
+    import pandas as pd
+
+    rows = [("matmul fraction of peak", f"{cal['matmul_efficiency']:.3f}",
+             f"{cal['preset']['matmul_efficiency']:.2f}"),
+            ("attention fraction of peak (dense-equivalent)",
+             f"{cal['attention_efficiency']:.3f}", f"{cal['preset']['attention_efficiency']:.2f}"),
+            ("HBM streaming fraction", _fmt(cal.get("memory_efficiency"), ".3f"),
+             f"{cal['preset']['memory_efficiency']:.2f}")]
+    pieces = cal.get("pieces") or {}
+    for key, (name, uncalibrated) in calibrate_pieces.SCALE_NAMES.items():
+        rows.append((name, _fmt(pieces.get(key), ".2f"), uncalibrated))
+    for compiled, recompute, scale in pieces.get("activation_scales", []):
+        rows.append((f"kept activations / analytic, {'compiled' if compiled else 'eager'}, "
+                     f"recompute {recompute}", f"{scale:.2f}", "1 (analytic)"))
+    for op, f in cal["collectives"].items():
+        rows.append((f"{op.replace('_', '-')}, {f['world']} GPUs: latency, bus bandwidth",
+                     f"{f['latency_us']:.1f} us, {f['busbw_gbps']:.0f} GB/s", "cluster preset"))
+    out = pd.DataFrame({"calibrated": [r[1] for r in rows], "preset": [r[2] for r in rows]},
+                       index=[r[0] for r in rows])
+    out.index.name = None
+    return out

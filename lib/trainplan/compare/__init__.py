@@ -1,0 +1,1 @@
+"""Predicted against measured: the planner's accuracy from the committed records."""

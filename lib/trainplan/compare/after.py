@@ -1,0 +1,70 @@
+"""What `trainplan compare` reports apart from its headline, because it is made after the
+measurements: re-predictions of every compared config of the headline host with today's
+planner (datasheet and calibrated constants), and one scale factor fitted to the end-to-end runs
+of that host, judged by its leave-one-out error (DESIGN.md, "Honest measurement")."""
+
+from __future__ import annotations
+
+import statistics
+
+from trainplan.compare.accuracy import CLUSTER, PLAN_KEYS, _extras, _rel, error_summary
+
+
+def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
+    """Today's planner on the row's config: one fully pinned `plan` (the `trainplan plan` path)."""
+    from trainplan.calibrate.fit import card_preset
+    from trainplan.plan.planner import plan
+    from trainplan.specs import load_cluster, load_gpu, load_model
+
+    cfg = (pred or {}).get("config") or {}
+    lay = dict(cfg.get("full_layout") or {}) or {k: row["layout"][k] for k in PLAN_KEYS
+                                                   if k in row["layout"]}
+    seq = cfg.get("seq_len") or _extras({"kind": "measurement", **row}).get("seq_len") or 2048
+    gpu = load_gpu(cfg.get("gpu_preset") or card_preset(row["card"]) or row["card"],
+                   calibrated=calibrated)
+    tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
+    out = plan(load_model(row["model"]), gpu, load_cluster(CLUSTER), gpus=row["gpus"],
+               seq_len=seq, global_batch_tokens=tokens,
+               pins={k: lay[k] for k in PLAN_KEYS if k in lay},
+               compiled=bool(row["layout"].get("compile", True)))
+    p = out["plans"][0]
+    return {"step_time_s": p["step_time_s"], "memory_gib": p["memory_gib"]["total"],
+            "split_s": p["time_breakdown_s"], "calibration": out["calibration"]}
+
+
+def leave_one_out_scale(rows: list[dict]) -> dict:
+    """A single end-to-end factor k = median(measured / predicted) fitted on all rows but one,
+    applied to the one left out; the held-out errors' median and max. Reported apart: it is a
+    fit to end-to-end runs, which the planner itself never uses (DESIGN.md)."""
+    pairs = [(r["predicted_step_time_s"], r["measured_step_time_s"]) for r in rows
+             if r["predicted_step_time_s"] is not None]
+    if len(pairs) < 3:
+        return {"method": "one scale factor, leave-one-out", "median": None, "max": None}
+    errs = []
+    for i, (p, m) in enumerate(pairs):
+        k = statistics.median(mm / pp for j, (pp, mm) in enumerate(pairs) if j != i)
+        errs.append(k * p / m - 1.0)
+    return {"method": "one scale factor k = median(measured / predicted), leave-one-out",
+            "k_all": statistics.median(m / p for p, m in pairs), **error_summary(errs)}
+
+
+def repredicted(rows: list[dict], predictions: list[dict]) -> dict:
+    """Re-predictions made now (after the measurements), datasheet and calibrated; per row too."""
+    by_where = {p["_where"]: p for p in predictions}
+    res = {"datasheet": [], "calibrated": []}
+    for row in rows:
+        pred = by_where.get(row["prediction"])
+        row["repredicted"] = {}
+        for name in res:
+            r = repredict(row, pred, calibrated=name == "calibrated")
+            row["repredicted"][name] = r
+            res[name].append((_rel(r["step_time_s"], row["measured_step_time_s"]),
+                              _rel(r["memory_gib"], row["measured_memory_gib"])))
+    calib = rows[0]["repredicted"]["calibrated"]["calibration"]
+    return {
+        "note": "made now, after the measurements, on the same configs: reported "
+                "apart, not in the headline",
+        "calibration": calib,
+        **{name: {"step_time_error": error_summary(e for e, _ in v),
+                  "memory_error": error_summary(m for _, m in v)} for name, v in res.items()},
+    }

@@ -1,0 +1,298 @@
+"""Memory per GPU: weights, gradients, optimizer states, activations, buffers.
+
+Every function takes layout degrees as numpy arrays (or scalars) and returns
+bytes on the most loaded rank. `breakdown` sums the named terms.
+
+Accounting follows ZeRO (Rajbhandari et al. 2020): mixed-precision Adam keeps
+2 bytes of bf16 weights, 2 of bf16 gradients and 12 of fp32 master weights,
+momentum and variance per parameter; stage 1 shards the 12, stage 2 the
+gradients as well, stage 3 (= FSDP) the weights too. FSDP2 with fp32 sharded
+parameters and fp32 gradient reduction holds 4 + 4 + 8 sharded instead: the
+same 16 bytes per parameter at stage 3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainplan.cost import memory_runtime as rt
+from trainplan.cost import params
+from trainplan.cost.compute import BF16, FULL, SELECTIVE
+from trainplan.specs import ModelSpec
+
+WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
+
+
+def shard_degree(zero, dp_shard, cp, active_stage):
+    """Ranks one ZeRO shard is spread over: dp_shard x cp once `zero` reaches `active_stage`.
+
+    Context-parallel ranks hold the same weights, so FSDP shards over them too
+    (torchtitan's dp_shard x cp mesh).
+    """
+    return np.where(np.asarray(zero) >= active_stage, np.asarray(dp_shard) * np.asarray(cp), 1)
+
+
+def _sharded(m: ModelSpec, stage_params, zero, dp_shard, cp, ep, share, active_stage):
+    """Per-rank count of stage parameters after ZeRO sharding; experts shard over dp / ep."""
+    dense = stage_params * (1 - share) / shard_degree(zero, dp_shard, cp, active_stage)
+    expert_group = np.maximum(shard_degree(zero, dp_shard, cp, active_stage) / np.asarray(ep), 1)
+    return dense + stage_params * share / expert_group
+
+
+def weights_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp_shard, cp):
+    """bf16 working weights: 2 bytes x stage params, sharded only at ZeRO-3."""
+    p = params.stage_params_per_rank(m, tp, pp, ep)
+    share = params.expert_share(m, tp, pp, ep)
+    return WEIGHT_BYTES * _sharded(m, p, zero, dp_shard, cp, ep, share, 3)
+
+
+def grads_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp_shard, cp):
+    """bf16 gradients: 2 bytes x stage params, sharded from ZeRO-2."""
+    p = params.stage_params_per_rank(m, tp, pp, ep)
+    share = params.expert_share(m, tp, pp, ep)
+    return GRAD_BYTES * _sharded(m, p, zero, dp_shard, cp, ep, share, 2)
+
+
+def optimizer_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp_shard, cp):
+    """fp32 master weights, Adam m and v: 12 bytes x stage params, sharded from ZeRO-1."""
+    p = params.stage_params_per_rank(m, tp, pp, ep)
+    share = params.expert_share(m, tp, pp, ep)
+    return OPTIMIZER_BYTES * _sharded(m, p, zero, dp_shard, cp, ep, share, 1)
+
+
+def activation_elements_per_token_per_layer(m: ModelSpec, *, tp, recompute, sequence_parallel):
+    """Elements one block keeps for backward per token, derived tensor by tensor.
+
+    Flash attention (no s x s scores kept), SwiGLU and GQA; the tensors, after
+    Korthikanti et al. 2022 (sec. 4) re-derived for this block:
+    - norms: the two norm inputs, 2 h (split over tp with sequence parallel),
+      and the two norm outputs that feed linears, 2 h whole: with sequence
+      parallel the column-parallel linears save their all-gathered input, as
+      PyTorch's DTensor `SequenceParallel` + `PrepareModuleInput` do (the
+      launch path, torchtitan); Megatron's re-gather in backward (Korthikanti
+      sec. 4.2.2, which would make these 2 h / t too) is not assumed;
+    - attention: q, k, v and the output o that flash attention saves,
+      2 h + 2 h_kv, heads split over tp;
+    - MLP: gate, up, act(gate) and the product, 4 f per routed expert (GELU:
+      2 f), split over tp; MoE adds the permuted input and output, 2 h top_k.
+    Selective recompute keeps the two block inputs, q, k, v, o and the gate
+    and up outputs, redoing norms and the activation; with sequence parallel
+    it also keeps the two all-gathered norm outputs (collective outputs are
+    saved, `bench.parallelize._SAVE_OPS`). Full recompute keeps only the
+    block input, h.
+    """
+    h, kv, f = m.hidden, m.kv_dim, m.ffn
+    tp = np.asarray(tp)
+    sp = np.asarray(sequence_parallel) & (tp > 1)
+    sp_div = np.where(sp, tp, 1)
+    mlp_per_f = 4.0 if m.mlp == "swiglu" else 2.0
+    moe = 2.0 * h * m.top_k / tp if m.is_moe else 0.0
+    attn = (2.0 * h + 2.0 * kv) / tp
+    none = 2.0 * h / sp_div + 2.0 * h + attn + mlp_per_f * f * m.top_k / tp + moe
+    selective = 2.0 * h / sp_div + np.where(sp, 2.0 * h, 0.0) + attn \
+        + 2.0 * f * m.top_k / tp + moe
+    full = 1.0 * h / sp_div
+    recompute = np.asarray(recompute)
+    return np.where(recompute == FULL, full, np.where(recompute == SELECTIVE, selective, none))
+
+
+def layer_activation_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, recompute,
+                           sequence_parallel):
+    """bf16 bytes one block keeps for one micro-batch on one rank (tokens = b s / cp)."""
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    elements = activation_elements_per_token_per_layer(
+        m, tp=tp, recompute=recompute, sequence_parallel=sequence_parallel)
+    return BF16 * tokens * elements
+
+
+def microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual):
+    """Micro-batches whose activations the first stage holds at the peak.
+
+    No pipeline: 1 (accumulation runs micro-batches one after another).
+    GPipe: all m. 1F1B: min(p, m) (Narayanan et al. 2021, sec. 2.2).
+    Interleaved 1F1B with v chunks: min(p, m) x (1 + (p - 1) / (p v))
+    (Korthikanti et al. 2022, sec. 4.2.3).
+    Schedule codes: 0 = 1F1B, 1 = interleaved, 2 = GPipe.
+    """
+    pp, m_ = np.asarray(pp, dtype=float), np.asarray(grad_accum, dtype=float)
+    base = np.minimum(pp, m_)
+    interleaved = base * (1.0 + (pp - 1.0) / (pp * np.asarray(pp_virtual)))
+    in_flight = np.where(schedule_code == 2, m_, np.where(schedule_code == 1, interleaved, base))
+    return np.where(pp > 1, in_flight, 1.0)
+
+
+def logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
+    """Output logits and loss on the last stage: 10 bytes per logit, vocab-parallel.
+
+    bf16 logits (2) + their fp32 upcast for the loss (4) + fp32 gradient (4)
+    for b s / cp tokens x V / tp columns.
+    """
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    return 10.0 * tokens * m.vocab / np.asarray(tp)
+
+
+def compiled_logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
+    """Output logits and loss on the last stage when the loss is compiled: 4 bytes per logit.
+
+    Inductor fuses `F.cross_entropy(logits.float())` (the harness compiles it:
+    `bench.train.loss_function`) into one forward reduction (per-row fp32
+    log-sum-exp, b s / cp x 4 bytes: negligible) and one backward kernel that
+    writes the gradient in the logits' dtype. What is live at the head's peak
+    is then the bf16 logits saved for backward (2) and their bf16 gradient (2),
+    for b s / cp tokens x V / tp columns; the fp32 copy, softmax and fp32
+    gradient of the unfused path (`logits_bytes`) never reach HBM.
+    """
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    return 4.0 * tokens * m.vocab / np.asarray(tp)
+
+
+def head_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, compiled_loss,
+                    logits_scale=1.0):
+    """The head's peak bytes: `compiled_logits_bytes` if the loss is compiled, else
+    `logits_scale` x `logits_bytes` (the scale is measured on the unfused, eager head)."""
+    kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp)
+    return np.where(compiled_loss, compiled_logits_bytes(m, **kw),
+                    logits_scale * logits_bytes(m, **kw))
+
+
+def layer_kept_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, recompute,
+                     sequence_parallel, scale=1.0, path=rt.FSDP, compiled=True, ep=1):
+    """Bytes one block keeps for one micro-batch on the harness's precision `path`: the
+    analytic `layer_activation_bytes` at the measured `scale` (plus DDP's split graph,
+    `memory_runtime.ddp_split_scale`), the autocast path's fp32 block input per token and
+    its bf16 weight casts (`memory_runtime.autocast_token_bytes`, `weight_copy_bytes`).
+    The per-layer term of `activation_bytes`; `trainplan.calibrate.memory` prices a
+    microbenchmark's blocks with it."""
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    analytic = layer_activation_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
+                                      recompute=recompute, sequence_parallel=sequence_parallel)
+    return (scale + rt.ddp_split_scale(path, compiled)) * analytic \
+        + tokens * rt.autocast_token_bytes(m, path=path, tp=tp,
+                                           sequence_parallel=sequence_parallel) \
+        + rt.weight_copy_bytes(m, path=path, tp=tp, ep=ep, recompute=recompute)
+
+
+def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, cp, recompute,
+                     sequence_parallel, schedule_code, pp_virtual, scale=1.0, full_scale=1.0,
+                     logits_scale=1.0, compiled_loss=False, path=None, compiled=None, ep=1):
+    """Peak activation bytes on the worst stage: the first (most in flight) or the last (logits).
+
+    Full recompute also rebuilds one block's complete activations during its
+    backward, so one such block is added on top. `scale` (and `full_scale`
+    for the rebuilt block) are the measured kept / analytic bytes of a block,
+    `logits_scale` the eager head's measured peak / analytic logits bytes
+    (`trainplan.calibrate.pieces`; 1 when uncalibrated); a compiled loss is
+    priced by `compiled_logits_bytes` instead (`head_peak_bytes`).
+
+    `path` (`memory_runtime.harness_path`; None = the analytic terms alone) adds
+    what the harness's precision path keeps on top, each term in `memory_runtime`:
+    the fp32 block input and the DDP graph split per token, the blocks' bf16
+    weight casts per micro-batch in flight, the head's inputs, and the
+    pipeline's receive buffers.
+    """
+    extras = path is not None
+    path = rt.FSDP if path is None else path
+    compiled = compiled_loss if compiled is None else compiled
+    layers = m.n_layers / np.asarray(pp)
+    kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
+              sequence_parallel=sequence_parallel)
+    per_layer = layer_kept_bytes(m, recompute=recompute, scale=scale, path=path,
+                                 compiled=compiled, ep=ep, **kw)
+    rebuilt = np.where(np.asarray(recompute) == FULL,
+                       full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
+    in_flight = microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual)
+    head_tp = np.where(np.asarray(tp) > 1, 1, tp) if extras else tp  # `head_input_bytes`
+    logits = head_peak_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=head_tp, cp=cp,
+                             compiled_loss=compiled_loss, logits_scale=logits_scale) \
+        + extras * rt.head_input_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
+                                       tp=tp, cp=cp)
+    buffers = extras * rt.pp_buffer_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
+                                          grad_accum=grad_accum, tp=tp, cp=cp, pp=pp,
+                                          sequence_parallel=sequence_parallel)
+    first = per_layer * layers * in_flight + rebuilt + buffers
+    last = per_layer * layers + rebuilt + logits + buffers
+    return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)
+
+
+def buffer_bytes(m: ModelSpec, *, tp, pp, ep, zero, dp, dp_shard, cp):
+    """Communication buffers, stated as such.
+
+    ZeRO-3 gathers the current and the prefetched block in bf16 (2 x 2 bytes x
+    block params) and reduce-scatters one block's fp32 gradient (4 bytes);
+    ZeRO-1/2 keep the fp32 reduce buffer of one block. DDP's reducer copies
+    every fp32 gradient into its buckets (4 bytes x the stage's params: PyTorch
+    DDP with its default gradient_as_bucket_view=False; Li et al. 2020, sec.
+    4.2); one replica has no reducer. A ZeRO stage over a group of one rank
+    shards nothing and is priced as DDP.
+    """
+    block = params.layer_params_per_rank(m, tp, ep)
+    stage = params.stage_params_per_rank(m, tp, pp, ep)
+    zero = np.where(np.asarray(dp_shard) * np.asarray(cp) > 1, zero, 0)
+    ddp = np.where(np.asarray(dp) * np.asarray(cp) > 1, 4.0 * stage, 0.0)
+    return np.where(zero == 3, 8.0 * block, np.where(zero >= 1, 4.0 * block, ddp))
+
+
+def grads_at_peak(grads, activations, *, grad_accum, pp):
+    """Gradient bytes live at the step's memory peak.
+
+    They outlive a micro-batch where gradients accumulate (grad_accum > 1) or
+    a pipeline interleaves forwards with backwards (pp > 1): all of them
+    count. Otherwise the step starts with none (the harness's
+    `zero_grad(set_to_none=True)`), and backward creates them block by block
+    as it frees that block's activations, so the peak is at one end of
+    backward: activations with no gradients, or gradients with no
+    activations; what gradients add over the activations is max(0, G - A).
+    """
+    accumulates = (np.asarray(grad_accum) > 1) | (np.asarray(pp) > 1)
+    return np.where(accumulates, grads, np.maximum(grads - activations, 0.0))
+
+
+def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_batch, grad_accum,
+              recompute, sequence_parallel, schedule_code, pp_virtual, dp=None,
+              activation_scale=1.0, rebuilt_scale=1.0, logits_scale=1.0,
+              compiled_loss=False, compiled=None, gpu=None) -> dict:
+    """Bytes per GPU at the step's peak by term: params, grads, optimizer, activations, other,
+    total.
+
+    The terms are those of the harness's precision path
+    (`memory_runtime.harness_path`): FSDP2 (fp32 shards, bf16 unsharded
+    copies), or fp32 weights under autocast (one data-parallel rank, DDP).
+    `grads` are those live at the peak (`grads_at_peak`). `other` is the
+    communication buffers (`buffer_bytes`), the memory FSDP2's side streams
+    hold reserved (`memory_runtime.stream_pool_bytes`) and the compute
+    stream's fragmentation (`memory_runtime.fragmentation_bytes`, at the card `gpu`'s
+    measured `fragmentation_scales` for the layout's wrapper; None or none measured:
+    `memory_runtime.FRAGMENTATION`): the peak is `torch.cuda.max_memory_reserved`.
+    Memory outside PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
+    instead, in `fits`. `compiled` (default: `compiled_loss`) says the blocks run compiled.
+    """
+    dp = dp_shard if dp is None else dp  # data-parallel ranks; the shard group unless told
+    path = rt.harness_path(dp, tp, pp, zero)
+    sharding = dict(tp=tp, pp=pp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
+    activations = activation_bytes(
+        m, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, tp=tp, pp=pp,
+        cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
+        schedule_code=schedule_code, pp_virtual=pp_virtual, scale=activation_scale,
+        full_scale=rebuilt_scale, logits_scale=logits_scale, compiled_loss=compiled_loss,
+        path=path, compiled=compiled, ep=ep)
+    weights, optimizer = rt.state_bytes(m, path=path, **sharding)
+    grads = rt.grad_bytes(m, path=path, grad_accum=grad_accum, **sharding)
+    terms = {
+        "params": weights,
+        "grads": grads_at_peak(grads, activations, grad_accum=grad_accum, pp=pp),
+        "optimizer": optimizer,
+        "activations": activations,
+    }
+    buffers = buffer_bytes(m, tp=tp, pp=pp, ep=ep, zero=zero, dp=dp, dp_shard=dp_shard, cp=cp)
+    buffers = np.where(path == rt.FSDP, buffers, np.where(path == rt.DDP, buffers, 0.0))
+    reserved = rt.stream_pool_bytes(m, path=path, **sharding) \
+        + rt.fragmentation_bytes(activations, gpu, tp=tp, fsdp=path == rt.FSDP, zero=zero)
+    terms["other"] = buffers + reserved
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def fits(total_bytes, memory_gib: float):
+    """True where the total stays within the card less what lives outside the allocator."""
+    return np.asarray(total_bytes) <= (memory_gib - NON_ALLOCATOR_GIB) * 2**30

@@ -1,0 +1,270 @@
+"""What the harness really keeps at the memory peak, beyond the ZeRO bookkeeping of `memory`.
+
+`bench.parallelize.parallelize` runs one of three precision paths, and each
+keeps different tensors:
+
+- FSDP2 (dp > 1 with zero > 0, or beside tp / pp): fp32 sharded parameters,
+  bf16 unsharded copies gathered per block (`MixedPrecisionPolicy(bf16,
+  reduce fp32)`), a bf16 residual stream;
+- autocast (one data-parallel rank: one GPU, TP or PP alone): fp32 parameters
+  under `torch.autocast(bf16)`, so the embedding's output and the residual
+  stream are fp32 and each compiled block casts its weights to bf16 inside
+  its graph, keeping the casts for backward;
+- DDP (dp > 1, zero 0, tp = pp = 1): the autocast path inside
+  `DistributedDataParallel`, whose DDPOptimizer splits each compiled block's
+  graph at bucket boundaries.
+
+Each function returns bytes on the busiest rank and takes numpy arrays or
+scalars. The two measured constants below come from microbenchmark records
+(never from the end-to-end runs they are compared with).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainplan.cost import params
+from trainplan.cost.compute import BF16, NONE
+from trainplan.specs import ModelSpec
+
+FSDP, AUTOCAST, DDP = 0, 1, 2  # precision paths (`harness_path`)
+
+# Extra bytes a DDP-wrapped compiled block keeps per token, over the same block
+# unwrapped, as a share of `memory.layer_activation_bytes` (76,800 B/token for
+# llama-1.3b): (99,432.06 - 76,136.06) / 76,800 = 0.3033. Source: the
+# autocast-fp32 compiled block records with and without `wrapper: ddp,
+# optimize_ddp: true`, data/measurements/micro-layouts-h200x4host-20261126.jsonl
+# (records 3 and 4); with optimize_ddp false the wrapped block keeps the same
+# bytes as the plain one, so the extra is the graph split, not the wrapper.
+DDP_SPLIT_SCALE = 0.3033
+
+# Share of the activation bytes the caching allocator holds reserved but not
+# allocated on the compute stream (split blocks that later, differently sized
+# activations and temporaries cannot reuse). An assumption, the value
+# `memory.ALLOCATOR_MARGIN` held before, now applied to the bytes that are
+# freed and reallocated every micro-batch only (see `fragmentation_bytes`); the
+# fallback wherever the card has no measured `GPUSpec.fragmentation_scales`.
+FRAGMENTATION = 0.08
+
+
+def harness_path(dp, tp, pp, zero):
+    """FSDP, AUTOCAST or DDP per layout, as `bench.parallelize.parallelize` chooses:
+    FSDP2 where dp > 1 and (zero > 0 or tp > 1 or pp > 1), DDP where dp > 1 otherwise,
+    else the autocast path (one data-parallel rank)."""
+    dp, tp, pp, zero = (np.asarray(a) for a in (dp, tp, pp, zero))
+    if np.any(dp < 1) or np.any(tp < 1) or np.any(pp < 1) or np.any(zero < 0):
+        raise ValueError(f"dp, tp, pp must be >= 1 and zero >= 0; got dp={dp}, tp={tp}, "
+                         f"pp={pp}, zero={zero}")
+    fsdp = (dp > 1) & ((zero > 0) | (tp > 1) | (pp > 1))
+    return np.where(fsdp, FSDP, np.where(dp > 1, DDP, AUTOCAST))
+
+
+def stream_bytes(path):
+    """Bytes per element of the residual stream: 2 (bf16) under FSDP2, 4 (fp32) under
+    autocast, where the embedding's output is fp32 and `x + bf16` promotes to fp32."""
+    return np.where(np.asarray(path) == FSDP, 2.0, 4.0)
+
+
+def state_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
+    """(weights, optimizer) bytes that live through the step on the path's terms.
+
+    FSDP2: the fp32 shard 4 S / d, plus the bf16 unsharded copy 2 S below ZeRO-3
+    (`reshard_after_forward=False` keeps it from forward to backward); Adam's m and
+    v 8 S / d. Autocast and DDP: fp32 weights 4 S, which are the master copy, and
+    Adam 8 S. S = the stage's parameters on this rank, d = the shard degree
+    (`memory.shard_degree`, 1 below ZeRO-1). Source: torch.distributed.fsdp
+    `fully_shard` and `MixedPrecisionPolicy`; torch.optim.AdamW (fused).
+    """
+    from trainplan.cost.memory import shard_degree
+
+    s = params.stage_params_per_rank(m, tp, pp, ep)
+    d = np.where(np.asarray(path) == FSDP, shard_degree(zero, dp_shard, cp, 1), 1)
+    unsharded = np.where((np.asarray(path) == FSDP) & (np.asarray(zero) < 3), 2.0 * s, 0.0)
+    return 4.0 * s / d + unsharded, 8.0 * s / d
+
+
+def grad_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp, grad_accum):
+    """fp32 gradients: 4 S / d sharded under FSDP2, 4 S elsewhere.
+
+    FSDP2 below ZeRO-3 with more than one micro-batch (grad_accum > 1, or any
+    pipeline: the schedule turns gradient sync off until the last backward)
+    accumulates unsharded gradients upcast to the fp32 reduce dtype, 4 S
+    (`FSDPParam.to_accumulated_grad_if_needed`; torch.distributed.pipelining
+    `backward_maybe_with_nosync`).
+    """
+    from trainplan.cost.memory import shard_degree
+
+    s = params.stage_params_per_rank(m, tp, pp, ep)
+    fsdp = np.asarray(path) == FSDP
+    d = np.where(fsdp, shard_degree(zero, dp_shard, cp, 2), 1)
+    no_sync = fsdp & (np.asarray(zero) < 3) & ((np.asarray(grad_accum) > 1) | (np.asarray(pp) > 1))
+    return np.where(no_sync, 4.0 * s, 4.0 * s / d)
+
+
+def autocast_token_bytes(m: ModelSpec, *, path, tp, sequence_parallel):
+    """Extra bytes per token per block under autocast: the block input saved in fp32,
+    2 bytes x h (over bf16), split over tp with sequence parallel.
+
+    The autocast-fp32 compiled block keeps 76,136 B/token against 65,864 for bf16
+    weights (micro-layouts-h200x4host-20261126.jsonl record 3; calibration block
+    check): 4,096 = 2 h of this term, plus 6,176.5 = `weight_copy_bytes` / tokens.
+    """
+    tp = np.asarray(tp)
+    sp_div = np.where(np.asarray(sequence_parallel) & (tp > 1), tp, 1)
+    return np.where(np.asarray(path) == FSDP, 0.0, 2.0 * m.hidden / sp_div)
+
+
+def weight_copy_bytes(m: ModelSpec, *, path, tp, ep, recompute):
+    """bf16 copies of one block's weights that its compiled graph keeps for backward, per
+    micro-batch in flight: 2 bytes x the block's parameters on this rank.
+
+    Under autocast the fp32 -> bf16 casts are inside each block's graph and the
+    partitioner saves them for the weight-gradient matmuls; without recompute
+    they make up the rest of the autocast block's extra bytes (6,176.5 B/token x
+    16,384 tokens = 2 x 50,597,888 parameters, to 0.01 %). With recompute the
+    casts are redone in backward (`bench.parallelize._save_policy` does not save
+    them; full recompute keeps only the block input). FSDP2 gathers bf16
+    weights that it frees itself: none here.
+    """
+    block = params.layer_params_per_rank(m, tp, ep)
+    keeps = (np.asarray(path) != FSDP) & (np.asarray(recompute) == NONE)
+    return np.where(keeps, BF16 * block, 0.0)
+
+
+def ddp_split_scale(path, compiled):
+    """`DDP_SPLIT_SCALE` where a compiled block runs inside DDP (DDPOptimizer splits its
+    graph at bucket boundaries, so the partitioner saves what it would otherwise
+    recompute); 0 elsewhere."""
+    return np.where((np.asarray(path) == DDP) & np.asarray(compiled), DDP_SPLIT_SCALE, 0.0)
+
+
+def head_input_bytes(m: ModelSpec, *, path, seq_len, micro_batch, tp, cp):
+    """The head's inputs kept for backward, on the last stage.
+
+    The final norm saves its input (the stream: 2 or 4 bytes x h per token) and the
+    output layer its bf16 input (2 x h). Under autocast the output weight's bf16
+    cast also stays in autocast's cache until the region exits (2 x V h / tp;
+    `torch.autocast` caches casts of leaf weights). Under tensor parallel the
+    output layer's `ColwiseParallel(output_layouts=Replicate())` hands the loss
+    whole logits (`bench.parallelize.apply_tp`), which `memory` prices per rank.
+    """
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    cache = np.where(np.asarray(path) == FSDP, 0.0, BF16 * m.vocab * m.hidden / np.asarray(tp))
+    return tokens * m.hidden * (stream_bytes(path) + BF16) + cache
+
+
+def pp_buffer_bytes(m: ModelSpec, *, path, seq_len, micro_batch, grad_accum, tp, cp, pp,
+                    sequence_parallel):
+    """Receive buffers a pipeline stage allocates once per micro-batch and keeps.
+
+    `PipelineStage` makes one activation-receive buffer per micro-batch on every
+    stage but the first and one gradient-receive buffer per micro-batch on every
+    stage but the last (torch.distributed.pipelining.stage:
+    `_setup_backward_recv_info`, `_prepare_forward_infra`), each the size of the
+    stage boundary: tokens x h (/ tp with sequence parallel) in the stream's
+    dtype. First and last stage hold grad_accum of them; 0 without a pipeline.
+    """
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    tp = np.asarray(tp)
+    sp_div = np.where(np.asarray(sequence_parallel) & (tp > 1), tp, 1)
+    boundary = tokens * m.hidden / sp_div * stream_bytes(path)
+    return np.where(np.asarray(pp) > 1, np.asarray(grad_accum) * boundary, 0.0)
+
+
+def root_group_params_per_rank(m: ModelSpec, tp, pp, ep):
+    """Parameters of the stage's root FSDP group on one rank: what `stage_params_per_rank`
+    holds outside the blocks (input table, final norm, output layer; vocab-parallel over tp).
+    `bench.parallelize.apply_fsdp` shards each block, then the model as one root group."""
+    blocks = (m.n_layers / np.asarray(pp)) * params.layer_params_per_rank(m, tp, ep)
+    return params.stage_params_per_rank(m, tp, pp, ep) - blocks
+
+
+def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
+    """Memory FSDP2's side streams hold reserved, which the compute stream cannot reuse.
+
+    The caching allocator keeps free blocks per stream (a block is reused only
+    by requests on the stream it was allocated on). Two side pools:
+
+    - reduce-scatter stream: FSDP2 allocates the reduce-scatter output there
+      and makes the sharded fp32 gradients views into it (`foreach_reduce`),
+      so the pool holds 4 S / d through the next forward, after
+      `zero_grad(set_to_none=True)` freed the gradients;
+    - all-gather copy-in stream: `foreach_all_gather` casts each fp32 shard to
+      bf16 and allocates the whole bf16 all-gather output there. Forward
+      starts with the root group's gather (casts R / d, output R), and the
+      first block's (output B, its casts fitting in the root's freed casts)
+      is issued while the root's output is still live; each later gather
+      fits in a freed output. The pool so holds 2 bytes x (R' + B + R' / d),
+      R' = max(R, B) (two blocks in flight where a block outweighs the root).
+      A check, not a fit: rank 0's copy-in pool in
+      proxy-h100x4-20261126c-measurements.jsonl (`memory_pools`) is this to
+      0.01 GiB on all five FSDP layouts there (1.3B and 13B width, d = 2, 4).
+
+    S = the stage's parameters on this rank, B = one block's, R = the root
+    group's (`root_group_params_per_rank`), d = the shard degree. Source:
+    torch.distributed.fsdp._fully_shard._fsdp_collectives (`foreach_all_gather`,
+    `foreach_reduce`), c10/cuda/CUDACachingAllocator.cpp (per-stream pools).
+    0 off FSDP2 or with a shard group of one.
+    """
+    from trainplan.cost.memory import shard_degree
+
+    s = params.stage_params_per_rank(m, tp, pp, ep)
+    block = params.layer_params_per_rank(m, tp, ep)
+    first = np.maximum(root_group_params_per_rank(m, tp, pp, ep), block)
+    d = shard_degree(zero, dp_shard, cp, 1)
+    on = (np.asarray(path) == FSDP) & (d > 1)
+    copy_in = BF16 * (first + block + first / d)
+    return np.where(on, 4.0 * s / d + copy_in, 0.0)
+
+
+def _stage_rows(rows, zero3: bool) -> list[tuple[str, float]]:
+    """`fragmentation_scales` rows as one ZeRO stage reads them: a wrapper's "W:z3" row for
+    ZeRO-3 layouts and its "W" row for the others, each taking the other stage's row where
+    only that one was measured; "plain" is FRAGMENTATION where it was not measured."""
+    table = {"plain": FRAGMENTATION}
+    for own in (not zero3, zero3):  # the other stage's rows first, the layout's own last
+        table.update({str(w).removesuffix(":z3"): float(s) for w, s in rows
+                      if str(w).endswith(":z3") == own})
+    return list(table.items())
+
+
+def fragmentation_scale(gpu, *, tp, fsdp, zero):
+    """The compute stream's reserve per byte of activations, per layout.
+
+    `gpu.fragmentation_scales` ((wrapper, scale), ...; `trainplan.calibrate.memory`) where
+    measured, read as `overheads._per_wrapper` reads the host rows: "tpN+fsdp2", "tpN",
+    "fsdp2" or "plain" by the layout's `tp` and whether FSDP2 wraps it (`fsdp`), with its
+    fallbacks (the nearest TP degree, the other TP wrapper, then the non-TP one; "fsdp2"
+    takes "plain"); ZeRO-3 layouts (`zero` 3) read the "W:z3" rows (`_stage_rows`).
+    FRAGMENTATION wherever nothing applies, and everywhere when `gpu` is None or has no
+    rows (the planner bit for bit as before).
+    """
+    rows = tuple(getattr(gpu, "fragmentation_scales", ()) or ())
+    if not rows:
+        return FRAGMENTATION
+    from trainplan.cost.measured import _per_wrapper
+
+    return np.where(np.asarray(zero) == 3, _per_wrapper(_stage_rows(rows, True), tp, fsdp),
+                    _per_wrapper(_stage_rows(rows, False), tp, fsdp))
+
+
+def fragmentation_bytes(activations, gpu=None, *, tp=1, fsdp=False, zero=0):
+    """Reserved over allocated on the compute stream: `fragmentation_scale` x the activations.
+
+    Weights, states and buckets are allocated once and reused exactly every step;
+    activations and temporaries are freed and reallocated every micro-batch in
+    other sizes and orders, and the caching allocator's best-fit splitting
+    strands part of its segments (PyTorch "CUDA memory management" notes:
+    `memory_reserved` vs `memory_allocated`). The scale was an assumption,
+    FRAGMENTATION (0.08), for every layout; it is now measured per wrapper where
+    the card has `fragmentation_scales` (`trainplan.calibrate.memory`: the
+    reserve's growth per layer in the memory-stack microbenchmark over the
+    planner's kept bytes of one block), the assumption staying the fallback.
+    Why per wrapper: the 13B model's first 4 and first 2 blocks on 2 x H100
+    (proxy-h100x2-20261126-measurements.jsonl, s13b-*; end-to-end runs, so a
+    reason to measure, never a fit) grew their reserve 0.69 GiB a layer on one
+    GPU (0.55 of the 1.26 GiB of activations), 0.08 of them under TP 2, and
+    0.69 and 0.05 GiB on the compute stream under FSDP2 ZeRO-3 and ZeRO-2, beside
+    the reduce-scatter pool's 0.59 GiB that `stream_pool_bytes` prices.
+    """
+    return fragmentation_scale(gpu, tp=tp, fsdp=fsdp, zero=zero) * np.asarray(activations)

@@ -1,0 +1,195 @@
+"""Step time, throughput and MFU: the visible sum of named terms.
+
+    step = m t_mb + bubble + pipeline sends + blocking data-parallel traffic + optimizer
+    t_mb = compute + tensor-parallel + expert all-to-all + exposed ring attention
+           + exposed per-micro-batch data-parallel traffic
+    compute = blocks (GEMMs at the measured curve's fraction for their shape) + head
+              + gradient accumulation's adds / m
+    tensor-parallel = block collectives + embedding/norm/logits collectives
+                      + DTensor's layout copies around sequence-parallel collectives
+
+with m = grad_accum micro-batches per step; a micro-batch takes at least the host's
+time to issue it, layers x `GPUSpec.host_block_s` of the layout's block wrapper, the
+last one also the step's host work outside the blocks, `GPUSpec.host_step_s` plus
+the stage's layers x `GPUSpec.host_step_layer_s` (`overheads.host_step_time`,
+`overheads.host_wait_per_step`, `trainplan.calibrate.host`): the harness syncs
+once a step, so within a step host and GPU overlap and the slower sets the pace
+(host-bound vs device-bound, as a roofline); the wait shows as `host_wait_s`, a part
+of `compute_s`. The pipeline bubble of 1F1B is
+(p - 1) / v micro-batch slots (Narayanan et al. 2021, eq. for interleaved
+1F1B: bubble fraction (p - 1) / (v m + p - 1)).
+
+The layout decides the precision the harness runs (`compute.autocast_layout`):
+without FSDP2 the fp32 weights run under autocast, so the residual stream,
+the tensors TP gathers and the pipeline sends are fp32, and the blocks take
+the autocast element-wise scale; DDP-wrapped blocks take `ddp_block_scale`,
+FSDP2-wrapped ones `fsdp_block_scale`.
+
+Data-parallel traffic includes the copy kernels its collectives need
+(`compute.dp_copy_time`: FSDP2's copy-in/copy-out, DDP's bucket copies),
+memory-bound work on the critical path.
+
+Overlap: data-parallel traffic hides under the compute of the pass it runs
+in, except the first block's gather (or last block's reduce), which has no
+compute to hide under (Zhao et al. 2023, PyTorch FSDP, sec. 3.4). Tensor- and
+expert-parallel collectives sit on the critical path. Ring-attention sends
+hide under the attention kernel of the same block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from trainplan.cost import comms, compute, memory, params
+from trainplan.cost import measured as overheads
+from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
+from trainplan.specs.layouts import Layouts, labels, strategy_family, strategy_label
+
+GiB = 2**30
+MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "other", "total")
+TIME_TERMS = ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")
+
+
+def _exposed(comm, window, floor, leak=0.0):
+    """Traffic not hidden under `window` seconds of compute, but never less than `floor`.
+
+    `leak` is the fraction of the hidden part that still costs time: NCCL's
+    kernels take SMs and HBM bandwidth from the compute they run beside
+    (measured by the overlap microbenchmark, `trainplan.calibrate.pieces`).
+    """
+    hidden = np.minimum(comm, window)
+    return np.where(comm > 0, np.maximum(comm - window, floor) + leak * hidden, 0.0)
+
+
+def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
+             seq_len: int, compiled: bool = True) -> pd.DataFrame:
+    """Memory, time breakdown, throughput and MFU of every layout in `L`, one row each.
+
+    `compiled`: blocks run under `torch.compile` (fused element-wise work and
+    the activations it keeps), as trainplan recommends; False prices eager.
+    """
+    from trainplan.cost.measured import activation_scale
+
+    cluster = comms.with_measured_links(cluster, gpu)
+    tp, pp, cp, ep, dp = L.tp, L.pp, L.cp, L.ep, L.dp
+    mb, ga, v = L.micro_batch, L.grad_accum, L.pp_virtual
+    sp = L.sequence_parallel & (tp > 1)
+    full = L.recompute == compute.FULL
+    layers = m.n_layers / pp
+    world = L.world
+    autocast = compute.autocast_layout(dp, L.zero, tp, pp)  # fp32 weights, fp32 stream
+    stream = np.where(autocast, 2.0, 1.0)  # residual-stream bytes / bf16
+
+    mem = memory.breakdown(
+        m, seq_len=seq_len, dp=dp, dp_shard=L.dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, zero=L.zero,
+        micro_batch=mb, grad_accum=ga, recompute=L.recompute, sequence_parallel=sp,
+        schedule_code=L.pp_schedule, pp_virtual=v,
+        activation_scale=activation_scale(gpu, compiled, L.recompute),
+        rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale,
+        compiled_loss=compiled, gpu=gpu)
+
+    # compute of one micro-batch on the slowest (last) stage
+    compute_mb = compute.microbatch_compute_time(
+        m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
+        sequence_parallel=sp, compiled=compiled, autocast=autocast,
+        ddp=compute.ddp_layout(dp, L.zero, tp, pp), fsdp=~autocast)
+    stage_params = params.stage_params_per_rank(m, tp, pp, ep)
+    # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
+    compute_mb = compute_mb + compute.grad_accum_time(
+        gpu, stage_params, ga, zero=L.zero, shard_ranks=L.dp_shard * cp, fsdp=~autocast) / ga
+    tokens_mb = mb * seq_len / cp
+    attn_layer = tokens_mb * (3.0 + full) * compute.attention_flops_per_token_per_layer(
+        m, seq_len, tp) / (gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
+
+    # communication of one micro-batch
+    act_bytes = compute.BF16 * tokens_mb * m.hidden
+    tp_mb = comms.tp_microbatch_time(cluster, act_bytes=act_bytes, tp=tp, layers=layers,
+                                     recompute_full=full, sequence_parallel=sp,
+                                     stream_scale=stream) \
+        + comms.tp_ends_time(cluster, act_bytes=act_bytes, tp=tp, sequence_parallel=sp,
+                             logits_bytes=compute.BF16 * tokens_mb * m.vocab,
+                             stream_scale=stream, first_stage=pp == 1) \
+        + compute.tp_layout_copy_time(gpu, act_elems=tokens_mb * m.hidden, tp=tp,
+                                      stream_bytes=stream * compute.BF16, layers=layers,
+                                      recompute_full=full, sequence_parallel=sp, micro_batch=mb)
+    ep_mb = comms.ep_microbatch_time(cluster, token_bytes=act_bytes * m.top_k, ep=ep, tp=tp,
+                                     layers=layers) if m.is_moe else 0.0
+    kv_chunk = 2 * compute.BF16 * tokens_mb * m.kv_dim / tp
+    cp_layer = comms.cp_layer_time(cluster, kv_chunk_bytes=kv_chunk, cp=cp, tp=tp)
+    cp_mb = layers * np.maximum(cp_layer - attn_layer, 0.0)
+    dp_mb = comms.dp_microbatch_time(cluster, stage_params=stage_params, zero=L.zero,
+                                     dp_shard=L.dp_shard, cp=cp, tp=tp)
+    leak = gpu.overlap_exposed
+    copy_mb, copy_step = compute.dp_copy_time(gpu, stage_params, zero=L.zero,
+                                              shard_ranks=L.dp_shard * cp, dp_ranks=dp * cp)
+    # FSDP2's root group (embedding, final norm, output; bench/parallelize.apply_fsdp) is
+    # gathered first and reduced last, with no compute to hide under: the floor is the
+    # larger of one block's and the stage's ends' share of the traffic
+    ends = (params.output_params(m) + np.where(pp == 1, params.embedding_params(m), 0)) / tp
+    first_last = np.maximum(params.layer_params_per_rank(m, tp, ep), ends) / stage_params
+    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb * np.minimum(first_last, 1.0), leak) \
+        + copy_mb
+    t_dev = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
+    # the host's issue time sets a floor (a roofline's second roof; calibrate_host), the
+    # step's host work outside the blocks priced for this stage's layers
+    host_wait = overheads.host_wait_per_step(gpu, t_dev, layers=layers, tp=tp,
+                                             fsdp=~autocast, zero=L.zero, grad_accum=ga)
+    t_mb = t_dev + host_wait / ga  # 0 wait where device-bound or nothing measured
+
+    # once per step
+    bubble = np.where(pp > 1, (pp - 1) / v * t_mb, 0.0)
+    boundary = stream * compute.BF16 * tokens_mb * m.hidden / np.where(sp, tp, 1)
+    pp_sends = comms.pp_exposed_time(cluster, boundary_bytes=boundary, pp=pp,
+                                     n_transfers=ga * v + pp - 1, stage_span=tp * cp * dp)
+    overlappable, blocking = comms.dp_step_time(cluster, stage_params=stage_params, zero=L.zero,
+                                                dp=dp, dp_shard=L.dp_shard, cp=cp, tp=tp)
+    dp_step = _exposed(overlappable, 2.0 / 3.0 * compute_mb, overlappable / layers, leak) \
+        + blocking + copy_step
+    held = stage_params / memory.shard_degree(L.zero, L.dp_shard, cp, 1)
+    optimizer = compute.optimizer_step_time(gpu, held)
+
+    # plan's time_breakdown_s (plan.TIME_KEYS) and its readers (compare, trace_split,
+    # figures) know four terms: the host wait is folded into compute, host_wait_s a part of it
+    compute_s = ga * compute_mb + host_wait
+    exposed = ga * (tp_mb + ep_mb + cp_mb + dp_mb_exposed) + pp_sends + dp_step
+    step = compute_s + exposed + bubble + optimizer
+
+    tokens_per_step = dp * mb * ga * seq_len
+    tokens_per_s = tokens_per_step / step
+    mfu = tokens_per_s * compute.model_flops_per_token(m, seq_len) / (
+        world * gpu.bf16_tflops * 1e12)
+
+    df = L.frame()
+    df["strategy"] = labels(L, strategy_label)
+    df["family"] = labels(L, strategy_family)
+    for name in MEMORY_TERMS:
+        df[f"{name}_gib"] = np.broadcast_to(mem[name], len(L)) / GiB
+    df["fits"] = memory.fits(mem["total"], gpu.memory_gib)
+    df["compute_s"] = compute_s
+    df["host_wait_s"] = host_wait
+    df["exposed_comm_s"] = exposed
+    df["tp_comm_s"] = ga * tp_mb
+    df["dp_comm_s"] = ga * dp_mb_exposed + dp_step
+    df["pp_comm_s"] = pp_sends
+    df["cp_comm_s"] = ga * cp_mb
+    df["ep_comm_s"] = np.broadcast_to(ga * ep_mb, len(L))
+    df["bubble_s"] = bubble
+    df["optimizer_s"] = optimizer
+    df["step_time_s"] = step
+    df["tokens_per_step"] = tokens_per_step
+    df["tokens_per_s"] = tokens_per_s
+    df["tokens_per_s_per_gpu"] = tokens_per_s / world
+    df["mfu"] = mfu
+    return df
+
+
+def time_to_train(token_budget: float, tokens_per_s: float, gpus: int) -> dict:
+    """Wall time and GPU-hours to train on `token_budget` tokens at a steady `tokens_per_s`.
+
+    days = D / (T x 86400); GPU-hours = gpus x D / T / 3600. Steady state only:
+    failures, restarts and checkpoint stalls come on top (runbook page 5).
+    """
+    seconds = token_budget / tokens_per_s
+    return {"seconds": seconds, "days": seconds / 86400.0,
+            "gpu_hours": gpus * seconds / 3600.0}

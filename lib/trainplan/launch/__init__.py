@@ -1,0 +1,1 @@
+"""Launch artefacts: torchrun command, Slurm batch script, Kubernetes manifest."""

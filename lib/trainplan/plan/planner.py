@@ -1,0 +1,91 @@
+"""Plans in the command-line contract's shape (DESIGN.md, "Command-line contract").
+
+The library calls behind `trainplan plan` and `trainplan memory`: notebooks
+and the harness's prediction records use these same functions, so a number in
+the runbook, a CLI answer and a recorded prediction come from one code path.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from trainplan.cost.step_time import MEMORY_TERMS, evaluate
+from trainplan.plan.search import SearchResult, search
+from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec, ParallelConfig
+from trainplan.specs.layouts import Layouts
+
+PARALLEL_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "grad_accum", "recompute",
+                 "dp_shard", "pp_schedule", "pp_virtual", "sequence_parallel")
+TIME_KEYS = ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")
+COMM_KEYS = ("tp_comm_s", "dp_comm_s", "pp_comm_s", "cp_comm_s", "ep_comm_s")
+
+
+def _plain(value):
+    """numpy scalars to Python scalars, for json.dumps."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def row_to_plan(row: pd.Series) -> dict:
+    """One evaluated layout as the contract's plan object (plus the time breakdown)."""
+    return {
+        "parallel": {k: _plain(row[k]) for k in PARALLEL_KEYS},
+        "strategy": row["strategy"],
+        "memory_gib": {k: round(float(row[f"{k}_gib"]), 3) for k in MEMORY_TERMS},
+        "fits": bool(row["fits"]),
+        "step_time_s": float(row["step_time_s"]),
+        "time_breakdown_s": {k[:-2]: float(row[k]) for k in TIME_KEYS},
+        "exposed_comm_breakdown_s": {k[:-2]: float(row[k]) for k in COMM_KEYS},
+        "tokens_per_step": int(row["tokens_per_step"]),
+        "tokens_per_s": float(row["tokens_per_s"]),
+        "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
+        "mfu": float(row["mfu"]),
+    }
+
+
+def fully_pinned(pins: dict) -> bool:
+    """Every dimension the search varies is pinned (grad_accum follows from the batch)."""
+    return all(k in pins for k in ("dp", "tp", "pp", "cp", "zero", "micro_batch", "recompute"))
+
+
+def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
+         global_batch_tokens: int, pins: dict | None = None, top: int = 5,
+         gpus_per_node: int | None = None, compiled: bool = True) -> dict:
+    """The best `top` plans, best first; with every dimension pinned, exactly that layout.
+
+    `compiled`: blocks under torch.compile (default); False prices eager blocks.
+
+    A fully pinned layout is priced whether it fits or not (`fits` says), so a
+    known configuration can be predicted and checked against a measurement.
+    """
+    pins = dict(pins or {})
+    exact = fully_pinned(pins)
+    if exact:  # one layout: the unpinned fields take ParallelConfig's defaults
+        pins.setdefault("dp_shard", pins["dp"] if pins["zero"] else 1)
+        pins.setdefault("pp_schedule", "1f1b")
+        pins.setdefault("pp_virtual", 1)
+    result: SearchResult = search(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
+                                  global_batch_tokens=global_batch_tokens, pins=pins,
+                                  gpus_per_node=gpus_per_node, require_fit=not exact,
+                                  compiled=compiled)
+    rows = result.table.head(1) if exact else result.best(top)
+    return {
+        "model": m.name, "gpu": gpu.name, "calibration": gpu.calibration,
+        "cluster": cluster.name, "gpus": gpus,
+        "seq_len": seq_len, "global_batch_tokens": global_batch_tokens,
+        "plans": [row_to_plan(r) for _, r in rows.iterrows()],
+        "searched": result.searched,
+        "elapsed_s": round(result.elapsed_s, 4),
+    }
+
+
+def memory(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, cfg: ParallelConfig,
+           seq_len: int) -> dict:
+    """Per-GPU memory of one layout: the `trainplan memory` answer."""
+    row = evaluate(m, gpu, cluster, Layouts.from_configs([cfg]), seq_len).iloc[0]
+    return {
+        "model": m.name, "gpu": gpu.name, "calibration": gpu.calibration,
+        "parallel": {k: _plain(row[k]) for k in PARALLEL_KEYS},
+        "memory_gib": {k: round(float(row[f"{k}_gib"]), 3) for k in MEMORY_TERMS},
+        "fits": bool(row["fits"]),
+        "gpu_memory_gib": gpu.memory_gib,
+    }

@@ -1,0 +1,1 @@
+"""Records of runs: the schema, provenance and the statistics of measured steps."""

@@ -1,0 +1,1 @@
+"""Checkpoint cadence against node failures, failure simulation, the fault matrix."""

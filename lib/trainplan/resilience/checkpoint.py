@@ -1,0 +1,376 @@
+"""Checkpoint planner: size, stall, persist time, interval, lost work, ETTR, retention.
+
+Closed forms only (the Monte Carlo check lives in `trainplan.resilience.failures`). Each
+term is a small function citing its source; `plan_checkpoints` adds them up
+into a `CheckpointPlan`, whose `as_dict` is the `trainplan checkpoint --json`
+contract (DESIGN.md).
+
+Timeline of one checkpoint cycle (the model every formula here shares):
+
+    |<---------------- interval I (save start to save start) ---------------->|
+    | stall delta | training ...                                              |
+    |<------ persist T_p ------>|  (the save is durable T_p after it starts)
+
+The state is snapshotted when a save starts. Synchronous saves block for the
+whole write (delta = T_p); asynchronous ones (PyTorch DCP `async_save`) block
+only while the state is copied to host memory and write in the background
+(delta = staging, T_p = staging + write). A failure loses the wall time since
+the last *durable* snapshot, plus the restart R (FACTS.md, "Checkpointing and
+failures").
+
+Units: sizes in GB (10^9 bytes, as storage bandwidth is quoted), times in
+seconds unless a name says otherwise (`_min`, `_hours`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from trainplan.errors import TrainplanError
+
+GB = 1e9
+FP32_ADAM_BYTES = 12  # fp32 master weights + Adam m + v, bytes/param (FACTS.md; ZeRO paper)
+BF16_WEIGHT_BYTES = 2  # the bf16 working copy, when it is saved too (12 + 2 = 14; FACTS.md)
+HOST_COPY_GBPS = 25.0  # ASSUMPTION: GPU -> pinned host copy per GPU, GB/s (PCIe Gen5 x16 peaks
+#                        near 64; 25 leaves room for pageable buffers and contention). Replace
+#                        with the stall measured by the harness (issue 5, item 4).
+MIN_KEEP = 2  # torchtitan refuses keep_latest_k = 1: the only checkpoint would be deleted
+#               while its successor is still being written (FACTS.md)
+LIMITS = {  # sanity bounds on inputs: beyond these a value is a typo, and floats overflow
+    "node_mtbf_hours": 1e9, "write_gbps_per_node": 1e6, "restart_minutes": 1e6,
+    "max_lost_minutes": 1e9, "host_copy_gbps": 1e6,
+}
+Mode = Literal["async", "sync"]
+
+
+class CheckpointPlanError(TrainplanError):
+    """Checkpoint inputs that are out of range, or a requirement no interval can meet."""
+
+
+# ---------------------------------------------------------------- sizes
+
+
+def checkpoint_bytes(n_params: int, bf16_weights: bool = False) -> float:
+    """Bytes of one full checkpoint: 12 B/param (fp32 master + Adam m, v), 14 with bf16 weights.
+
+    FACTS.md ("Checkpoint size, mixed-precision Adam"); Rajbhandari et al. 2020
+    (ZeRO) for the 12. Gradients are not saved (they are rebuilt by the next step).
+    """
+    return float(n_params) * (FP32_ADAM_BYTES + (BF16_WEIGHT_BYTES if bf16_weights else 0))
+
+
+def nodes_of(gpus: int, gpus_per_node: int) -> int:
+    """Nodes the job spans: gpus / gpus_per_node (one node when the job is smaller)."""
+    if gpus > gpus_per_node and gpus % gpus_per_node:
+        raise CheckpointPlanError(
+            f"--gpus {gpus} is not a whole number of nodes of --gpus-per-node {gpus_per_node}; "
+            f"use a multiple of {gpus_per_node}")
+    return max(gpus // gpus_per_node, 1)
+
+
+def state_shards(tp: int, pp: int, dp_shard: int, zero: int) -> int:
+    """GPUs one copy of the optimizer state is split over: tp x pp x (dp_shard when zero >= 1).
+
+    ZeRO-1/2/3 shard the 12 B/param over the data-parallel shard group
+    (FACTS.md, "Mixed-precision Adam"); tensor and pipeline parallel split the
+    model itself. Each GPU stages this share when it saves asynchronously.
+    """
+    return tp * pp * (dp_shard if zero >= 1 else 1)
+
+
+# ---------------------------------------------------------------- times
+
+
+def write_seconds(bytes_per_node: float, write_gbps_per_node: float) -> float:
+    """Time to write one node's share to storage: size per node / write bandwidth per node.
+
+    DCP writes each rank's shard from its own node and spreads replicated
+    tensors over ranks, so every node writes total / nodes. Published per-node
+    persist bandwidth on large parallel filesystems: 1-3 GB/s (FACTS.md).
+    """
+    return bytes_per_node / (write_gbps_per_node * GB)
+
+
+def staging_seconds(bytes_per_gpu: float, host_copy_gbps: float = HOST_COPY_GBPS) -> float:
+    """Asynchronous stall: each GPU copies its state share to host memory, state / copy rate.
+
+    The copy rate is an assumption (`HOST_COPY_GBPS`), not a measurement.
+    Published bar: 6.3 s for a 7B model with DCP `async_save` (FACTS.md).
+    """
+    return bytes_per_gpu / (host_copy_gbps * GB)
+
+
+def stall_seconds(mode: Mode, write_s: float, staging_s: float) -> float:
+    """Time training is blocked per save: the whole write (sync) or the host copy (async)."""
+    return write_s if mode == "sync" else staging_s
+
+
+def persist_seconds(mode: Mode, write_s: float, staging_s: float) -> float:
+    """Time from a save's start until it is durable: write (sync), staging + write (async)."""
+    return write_s if mode == "sync" else staging_s + write_s
+
+
+def job_mtbf(node_mtbf: float, nodes: int) -> float:
+    """Job MTBF = node MTBF / nodes: independent exponential failures add their rates.
+
+    FACTS.md ("Job MTBF = node MTBF / nodes (independent failures)").
+    """
+    return node_mtbf / nodes
+
+
+# ---------------------------------------------------------------- intervals
+
+
+def young_interval(delta: float, mtbf: float) -> float:
+    """Young (1974): compute time between checkpoints tau = sqrt(2 delta M).
+
+    delta = blocking time per checkpoint, M = job MTBF (any one unit for both).
+    J. W. Young, "A first order approximation to the optimum checkpoint
+    interval", CACM 17(9), 1974.
+    """
+    return math.sqrt(2.0 * delta * mtbf)
+
+
+def daly_interval(delta: float, mtbf: float) -> float:
+    """Daly (2006) eq. 37: the higher-order optimum compute time between checkpoints.
+
+    tau = sqrt(2 delta M) [1 + (1/3) sqrt(delta / 2M) + (1/9) (delta / 2M)] - delta
+    for delta < 2M, else tau = M. J. T. Daly, "A higher order estimate of the
+    optimum checkpoint interval for restart dumps", FGCS 22(3), 2006. Published
+    vectors (R = 10 min, delta = 5 min): M = 24 h -> 117 min, 6 h -> 57 min,
+    15 min -> 9.1 min (tests/test_checkpoint.py).
+    """
+    if delta >= 2.0 * mtbf:
+        return mtbf
+    x = delta / (2.0 * mtbf)
+    return math.sqrt(2.0 * delta * mtbf) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
+
+
+# ---------------------------------------------------------------- lost work and ETTR
+
+
+def expected_lost(interval: float, persist: float, restart: float) -> float:
+    """Expected wall time lost per failure: I/2 + T_p + R (FACTS.md).
+
+    A failure at a uniform point of the cycle loses the time since the last
+    durable snapshot: x if x >= T_p, else I + x; the mean is I/2 + T_p (for
+    T_p <= I). Then the restart R.
+    """
+    return interval / 2.0 + persist + restart
+
+
+def worst_lost(interval: float, persist: float, restart: float) -> float:
+    """Worst-case wall time lost per failure: I + T_p + R (failing just before a save is safe)."""
+    return interval + persist + restart
+
+
+def max_interval(max_lost: float, persist: float, restart: float) -> float:
+    """The longest interval whose worst case stays within `max_lost`: max_lost - T_p - R."""
+    return max_lost - persist - restart
+
+
+def ettr(interval: float, stall: float, persist: float, restart: float, mtbf: float) -> float:
+    """Effective training time ratio: (1 - delta / I) (M - I/2 - T_p + delta) / (M + R).
+
+    A first-order renewal model (in the spirit of Young 1974 and Daly 2006,
+    derived here, not copied): failures strike the running job at rate 1/M, so
+    M + R of wall time pass per failure on average, of which L = I/2 + T_p + R
+    is lost (`expected_lost`). The useful rest ends where the save that was
+    under way began, so it holds one stall fewer than its share: useful time
+    M - (L - R) + delta, of which 1 - delta / I trains. The simulation
+    (`failures.simulate`) agrees within its standard error while M >> I
+    (tests/test_failures.py). Llama 3 reports above 0.90 (FACTS.md).
+    """
+    lost_running = expected_lost(interval, persist, restart) - restart
+    return (1.0 - stall / interval) * (mtbf - lost_running + stall) / (mtbf + restart)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """A checkpoint cadence with every term that led to it (times in s, min, h as named)."""
+
+    mode: str  # "async" or "sync"
+    nodes: int
+    bytes_per_param: int
+    checkpoint_gb: float  # one full checkpoint, all nodes
+    per_node_gb: float  # what each node writes
+    per_gpu_gb: float  # what each GPU stages (async)
+    stall_s: float  # training blocked per save (delta)
+    persist_s: float  # save start -> durable (T_p)
+    write_s: float  # one node's share at the write bandwidth
+    job_mtbf_hours: float
+    young_min: float  # Young's compute time between saves
+    daly_min: float  # Daly's compute time between saves
+    interval_min: float  # chosen: save start to save start (compute + stall)
+    train_min_between_saves: float  # interval - stall: what `save every N steps` sets
+    limited_by: str  # "daly" (the optimum), "max_lost" (shortened), "persist" (storage bound)
+    expected_lost_min: float
+    worst_lost_min: float
+    max_lost_min: float
+    restart_min: float
+    ettr: float
+    stall_fraction: float  # share of running time spent stalled in saves
+    keep: int
+    retention_gb: float  # the last `keep` checkpoints
+    peak_storage_gb: float  # keep + the one being written
+    meets_requirement: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_range(name: str, value: float) -> None:
+    flag = "--" + name.replace("_", "-")
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise CheckpointPlanError(f"{flag} {value!r} is not valid: it must be a number > 0")
+    if value > LIMITS[name]:
+        raise CheckpointPlanError(f"{flag} {value:g} is out of range: at most {LIMITS[name]:g}")
+
+
+def _infeasible(max_lost_min, restart_min, persist_s, bytes_per_node, write_gbps):
+    """The one-line refusal when no interval meets the limit, saying what would work."""
+    need_min = restart_min + 2.0 * persist_s / 60.0
+    head = (f"--max-lost-minutes {max_lost_min:g} cannot be met: restart {restart_min:g} min + "
+            f"persist {persist_s / 60:.3g} min leave no interval of at least the persist time; ")
+    if restart_min >= max_lost_min:
+        return head + (f"the restart alone takes --restart-minutes {restart_min:g}; "
+                       f"allow more than {need_min:.3g} min or restart faster")
+    room_s = (max_lost_min - restart_min) * 60.0 / 2.0 - (persist_s - bytes_per_node /
+                                                          (write_gbps * GB))
+    fix = f"allow more than {need_min:.3g} min of lost work"
+    if room_s > 0:
+        fix += (f", or write faster than {bytes_per_node / room_s / GB:.3g} GB/s per node "
+                f"(--write-gbps-per-node {write_gbps:g})")
+    else:
+        fix += ", or copy to host faster (--host-copy-gbps)"
+    return head + fix
+
+
+def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
+                     write_gbps_per_node: float, restart_minutes: float,
+                     max_lost_minutes: float = 30.0, *, gpus_per_node: int = 8,
+                     mode: Mode = "async", keep: int = MIN_KEEP,
+                     host_copy_gbps: float = HOST_COPY_GBPS, bf16_weights: bool = False,
+                     shard_gpus: int | None = None) -> CheckpointPlan:
+    """Choose the interval: Daly's optimum, shortened so that I + T_p + R <= max_lost_minutes.
+
+    `shard_gpus` is how many GPUs one copy of the state is split over (default:
+    all of them, as FSDP/ZeRO-3; `state_shards` for a layout); it sets what each
+    GPU stages in an async save. Raises `CheckpointPlanError` for bad inputs and
+    for a limit no interval can meet (naming what would work).
+    """
+    for name, value in (("node_mtbf_hours", node_mtbf_hours),
+                        ("write_gbps_per_node", write_gbps_per_node),
+                        ("restart_minutes", restart_minutes),
+                        ("max_lost_minutes", max_lost_minutes),
+                        ("host_copy_gbps", host_copy_gbps)):
+        _check_range(name, value)
+    if mode not in ("async", "sync"):
+        raise CheckpointPlanError(f"mode {mode!r} is not valid: use 'async' or 'sync'")
+    if keep < MIN_KEEP:
+        raise CheckpointPlanError(
+            f"--keep {keep} is not valid: keep at least {MIN_KEEP} checkpoints, so that one "
+            "complete checkpoint survives while the next is written")
+    shard_gpus = shard_gpus or gpus
+    if shard_gpus > gpus or gpus % shard_gpus:
+        raise CheckpointPlanError(
+            f"--shard-gpus {shard_gpus} is not valid for --gpus {gpus}: use a divisor of {gpus}")
+    nodes = nodes_of(gpus, gpus_per_node)
+    total = checkpoint_bytes(n_params, bf16_weights)
+    per_node, per_gpu = total / nodes, total / shard_gpus
+    write_s = write_seconds(per_node, write_gbps_per_node)
+    staging_s = staging_seconds(per_gpu, host_copy_gbps)
+    stall = stall_seconds(mode, write_s, staging_s)
+    persist = persist_seconds(mode, write_s, staging_s)
+    restart, limit = restart_minutes * 60.0, max_lost_minutes * 60.0
+    mtbf = job_mtbf(node_mtbf_hours, nodes) * 3600.0
+
+    longest = max_interval(limit, persist, restart)
+    if not longest > persist:
+        raise CheckpointPlanError(_infeasible(max_lost_minutes, restart_minutes, persist,
+                                              per_node, write_gbps_per_node))
+    young, daly = young_interval(stall, mtbf), daly_interval(stall, mtbf)
+    optimum = daly + stall  # Daly's tau is compute time; the interval adds the stall
+    if math.ceil(longest) - 1 > persist:  # whole seconds, so the worst case stays strictly under
+        longest = float(math.ceil(longest) - 1)
+    interval = min(max(optimum, persist), longest)
+    limited_by = ("max_lost" if interval < optimum else
+                  "persist" if interval > optimum else "daly")
+    ratio = ettr(interval, stall, persist, restart, mtbf)
+    if not 0.0 < ratio < 1.0:
+        need_h = nodes * (interval / 2.0 + persist) / 3600.0  # where L reaches M + R
+        raise CheckpointPlanError(
+            f"--node-mtbf-hours {node_mtbf_hours:g} is too short for {nodes} nodes: the job "
+            f"fails every {mtbf / 60:.3g} min, less than the work each failure loses; use a "
+            f"node MTBF well above {need_h:.3g} h")
+    worst = worst_lost(interval, persist, restart)
+    return CheckpointPlan(
+        mode=mode, nodes=nodes,
+        bytes_per_param=FP32_ADAM_BYTES + (BF16_WEIGHT_BYTES if bf16_weights else 0),
+        checkpoint_gb=total / GB, per_node_gb=per_node / GB, per_gpu_gb=per_gpu / GB,
+        stall_s=stall, persist_s=persist, write_s=write_s, job_mtbf_hours=mtbf / 3600.0,
+        young_min=young / 60.0, daly_min=daly / 60.0, interval_min=interval / 60.0,
+        train_min_between_saves=(interval - stall) / 60.0, limited_by=limited_by,
+        expected_lost_min=expected_lost(interval, persist, restart) / 60.0,
+        worst_lost_min=worst / 60.0, max_lost_min=max_lost_minutes,
+        restart_min=restart_minutes, ettr=ratio, stall_fraction=stall / interval, keep=keep,
+        retention_gb=keep * total / GB, peak_storage_gb=(keep + 1) * total / GB,
+        meets_requirement=worst <= limit,
+    )
+
+
+def describe_interval(plan: CheckpointPlan) -> str:
+    """Which bound set the interval, in plain words (a sentence for page 5)."""
+    if plan.limited_by == "max_lost":
+        return (f"Daly's optimum ({plan.daly_min:.1f} minutes of training between saves) would "
+                f"let the worst case exceed the {plan.max_lost_min:g}-minute limit, so the "
+                f"interval is shortened to {plan.interval_min:.1f} minutes; saving more often "
+                "costs little, as each save stalls training only briefly.")
+    if plan.limited_by == "persist":
+        return (f"Daly's optimum ({plan.daly_min:.1f} minutes) is shorter than the time a save "
+                f"takes to become durable, so the interval is that time, "
+                f"{plan.interval_min:.1f} minutes: storage bandwidth sets the cadence.")
+    return (f"The interval is Daly's optimum, {plan.interval_min:.1f} minutes, and its worst "
+            f"case stays within the {plan.max_lost_min:g}-minute limit.")
+
+
+# ---------------------------------------------------------------- the runbook's inputs
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What page 5 plans with when the scenario does not say: each value with its source.
+
+    Node MTBFs come from `failures.published_node_mtbf_hours`. None of these is
+    measured on this project's machines yet (issue 5, item 4).
+    """
+
+    write_gbps_per_node: float = 2.0  # middle of the published 1-3 GB/s
+    restart_minutes: float = 10.0  # assumption; Daly's worked example and issue 5 use 10
+    max_lost_minutes: float = 30.0  # issue 5's requirement
+    host_copy_gbps: float = HOST_COPY_GBPS  # assumption (see HOST_COPY_GBPS)
+    keep: int = MIN_KEEP  # the fewest torchtitan allows
+    mode: str = "async"  # PyTorch DCP async_save, as the harness implements
+
+    SOURCES = {  # short: pandas truncates table cells past 50 characters
+        "write_gbps_per_node": "published 1-3 GB/s a node (BLOOM, Llama 3)",
+        "restart_minutes": "ASSUMPTION (Daly 2006's example; issue 5)",
+        "max_lost_minutes": "requirement (issue 5)",
+        "host_copy_gbps": "ASSUMPTION (PCIe Gen5 x16 peaks near 64)",
+        "keep": "the fewest torchtitan allows (it refuses 1)",
+        "mode": "PyTorch DCP async_save",
+    }
+
+    def table(self):
+        """The assumptions as a (value, source) table for the page (pandas DataFrame)."""
+        import pandas as pd
+
+        names = list(self.SOURCES)
+        return pd.DataFrame({"value": [f"{getattr(self, n):g}" if not isinstance(
+            getattr(self, n), str) else getattr(self, n) for n in names],
+            "source": [self.SOURCES[n] for n in names]}, index=names)

@@ -1,0 +1,1 @@
+"""The runbook: papermill runner, page helpers and prose, figures, the PDF, the version."""

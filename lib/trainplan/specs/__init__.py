@@ -1,0 +1,367 @@
+"""Validated specs: model, GPU, cluster, parallel layout, scenario.
+
+Plain frozen dataclasses rather than pydantic: the GPU machines that run the
+proxy harness have no pydantic, and the harness records predictions through
+this same code. Each spec checks its own fields in `__post_init__` and raises
+`SpecError` naming the field, the bad value and what is valid.
+
+Presets are YAML files under data/ (models/, hardware/, clusters/,
+scenarios/); anywhere a preset name is accepted, a path to a YAML file works
+too. Only `yaml.safe_load` is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from trainplan.errors import PresetNotFound, SpecError
+from trainplan.specs.checks import (  # noqa: F401 (MAX_INT: re-exported)
+    MAX_INT,
+    _validate,
+    _yaml11_float,
+    check_curve,
+)
+
+DATA_DIR = Path(os.environ.get("TRAINPLAN_DATA", Path(__file__).resolve().parents[3] / "data"))
+
+GiB = 1024**3
+
+
+def from_mapping(cls, mapping, source: str):
+    """Build spec `cls` from a YAML mapping; unknown or missing keys are errors."""
+    if not isinstance(mapping, dict):
+        raise SpecError(f"{source}: expected a mapping of {cls.__name__} fields, got {mapping!r}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    required = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    unknown = sorted(set(mapping) - names, key=str)
+    if unknown:
+        raise SpecError(f"{source}: unknown field {unknown[0]!r}; valid fields: {sorted(names)}")
+    missing = sorted(required - set(mapping))
+    if missing:
+        raise SpecError(f"{source}: missing field {missing[0]!r} (required: {sorted(required)})")
+    hints = typing.get_type_hints(cls)
+    mapping = {k: _yaml11_float(v) if hints[k] is float else v for k, v in mapping.items()}
+    try:
+        return cls(**mapping)
+    except SpecError as err:
+        raise SpecError(f"{source}: {err}") from None
+
+
+# ---------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer: Llama-style (SwiGLU, RoPE, RMSNorm) or GPT-style."""
+
+    name: str
+    n_layers: int  # transformer blocks
+    hidden: int  # model width h
+    n_heads: int  # query heads a
+    ffn: int  # MLP inner width f (per expert for MoE)
+    vocab: int  # vocabulary size V
+    n_kv_heads: int = 0  # key/value heads for GQA; 0 means = n_heads (multi-head attention)
+    mlp: Literal["swiglu", "gelu"] = "swiglu"  # gelu: the plain 2-matrix GPT MLP
+    positions: Literal["rope", "learned"] = "rope"
+    max_positions: int = 0  # rows of the learned position table (positions: learned)
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    bias: bool = False  # GPT-2 style biases in every linear layer
+    tied_embeddings: bool = False  # output layer shares the input embedding table
+    n_experts: int = 1  # MoE experts per layer (1 = dense)
+    top_k: int = 1  # experts each token is routed to
+    source: str = ""  # where the numbers come from
+
+    def __post_init__(self):
+        if self.n_kv_heads == 0:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        _validate(
+            self,
+            positive=("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab",
+                      "n_experts", "top_k"),
+            non_negative=("max_positions",),
+        )
+        if self.hidden % self.n_heads:
+            raise SpecError(
+                f"ModelSpec.hidden = {self.hidden} is not divisible by n_heads = {self.n_heads}"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise SpecError(
+                f"ModelSpec.n_kv_heads = {self.n_kv_heads} must divide n_heads = {self.n_heads}"
+            )
+        if self.top_k > self.n_experts:
+            raise SpecError(
+                f"ModelSpec.top_k = {self.top_k} exceeds n_experts = {self.n_experts}"
+            )
+        if self.positions == "learned" and self.max_positions <= 0:
+            raise SpecError("ModelSpec.max_positions must be > 0 when positions is 'learned'")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (or value) projection: n_kv_heads * head_dim."""
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 1
+
+
+# ---------------------------------------------------------------- hardware
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator: datasheet peaks plus the fractions of them that real kernels reach."""
+
+    name: str
+    bf16_tflops: float  # dense bf16 peak, TFLOP/s (MFU is quoted against this)
+    memory_gib: float  # memory the framework sees (GiB)
+    hbm_tbps: float  # HBM bandwidth, TB/s
+    matmul_efficiency: float  # achieved fraction of bf16 peak on large GEMMs
+    attention_efficiency: float  # achieved fraction of peak in fused attention (fwd + bwd)
+    memory_efficiency: float  # achieved fraction of HBM bandwidth on streaming kernels
+    fp8_tflops: float = 0.0
+    source: str = ""
+    calibration: str = "datasheet"  # where the efficiencies come from (calibrate.py sets it)
+    collectives: tuple = ()  # measured (op, latency_us, busbw_gbps) inside a node; () = cluster's
+    # Scales on the analytic terms, measured on the model's own pieces (calibrate_pieces.py);
+    # 1 (and 0 exposed) = the analytic model as written, uncalibrated.
+    elementwise_scale: float = 1.0  # compiled blocks' element-wise time / analytic bytes
+    eager_elementwise_scale: float = 1.0  # the same for eager (unfused) blocks
+    head_scale: float = 1.0  # output layer + loss time / analytic
+    optimizer_scale: float = 1.0  # clip + fused AdamW time / analytic 32 B per param
+    overlap_exposed: float = 0.0  # fraction of overlapped collective time that still shows
+    logits_scale: float = 1.0  # output layer + loss peak bytes / analytic 10 B per logit
+    activation_scales: tuple = ()  # (compiled, recompute, measured / analytic bytes kept)
+    # Layouts that keep fp32 weights under autocast (no FSDP2 mixed precision) and their
+    # pieces; 0 = not measured, the bf16 scale above stands in.
+    autocast_elementwise_scale: float = 0.0  # compiled blocks, fp32 weights under autocast
+    eager_autocast_elementwise_scale: float = 0.0  # eager blocks, fp32 weights under autocast
+    compiled_head_scale: float = 0.0  # output layer + compiled loss time / analytic
+    ddp_block_scale: float = 1.0  # DDP-wrapped compiled block time, less bucket copies / alone
+    fsdp_block_scale: float = 1.0  # FSDP2-wrapped block, less copies and collectives / alone
+    tp_block_scales: tuple = ()  # ((tp, with FSDP2 0|1, TP block less priced comm / compute),)
+    matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
+    host_block_s: tuple = ()  # ((wrapper, host s per block), ...) (calibrate_host); () = no floor
+    host_step_s: tuple = ()  # ((wrapper, host s a step outside the blocks), ...); () = none
+    host_step_layer_s: tuple = ()  # ((wrapper, host s a layer outside its block), ...); () = none
+    host_overlap_k: float = 0.0  # host/GPU interleave exponent (calibrate_host); 0 = max()
+    # ((wrapper, compute-stream reserve per layer / kept bytes), ...) (calibrate_memory);
+    # () = memory_runtime.FRAGMENTATION for every layout
+    fragmentation_scales: tuple = ()
+
+    def __post_init__(self):
+        _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
+                                  "attention_efficiency", "memory_efficiency",
+                                  "elementwise_scale", "eager_elementwise_scale", "head_scale",
+                                  "optimizer_scale", "logits_scale", "ddp_block_scale",
+                                  "fsdp_block_scale"),
+                  non_negative=("fp8_tflops", "overlap_exposed", "autocast_elementwise_scale",
+                                "eager_autocast_elementwise_scale", "compiled_head_scale",
+                                "host_overlap_k"))
+        check_curve("GPUSpec.matmul_curve", self.matmul_curve)
+        for name in ("host_block_s", "host_step_s", "host_step_layer_s", "fragmentation_scales"):
+            for row in getattr(self, name):
+                if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
+                    unit = "seconds" if name.startswith("host") else "scale"
+                    raise SpecError(f"GPUSpec.{name} row {row!r} is not (wrapper, {unit} >= 0)")
+        if self.overlap_exposed > 1:
+            raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
+        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
+            if getattr(self, name) > 1:
+                raise SpecError(f"GPUSpec.{name} = {getattr(self, name)} must be <= 1")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The interconnect: GPUs per node, NVLink inside a node, InfiniBand across nodes.
+
+    Bandwidths are per GPU, one direction, GB/s; latencies are per ring step, us.
+    """
+
+    name: str
+    gpus_per_node: int
+    intra_node_gbps: float  # NVLink per GPU per direction (H100: 900 both ways -> 450)
+    inter_node_gbps: float  # network per GPU per direction (8 x 400 Gb/s per node -> 50)
+    intra_node_latency_us: float
+    inter_node_latency_us: float
+    intra_node_efficiency: float  # achieved bus bandwidth / link bandwidth on large messages
+    inter_node_efficiency: float
+    source: str = ""
+    collectives: tuple = ()  # (op, latency_us, busbw_gbps) measured inside a node, per op
+
+    def __post_init__(self):
+        _validate(self, positive=("gpus_per_node", "intra_node_gbps", "inter_node_gbps",
+                                  "intra_node_efficiency", "inter_node_efficiency"),
+                  non_negative=("intra_node_latency_us", "inter_node_latency_us"))
+
+
+# ---------------------------------------------------------------- layout
+
+Recompute = Literal["none", "selective", "full"]
+PPSchedule = Literal["1f1b", "interleaved", "gpipe"]
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """One parallel layout. World size = dp * tp * pp * cp.
+
+    Expert parallel borrows ranks from data (and context) parallel, as in
+    Megatron-Core and torchtitan: `ep` divides dp * cp and adds no GPUs.
+    """
+
+    dp: int = 1  # data-parallel replicas (or shards, with zero >= 1)
+    tp: int = 1  # tensor parallel (Megatron-style, inside a node)
+    pp: int = 1  # pipeline stages
+    cp: int = 1  # context parallel (sequence split across ranks, ring attention)
+    ep: int = 1  # expert parallel (MoE only)
+    zero: int = 0  # 0 = DDP; 1 optimizer, 2 + grads, 3 + weights sharded (3 = FSDP)
+    dp_shard: int = 0  # ranks one ZeRO shard spans; 0 means all of dp; < dp is HSDP
+    micro_batch: int = 1  # sequences per micro-batch per data-parallel rank
+    grad_accum: int = 1  # micro-batches per optimizer step (= pipeline micro-batches)
+    recompute: Recompute = "none"
+    sequence_parallel: bool = True  # shard norms/residual along the sequence when tp > 1
+    pp_schedule: PPSchedule = "1f1b"
+    pp_virtual: int = 1  # virtual stages per rank (interleaved schedule)
+
+    def __post_init__(self):
+        if self.dp_shard == 0:
+            object.__setattr__(self, "dp_shard", self.dp if self.zero else 1)
+        _validate(self, positive=("dp", "tp", "pp", "cp", "ep", "dp_shard", "micro_batch",
+                                  "grad_accum", "pp_virtual"))
+        if self.zero not in (0, 1, 2, 3):
+            raise SpecError(f"ParallelConfig.zero = {self.zero!r} is not valid; use 0, 1, 2 or 3")
+        if self.dp % self.dp_shard:
+            raise SpecError(
+                f"ParallelConfig.dp_shard = {self.dp_shard} must divide dp = {self.dp}"
+            )
+        if self.zero == 0 and self.dp_shard != 1:
+            raise SpecError("ParallelConfig.dp_shard > 1 needs zero >= 1 (DDP shards nothing)")
+        if (self.dp * self.cp) % self.ep:
+            raise SpecError(
+                f"ParallelConfig.ep = {self.ep} must divide dp * cp = {self.dp * self.cp}"
+            )
+        if self.pp_schedule != "interleaved" and self.pp_virtual != 1:
+            raise SpecError("ParallelConfig.pp_virtual > 1 needs pp_schedule 'interleaved'")
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+
+# ---------------------------------------------------------------- scenario
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What the runbook is about: a model on a cluster for a token budget."""
+
+    model: str  # preset name or YAML path
+    gpu: str
+    cluster: str
+    gpus: int
+    seq_len: int
+    global_batch_tokens: int
+    token_budget: float  # tokens to train on
+    title: str = ""
+
+    def __post_init__(self):
+        _validate(self, positive=("gpus", "seq_len", "global_batch_tokens", "token_budget"))
+
+
+# ---------------------------------------------------------------- presets
+
+_KINDS = {ModelSpec: "models", GPUSpec: "hardware", ClusterSpec: "clusters", Scenario: "scenarios"}
+
+
+def preset_names(cls) -> list[str]:
+    """Names of the presets of one kind found under data/."""
+    folder = DATA_DIR / _KINDS[cls]
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def load(cls, name_or_path: str):
+    """Load a preset by name, or a YAML file by path, as spec `cls`."""
+    kind = _KINDS[cls]
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path)):
+        path = DATA_DIR / kind / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise PresetNotFound(
+                f"unknown {kind[:-1] if kind != 'hardware' else 'gpu'} {name_or_path!r}; "
+                f"presets: {preset_names(cls)} (or a path to a .yaml file)"
+            )
+    if path.is_dir():
+        raise PresetNotFound(f"{str(name_or_path)!r} is a directory, not a YAML file")
+    if not path.is_file():
+        raise PresetNotFound(f"no such file {str(name_or_path)!r}")
+    try:
+        mapping = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SpecError(f"{path}: not valid YAML ({first})") from None
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+    if isinstance(mapping, dict) and "name" in cls.__dataclass_fields__:
+        mapping.setdefault("name", path.stem)
+    return from_mapping(cls, mapping, str(path))
+
+
+def load_model(name: str) -> ModelSpec:
+    """A model preset or YAML file; `NAME:N-layers` is its first N blocks (a layer slice).
+
+    A slice keeps the real width, so a few layers of a large model can be
+    measured on a few GPUs and set beside the planner's price for them.
+    """
+    sliced = re.fullmatch(r"(.+):(\d+)-layers", str(name))
+    if not sliced:
+        return load(ModelSpec, name)
+    spec, n = load(ModelSpec, sliced[1]), int(sliced[2])
+    if not 1 <= n <= spec.n_layers:
+        raise SpecError(f"model {name!r}: {spec.name!r} has {spec.n_layers} layers; "
+                        f"slice 1..{spec.n_layers} of them")
+    return dataclasses.replace(spec, n_layers=n, name=str(name))
+
+
+def load_gpu(name: str, calibrated: bool = True) -> GPUSpec:
+    """A GPU preset (or YAML file); with its calibration applied when one exists for the card.
+
+    data/hardware/calibration/<name>.yaml (see `trainplan.calibrate.fit`) replaces
+    the efficiency fractions with microbenchmarked ones and sets `calibration`
+    to its label; otherwise `calibration` stays "datasheet".
+    """
+    gpu = load(GPUSpec, name)
+    if not calibrated:
+        return gpu
+    from trainplan.calibrate.fit import calibrated as apply_calibration
+    return apply_calibration(gpu)
+
+
+def load_cluster(name: str) -> ClusterSpec:
+    return load(ClusterSpec, name)
+
+
+def load_scenario(name: str) -> Scenario:
+    return load(Scenario, name)
+
+
+__all__ = [
+    "DATA_DIR", "GiB", "ModelSpec", "GPUSpec", "ClusterSpec", "ParallelConfig", "Scenario",
+    "load", "load_model", "load_gpu", "load_cluster", "load_scenario", "preset_names",
+    "from_mapping",
+]

@@ -1,0 +1,1 @@
+"""The knob study (Optuna), its effects with intervals, and `suggest`."""

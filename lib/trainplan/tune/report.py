@@ -1,0 +1,335 @@
+"""What a knob study found: importance, per-knob effects with intervals, the top knobs, the best.
+
+    trainplan tune --report --storage PATH [--study-name NAME] --json
+      -> {"trials", "gpu_hours", "top_knobs": [...], "best": {...}, ...}
+
+Only measured trials count (not skipped, crashed, interrupted or duplicate
+proposals). Two analyses, because each answers a different question:
+
+- Importance: PED-ANOVA (Watanabe et al. 2023, IJCAI, "PED-ANOVA:
+  Efficiently Quantifying Hyperparameter Importance in Arbitrary Subspaces";
+  conditional knobs as in its KDD 2026 extension), through
+  `optuna.importance.PedAnovaImportanceEvaluator`: how much each knob's
+  distribution differs between the top trials and all trials. It needs no
+  scikit-learn (fANOVA does), and is computed from `MIN_IMPORTANCE` trials on.
+- Effects: log(tokens/s/GPU) = b0 + sum of one-hot knob levels (main effects,
+  each knob against its default's level), least squares with a tiny ridge, a
+  percentile bootstrap over trials (Efron and Tibshirani 1993, ch. 13) for
+  95% intervals. TPE does not sample a balanced design, so raw per-level
+  means would mix in the other knobs; the joint fit separates them as far
+  as additivity holds. Effects are percent changes, exp(b) - 1.
+
+A knob has "no measurable effect" when every level's interval contains 0
+(DESIGN.md: compare settings only where intervals do not overlap). The top
+knobs are ranked by the largest effect whose interval excludes 0, then by
+importance: PED-ANOVA asks what distinguishes the top few trials, and with a
+few dozen noisy trials it can rank a knob with no effect first (seen on a
+simulated study in tests/test_tune.py), so it is reported beside the
+effects, not instead of them. Integer knobs are grouped into the levels of
+`knobs.BINS`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from trainplan.tune import knobs
+
+ROOT = Path(__file__).resolve().parents[3]
+COMMITTED = ROOT / "data" / "measurements" / "tune-2gpu" / "study.journal"
+MIN_IMPORTANCE = 10
+N_BOOT = 2000
+RIDGE = 1e-3
+
+
+def load(storage: str, name: str | None = None):
+    """The study (the only one in the storage unless `name` says which)."""
+    from trainplan.tune.study import StudyError, load_study, open_storage
+
+    store, path = open_storage(storage, must_exist=True)
+    names = [s.study_name for s in store.get_all_studies()]
+    if not names:
+        raise StudyError(f"--storage {storage}: holds no study")
+    if name is None and len(names) > 1:
+        raise StudyError(f"--storage {storage} holds {len(names)} studies {names}; "
+                         "pick one with --study-name")
+    return load_study(store, name or names[0], None, create=False)
+
+
+def frame(trials) -> pd.DataFrame:
+    """One row per measured trial: figure, interval, knob values and analysis levels."""
+    rows = []
+    for t in trials:
+        cfg = t.user_attrs["config"]
+        row = {"trial": t.number, "tokens_per_s_per_gpu": t.value, "ci_low": t.user_attrs["ci"][0],
+               "ci_high": t.user_attrs["ci"][1], "launches": t.user_attrs.get("launches", 1)}
+        row.update({f"{k}": v for k, v in cfg.items()})
+        row.update({f"level:{k}": knobs.level(k, v) for k, v in cfg.items()})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def importance(trials, direction, caveats: list | None = None) -> dict[str, float] | None:
+    """PED-ANOVA importance of each sampled knob, or None with fewer than MIN_IMPORTANCE trials.
+
+    Optuna's warnings (e.g. a knob level seen in fewer than 2 trials) go into `caveats`,
+    which the report prints, rather than onto stderr."""
+    if len(trials) < MIN_IMPORTANCE:
+        return None
+    import warnings
+
+    from trainplan.tune.study import import_optuna
+
+    optuna = import_optuna()
+    from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
+
+    study = optuna.create_study(direction=direction)
+    study.add_trials(trials)
+    quantile = min(0.5, max(0.1, 5 / len(trials)))  # >= 5 trials above it (optuna's advice)
+    evaluator = PedAnovaImportanceEvaluator(target_quantile=quantile)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        values = get_param_importances(study, evaluator=evaluator)
+    if caveats is not None:
+        caveats += sorted({str(w.message) for w in caught})
+    return {k: float(v) for k, v in values.items()}
+
+
+def _reference(df: pd.DataFrame, knob: str) -> str:
+    levels = df[f"level:{knob}"]
+    default = knobs.level(knob, knobs.SPACE[knob].default)
+    return default if (levels == default).any() else levels.value_counts().index[0]
+
+
+def _design(df: pd.DataFrame, varied: list[str], refs: dict) -> tuple[np.ndarray, list]:
+    cols, names = [np.ones(len(df))], []
+    for k in varied:
+        for lev in sorted(set(df[f"level:{k}"]) - {refs[k]}):
+            cols.append((df[f"level:{k}"] == lev).to_numpy(float))
+            names.append((k, lev))
+    return np.column_stack(cols), names
+
+
+def _fit(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    penalty = RIDGE * np.eye(x.shape[1])
+    penalty[0, 0] = 0.0  # the intercept is not shrunk
+    return np.linalg.solve(x.T @ x + penalty, x.T @ y)
+
+
+def effects(df: pd.DataFrame, seed: int = 0) -> pd.DataFrame | None:
+    """Per-knob level effects (% vs the reference level) with bootstrap 95% intervals.
+
+    None when there are too few trials for the number of levels (n < levels + 3).
+    """
+    names = [k for k in knobs.SPACE if f"level:{k}" in df]
+    varied = [k for k in names if df[f"level:{k}"].nunique() > 1]
+    refs = {k: _reference(df, k) for k in varied}
+    x, cols = _design(df, varied, refs)
+    if not cols or len(df) < x.shape[1] + 3:
+        return None
+    y = np.log(df["tokens_per_s_per_gpu"].to_numpy(float))
+    beta = _fit(x, y)
+    rng = np.random.default_rng(seed)
+    boot = np.empty((N_BOOT, len(beta)))
+    for i in range(N_BOOT):
+        idx = rng.integers(0, len(df), len(df))
+        boot[i] = _fit(x[idx], y[idx])
+    low, high = np.percentile(boot, [2.5, 97.5], axis=0)
+    rows = []
+    for j, (k, lev) in enumerate(cols, start=1):
+        pct = lambda b: 100.0 * (np.exp(b) - 1.0)  # noqa: E731
+        rows.append({"knob": k, "level": lev, "vs": refs[k],
+                     "n": int((df[f"level:{k}"] == lev).sum()), "effect_pct": pct(beta[j]),
+                     "low_pct": pct(min(low[j], beta[j])), "high_pct": pct(max(high[j], beta[j]))})
+    return pd.DataFrame(rows)
+
+
+def _counts(study) -> dict:
+    trials = study.get_trials(deepcopy=False)
+    reasons: dict[str, int] = {}
+    for t in trials:
+        if "skipped" in t.user_attrs:
+            key = t.user_attrs["skipped"].split(":")[0].split(" ")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+    return {"skipped": sum("skipped" in t.user_attrs for t in trials),
+            "skipped_by": reasons,
+            "failed": sum("failed" in t.user_attrs for t in trials),
+            "interrupted": sum("interrupted" in t.user_attrs for t in trials),
+            "duplicates": sum("duplicate_of" in t.user_attrs for t in trials)}
+
+
+def analyse(study) -> dict:
+    """The report of one loaded study (see the module docstring)."""
+    from trainplan.tune.study import gpu_seconds, measured
+
+    trials = measured(study)
+    df = frame(trials)
+    caveats: list[str] = []
+    imp = importance(trials, study.direction, caveats)
+    eff = effects(df) if len(df) else None
+    size = {}  # knob -> largest |effect| of a level whose interval excludes 0 (0 if none)
+    if eff is not None:
+        for r in eff.itertuples():
+            clear = r.low_pct > 0 or r.high_pct < 0
+            size[r.knob] = max(size.get(r.knob, 0.0), abs(r.effect_pct) if clear else 0.0)
+    names = list(dict.fromkeys([*size, *(imp or {})]))
+    ranked = sorted(names, key=lambda k: (-size.get(k, 0.0), -(imp or {}).get(k, 0.0)))
+    knob_rows = []
+    for k in ranked:
+        rows = eff[eff["knob"] == k] if eff is not None else pd.DataFrame()
+        measurable = bool(((rows["low_pct"] > 0) | (rows["high_pct"] < 0)).any()) \
+            if len(rows) else None
+        knob_rows.append({
+            "knob": k, "importance": imp.get(k) if imp else None,
+            "verdict": {True: "measurable effect", False: "no measurable effect",
+                        None: "not estimated"}[measurable],
+            "effects": [{"level": r.level, "vs": r.vs, "n": r.n,
+                         "effect_pct": round(r.effect_pct, 2),
+                         "ci_pct": [round(r.low_pct, 2), round(r.high_pct, 2)]}
+                        for r in rows.itertuples()]})
+    best = max(trials, key=lambda t: t.value, default=None)
+    suite = study.user_attrs.get("suite", {})
+    return {
+        "study": study.study_name, "model": suite.get("model"), "gpus": suite.get("gpus"),
+        "card": study.user_attrs.get("card"), "trials": len(trials),
+        "gpu_hours": gpu_seconds(study) / 3600.0,
+        "budget_gpu_hours": study.user_attrs.get("budget_gpu_hours"),
+        "workers": study.user_attrs.get("workers", 1),
+        "top_knobs": knob_rows[:3], "knobs": knob_rows,
+        "no_measurable_effect": [r["knob"] for r in knob_rows
+                                 if r["verdict"] == "no measurable effect"],
+        "importance_method": "PED-ANOVA" if imp else f"none (fewer than {MIN_IMPORTANCE} trials)",
+        "importance_caveats": caveats,
+        "best": None if best is None else {
+            "trial": best.number, "config": best.user_attrs["config"],
+            "tokens_per_s_per_gpu": best.value, "ci": best.user_attrs["ci"],
+            "launches": best.user_attrs.get("launches", 1)},
+        **_counts(study),
+    }
+
+
+def report(storage: str, name: str | None = None) -> dict:
+    return analyse(load(storage, name))
+
+
+def committed(path: Path = COMMITTED) -> dict | None:
+    """The committed GPU study's report, or None when no study has been committed yet."""
+    return report(str(path)) if Path(path).is_file() else None
+
+
+def format_report(out: dict) -> str:
+    lines = [f"study {out['study']}: {out['model']} on {out['gpus']} x {out['card']}, "
+             f"{out['trials']} configurations measured, {out['gpu_hours']:.3f} GPU-hours "
+             f"(skipped {out['skipped']}, failed {out['failed']}, "
+             f"interrupted {out['interrupted']})"]
+    if out.get("workers", 1) > 1:
+        lines.append(f"  {out['workers']} launches at a time, each on its own "
+                     f"{out['gpus']} GPUs of one host")
+    lines += [f"  caveat: {c}" for c in out.get("importance_caveats", [])]
+    for r in out["top_knobs"]:
+        imp = f"importance {r['importance']:.2f}, " if r["importance"] is not None else ""
+        lines.append(f"  {r['knob']}: {imp}{r['verdict']}")
+        for e in r["effects"]:
+            lines.append(f"    {e['level']} vs {e['vs']}: {e['effect_pct']:+.1f}% "
+                         f"(95% CI {e['ci_pct'][0]:+.1f} to {e['ci_pct'][1]:+.1f}%, n={e['n']})")
+    if out["best"]:
+        b = out["best"]
+        lines.append(f"  best: trial {b['trial']}, {b['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU "
+                     f"(95% CI {b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}): {b['config']}")
+    return "\n".join(lines)
+
+
+def recipe_sentences(rep: dict | None, recheck: dict | None = None) -> dict[str, str]:
+    """The recipe page's plain-words sentences (markdown) from a report, or for no study yet.
+
+    Only what the study measured is said: a knob is recommended only where a
+    level beats its default with an interval above 0, and named as "leave
+    alone" only where every interval contains 0.
+    """
+    if rep is None or not rep["trials"]:
+        return {
+            "status": "**No GPU study is committed yet.** The study code runs end to end on the "
+                      "CPU proxy in the tests, but no knob has been measured on GPUs, so this "
+                      "page claims no effect for any knob.",
+            "decision": "Keep NCCL and the data loader at their defaults (`NCCL_ALGO` and "
+                        "`NCCL_PROTO` unset) until the knob study has run: no knob has a "
+                        "measured effect here yet.",
+            "risk": "Until the study runs, nothing here says which knob matters on these GPUs.",
+            "missing": "**The GPU study.** Its one-call command (a device run that resumes the "
+                       "study on each call) is in the docstring of `trainplan.tune.study`; its "
+                       "storage "
+                       "and measurement records will live in `data/measurements/tune-2gpu/`. "
+                       "Then the recipe itself: the top knobs with their effects and intervals, "
+                       "what to leave alone, and the figures above."}
+    gains, alone, avoid = [], [], []
+    for k in rep["knobs"]:
+        avoid += [f"`{k['knob']}` {e['level']} ({e['effect_pct']:+.1f}%, 95% interval "
+                  f"{e['ci_pct'][0]:+.1f} to {e['ci_pct'][1]:+.1f}%)"
+                  for e in k["effects"] if e["ci_pct"][1] < 0]
+        better = [e for e in k["effects"] if e["ci_pct"][0] > 0]
+        if better:
+            e = max(better, key=lambda e: e["effect_pct"])
+            gains.append(f"`{k['knob']}` {e['level']} ({e['effect_pct']:+.1f}% against "
+                         f"{e['vs']}, 95% interval {e['ci_pct'][0]:+.1f} to "
+                         f"{e['ci_pct'][1]:+.1f}%)")
+        elif k["verdict"] == "no measurable effect":
+            alone.append(f"`{k['knob']}`")
+    status = (f"The committed study `{rep['study']}` measured {rep['trials']} configurations of "
+              f"`{rep['model']}` on {rep['gpus']} x {rep['card']} in {rep['gpu_hours']:.2f} "
+              "GPU-hours.")
+    if not any(k["effects"] for k in rep["knobs"]):  # too few trials for any interval
+        b = rep["best"]
+        fastest = ", ".join(f"{k} {v}" for k, v in b["config"].items() if v is not None)
+        decision = (f"The study is too small yet to estimate any knob's effect with an interval "
+                    f"({rep['trials']} configurations): keep the defaults until it is complete. "
+                    f"The fastest configuration measured so far ({fastest}) ran "
+                    f"{b['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU (95% interval "
+                    f"{b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}): one measurement, not a knob effect.")
+        caveat = " ".join(rep.get("importance_caveats", []))
+        return {"status": status, "decision": decision,
+                "risk": "With this few configurations, which knob matters is not known yet; the "
+                        "study resumes from its committed storage.",
+                "missing": f"**The rest of the GPU study.** {rep['trials']} configurations are "
+                           "measured, too few for any knob level's effect with an interval (the "
+                           "study resumes from its committed storage, "
+                           "`data/measurements/tune-2gpu/study.journal`). The importance figure "
+                           "above ranks knobs from these trials alone"
+                           + (f" (PED-ANOVA warns: {caveat})" if caveat else "") + "."}
+    decision = ("Set " + "; ".join(gains) + "." if gains else
+                "No knob beat its default with an interval above zero: keep the defaults.")
+    if avoid:
+        decision += " Avoid: " + "; ".join(avoid) + "."
+    if alone:
+        decision += " Leave alone (no measurable effect): " + ", ".join(alone) + "."
+    decision += _recheck_sentence(recheck)
+    return {"status": status, "decision": decision,
+            "risk": "The study ran on the proxy at one scale; effects on a larger job can "
+                    "differ, so measure the top knobs again on the real job's first hour.",
+            "missing": _missing_on_more_gpus(rep, recheck)}
+
+
+def _recheck_sentence(recheck: dict | None) -> str:
+    """The re-check's measurable changes, in words ("" when there are none)."""
+    hits = [r for r in (recheck or {}).get("rows", []) if r.get("measurable")]
+    if not hits:
+        return ""
+    return (f" Re-checked on {recheck['gpus']} x {recheck['card']}: "
+            + "; ".join(f"`{r['change']}` changed tokens/s/GPU by {r['effect_pct']:+.1f}% "
+                        "(intervals apart)" for r in hits) + ".")
+
+
+def _missing_on_more_gpus(rep: dict, recheck: dict | None) -> str:
+    """What is not measured on a larger host: everything until a re-check
+    (`trainplan.tune.recheck`) is committed, then the changes it did not run."""
+    if recheck is None:
+        return (f"**The top knobs on more GPUs.** The study ran on {rep['gpus']} GPUs; "
+                "its top knobs are still to be measured again on a larger host.")
+    skipped = [f"`{r['change']}`" for r in recheck["rows"] if not r["launches"]]
+    return (f"**The rest of the re-check.** The study's best was re-checked on "
+            f"{recheck['gpus']} x {recheck['card']} one knob at a time (above). "
+            + (f"Not run there: {', '.join(skipped)}. " if skipped else "")
+            + "The NCCL settings were not re-checked: the study found no measurable effect "
+              "for them on two GPUs, and larger hosts and other networks can differ.")

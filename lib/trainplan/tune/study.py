@@ -1,0 +1,236 @@
+"""The knob study: Optuna over `trainplan.tune.knobs`, each trial a real harness launch, under
+a budget.
+
+    trainplan tune --suite data/suites/tune-2gpu.yaml --storage PATH.journal \\
+        --gpu-hours 0.5 --trials 48 [--stop-after-s 540] [--cpu]
+
+Storage: a journal file (`journal:PATH`, or any path not ending in .db /
+.sqlite) or SQLite (`sqlite:///PATH`); the study is created with
+`load_if_exists`, so rerunning the same command resumes it. `--trials` is the
+study's total of measured configurations and `--gpu-hours` its total budget,
+both counted from storage, so a resumed study goes on where it stopped.
+
+Budget: every launch's whole wall time x its GPUs (ranks on the CPU proxy)
+counts, start-up, warm-up and compile included. The spend is written to the
+trial every few seconds (`tune_launch.HEARTBEAT_S`), so a killed study loses at most that much
+of its accounting; its RUNNING trial is marked FAIL ("interrupted") on the
+next start. A launch is not started when the median launch so far would
+overrun the budget, and is killed if it does overrun; the study then stops
+and says so. One process per storage at a time (a lock file next to it).
+
+Sampler: `TPESampler(multivariate=True, group=True)` with constraints.
+The space is small, mostly categorical, conditional (prefetch only with
+workers) and noisy. TPE models categorical and integer knobs natively
+(Bergstra et al. 2011, NeurIPS, "Algorithms for Hyper-Parameter
+Optimization"); multivariate TPE models their interactions (micro-batch x
+recompute x ZeRO share one memory budget; Falkner et al. 2018, BOHB);
+`group=True` gives the conditional prefetch knob its own subspace; TPE
+splits trials by rank quantile, not by value, so noise of a few percent moves
+it little (Watanabe 2023, arXiv:2304.11127). GP and CMA-ES samplers handle
+categorical knobs poorly. Skipped and crashed configs count as infeasible
+(`Trial.set_constraint` > 0), so TPE learns to avoid them without a made-up
+objective value.
+The first `n_startup` trials are random (a space-filling start).
+
+Pruner: successive halving over launches (Jamieson and Talwalkar 2016;
+Li et al. 2017, Hyperband). Every config gets one launch; only those in the
+top 1/`reduction_factor` at that rung get a second, fresh launch, which
+replicates the best configs (launch-to-launch noise) instead of spending the
+budget on configs that are plainly slower. A config not promoted keeps its
+one-launch figure and ends COMPLETE: nothing measured is thrown away.
+
+Objective: tokens/s/GPU, total tokens over total time of the kept steps
+(windows) of all launches, warm-up steps dropped, with a bootstrap 95%
+interval over windows (`trainplan.records.stats.rate_ci`), stored as user attrs.
+GPU launches also append a measurement record (`--records`, written by the
+harness itself, so its provenance carries the launch's own NCCL
+environment); its run_id `STUDY/trial-N/launch-K` points to the trial,
+whose user attrs hold the full knob config.
+
+The GPU study (2 GPUs a launch). On a 4-GPU host `--workers 2` runs two
+launches at once on GPUs 0-1 and 2-3 (`trainplan.tune.loop`), so one 10-minute
+device command spends the 0.5 GPU-hour budget (~25 s launches: ~35 configs
+plus replicates of the best):
+
+    mkdir -p $OUT/tune /tmp/site && cp -r .venv/lib/python3.11/site-packages/optuna \
+      .venv/lib/python3.11/site-packages/colorlog /tmp/site/ && export \
+      PYTHONPATH=$PWD/lib:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
+      TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 && python3 -m trainplan.cli \
+      tune --suite data/suites/tune-2gpu.yaml --storage $OUT/tune/study.journal \
+      --records $OUT/tune/measurements.jsonl --gpu-hours 0.5 --trials 48 --workers 2 \
+      --stop-after-s 540 --json
+
+run with kind nvidia-h100-x4 (or nvidia-h200-x4), timeout_s 600, carry
+[".venv/lib/python3.11/site-packages/optuna",
+".venv/lib/python3.11/site-packages/colorlog"] (optuna and colorlog are pure
+Python and absent there; the journal storage needs no SQLAlchemy). Copy the
+returned tune/* files into data/measurements/tune-2gpu/; if it stopped at
+--stop-after-s, put them back under $OUT/tune/ and call again to resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import warnings
+from pathlib import Path
+
+import yaml
+
+from trainplan.errors import SpecError, TrainplanError
+from trainplan.tune import knobs
+
+SUITE_DEFAULTS = {"cluster": "dgx-h100", "gpu": "h100-sxm", "seq_len": 2048, "warmup": 3,
+                  "windows": 10, "target_sequences": 160, "max_measure_s": 25.0,
+                  "max_launches": 2, "reduction_factor": 4, "n_startup": 10, "seed": 0,
+                  "launch_timeout_s": 300.0, "extra_args": [], "space": {}}
+
+
+class StudyError(TrainplanError):
+    """A study that cannot be run or read (storage, suite, another process holding it)."""
+
+
+def import_optuna():
+    """optuna, imported without tqdm's "IProgress not found" warning: optuna imports
+    tqdm.auto, which in a notebook kernel without ipywidgets warns on stderr (the recipe
+    page must build clean); the study's own progress bar writes to a terminal."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import optuna
+    return optuna
+
+
+# ---------------------------------------------------------------- suite and storage
+
+
+def make_suite(*, suite_path: str | None = None, model: str | None = None, gpus: int = 1,
+               seq_len: int | None = None) -> dict:
+    """A tune suite from a YAML file, or from --model/--gpus (data parallel over all GPUs)."""
+    if suite_path:
+        try:
+            raw = yaml.safe_load(Path(suite_path).read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise SpecError(f"--suite {suite_path}: cannot read "
+                            f"({' '.join(str(err).split())[:160]})") from None
+        if not isinstance(raw, dict) or "model" not in raw or "gpus" not in raw:
+            raise SpecError(f"--suite {suite_path}: expected a mapping with 'model' and 'gpus'")
+    else:
+        raw = {"model": model, "gpus": gpus}
+    suite = {**SUITE_DEFAULTS, **raw}
+    if seq_len:
+        suite["seq_len"] = seq_len
+    suite.setdefault("layout", {"dp": suite["gpus"]})
+    unknown = set(suite["layout"]) - {"dp", "tp", "pp"}
+    if unknown or suite["layout"].get("dp", 1) * suite["layout"].get("tp", 1) * \
+            suite["layout"].get("pp", 1) != suite["gpus"]:
+        raise SpecError(f"suite layout {suite['layout']} must give dp x tp x pp = gpus "
+                        f"{suite['gpus']} (keys dp, tp, pp)")
+    from trainplan.specs import load_cluster, load_model
+    load_model(suite["model"]), load_cluster(suite["cluster"])  # a bad preset fails here
+    knobs.space(suite["space"])
+    return suite
+
+
+def storage_path(spec: str) -> tuple[str, Path]:
+    """('journal' | 'sqlite', file path) of a --storage value."""
+    if spec.startswith("sqlite:///"):
+        return "sqlite", Path(spec[len("sqlite:///"):])
+    path = Path(spec[len("journal:"):] if spec.startswith("journal:") else spec)
+    kind = "sqlite" if path.suffix in (".db", ".sqlite", ".sqlite3") else "journal"
+    return kind, path
+
+
+def open_storage(spec: str, *, must_exist: bool):
+    kind, path = storage_path(spec)
+    if must_exist and not path.is_file():
+        raise StudyError(f"--storage {spec}: no study there (no file {path})")
+    if not path.parent.is_dir():
+        raise StudyError(f"--storage {spec}: folder {path.parent} does not exist")
+    optuna = import_optuna()
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if kind == "sqlite":
+        return optuna.storages.RDBStorage(f"sqlite:///{path}"), path
+    from optuna.storages.journal import JournalFileBackend
+    return optuna.storages.JournalStorage(JournalFileBackend(str(path))), path
+
+
+@contextlib.contextmanager
+def exclusive(path: Path):
+    """Hold `PATH.lock-tune` for the study's run; a second process is refused, one line."""
+    lock = path.with_name(path.name + ".lock-tune")
+    with open(lock, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise StudyError(f"--storage {path}: another `trainplan tune` runs this study "
+                             f"(lock {lock}); wait for it or stop it") from None
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+
+
+def load_study(storage, name: str, suite: dict | None, create: bool):
+    optuna = import_optuna()
+
+    with warnings.catch_warnings():  # `group` is marked experimental; it is what we need
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(
+            multivariate=True, group=True, n_startup_trials=(suite or SUITE_DEFAULTS)["n_startup"],
+            seed=(suite or SUITE_DEFAULTS)["seed"])
+    pruner = optuna.pruners.SuccessiveHalvingPruner(
+        min_resource=1, reduction_factor=(suite or SUITE_DEFAULTS)["reduction_factor"])
+    if not create:
+        names = [s.study_name for s in storage.get_all_studies()]
+        if name not in names:
+            raise StudyError(f"--study-name {name!r} is not in the storage; studies: {names}")
+    if create:
+        study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
+                                    sampler=sampler, pruner=pruner, load_if_exists=True)
+    else:  # reading a study (the report, a committed journal) must not write to it
+        study = optuna.load_study(storage=storage, study_name=name, sampler=sampler,
+                                  pruner=pruner)
+    if suite is not None:
+        stored = study.user_attrs.get("suite")
+        if stored is None:
+            study.set_user_attr("suite", suite)
+        elif {k: stored.get(k) for k in ("model", "gpus", "seq_len", "layout")} != \
+                {k: suite[k] for k in ("model", "gpus", "seq_len", "layout")}:
+            raise StudyError(f"study {name!r} was made for {stored['model']} on "
+                             f"{stored['gpus']} GPUs, seq {stored['seq_len']}; use another "
+                             "--study-name for this suite")
+    return study
+
+
+# ---------------------------------------------------------------- accounting
+
+
+def gpu_seconds(study) -> float:
+    """Device time spent by every trial of the study (all states), from storage."""
+    trials = study.get_trials(deepcopy=False)
+    return sum(float(t.user_attrs.get("gpu_seconds", 0.0)) for t in trials)
+
+
+def measured(study) -> list:
+    """Trials that ran the harness and finished with a figure (duplicates not counted)."""
+    from optuna.trial import TrialState
+
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("measured")]
+
+
+def recover(study) -> int:
+    """Mark RUNNING trials left by a killed study FAIL ("interrupted"); their spend stays."""
+    from optuna.trial import TrialState
+
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in stale:
+        study._storage.set_trial_user_attr(t._trial_id, "interrupted", "study process died")
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    return len(stale)
+
+
+# ---------------------------------------------------------------- the study

@@ -1,0 +1,149 @@
+"""One trial launch of the knob study: the harness under torchrun, watched, measured, recorded.
+
+`trainplan.tune.study` decides what to run; this module runs it: builds the
+`torchrun ... -m trainplan.bench.harness.train` command and environment of a config
+(`trainplan.tune.knobs`), waits for it while reporting its spend every
+`HEARTBEAT_S` seconds (so the budget stays enforced, and a killed study has
+its spend on record), stops it when told, and pools launches into one
+figure with its interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trainplan.errors import TrainplanError
+from trainplan.proctree import stop_tree
+from trainplan.tune import knobs
+
+CARD_PRESETS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}
+HEARTBEAT_S = 2.0  # seconds between spend updates: what a killed study can leave uncounted
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when the study process dies (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def launch_command(suite: dict, cfg: dict, cpu: bool) -> list[str]:
+    lay = suite["layout"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={suite['gpus']}", "-m", "trainplan.bench.harness.train",
+           "--model", suite["model"], "--seq-len", str(suite["seq_len"]),
+           "--steps", str(suite["warmup"] + knobs.windows(cfg, suite)),
+           "--warmup", str(suite["warmup"]), "--json", "--no-progress"]
+    for k in ("dp", "tp", "pp"):
+        cmd += [f"--{k}", str(lay.get(k, 1))]
+    cmd += knobs.harness_args(cfg) + [str(a) for a in suite["extra_args"]]
+    return cmd + (["--cpu"] if cpu else [])
+
+
+def launch_env(cfg: dict) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    lib = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (lib, env.get("PYTHONPATH")) if p)
+    for name, value in knobs.env(cfg).items():
+        if value is None:
+            env.pop(name, None)  # "default": NCCL chooses; an inherited value must not leak in
+        else:
+            env[name] = value
+    return env
+
+
+def run_launch(cmd, env, *, tick, deadline_s: float) -> tuple[dict | None, str, float]:
+    """Run one harness launch; (summary or None, error text, wall seconds).
+
+    `tick(elapsed)` is called every HEARTBEAT_S seconds and returns a reason
+    to stop ("budget", "time") or None; the launch is then terminated.
+    """
+    start = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True,
+                                preexec_fn=_die_with_parent, start_new_session=True)
+        stop = None
+        while True:
+            try:
+                proc.wait(timeout=HEARTBEAT_S)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - start
+                stop = tick(elapsed) or ("timeout" if elapsed > deadline_s else None)
+                if stop:
+                    stop_tree(proc)  # torchrun, and its workers in their own sessions
+                    break
+        seconds = time.monotonic() - start
+        out.seek(0), err.seek(0)
+        lines = [ln for ln in out.read().splitlines() if ln.startswith("{")]
+        if stop:
+            return None, f"stopped: {stop}", seconds
+        if proc.returncode or not lines:
+            tail = " | ".join(err.read().strip().splitlines()[-3:])[-400:]
+            return None, f"rc={proc.returncode}: {tail}", seconds
+        return json.loads(lines[-1]), "", seconds
+
+
+def pooled(summaries: list[dict]) -> dict:
+    """Tokens/s/GPU over every kept step of every launch, with its bootstrap 95% interval."""
+    from trainplan.records.stats import rate_ci
+
+    amounts, times = [], []
+    for s in summaries:
+        per_gpu = s["tokens_per_step"] / s["ranks"]
+        amounts += [per_gpu] * len(s["step_times_s"])
+        times += s["step_times_s"]
+    rate = rate_ci(amounts, times)
+    return {"tokens_per_s_per_gpu": rate.estimate, "ci": rate.as_list(), "ci_enough": rate.enough,
+            "windows": len(times), "launch_rates": [s["tokens_per_s_per_gpu"] for s in summaries],
+            "mfu": summaries[-1].get("mfu"),
+            "peak_mem_reserved_gib": max((s.get("peak_mem_reserved_gib") or 0.0)
+                                         for s in summaries)}
+
+
+def card_name(cpu: bool) -> str:
+    """The GPU's name from nvidia-smi, or "cpu"; torch is not imported here, so the study
+    process holds no CUDA context on a card its launches measure."""
+    if cpu:
+        return "cpu"
+    from trainplan.records.provenance import nvidia_smi
+
+    names = nvidia_smi()[0]
+    if not names:
+        raise TrainplanError("no GPU found (nvidia-smi lists none); pass --cpu for the CPU proxy")
+    return names[0]
+
+
+def device_groups(workers: int, gpus: int, cpu: bool) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each of `workers` concurrent launches, `gpus` devices each,
+    disjoint; [None] * workers on CPU. Too few devices raises one line."""
+    if cpu:
+        return [None] * workers
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        from trainplan.records.provenance import nvidia_smi
+
+        ids = [str(i) for i in range(len(nvidia_smi()[0]))]
+    if workers * gpus > len(ids):
+        raise TrainplanError(f"--workers {workers}: {workers} x {gpus} GPUs needed, this machine "
+                             f"shows {len(ids)}; use --workers {max(1, len(ids) // gpus)}")
+    return [",".join(ids[w * gpus:(w + 1) * gpus]) for w in range(workers)]
+
+
+def gpu_for(card: str, suite: dict):
+    """The card's preset with its committed calibration applied where one exists (as the
+    planner and `validate` use it), else the suite's fallback preset's datasheet figures."""
+    from trainplan.calibrate.fit import calibrated
+    from trainplan.specs import load_gpu
+    return calibrated(load_gpu(next((p for k, p in CARD_PRESETS.items() if k in card),
+                                    suite["gpu"])))
