@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from trainplan.calibrate import fit as calibrate
-from trainplan.calibrate.fit import CalibrationError
+from trainplan.calibrate import store as calibration
+from trainplan.calibrate.store import CalibrationError, load_gpu
 from trainplan.cli import main
 from trainplan.cost import comms
-from trainplan.specs import ClusterSpec, load_gpu
+from trainplan.specs import ClusterSpec
 
 PEAK = 989.0
 MICRO = "data/measurements/micro-h200x2-20261126.jsonl"
@@ -78,7 +79,7 @@ def test_alpha_beta_clips_negative_latency():
 
 def test_committed_calibration_matches_its_records():
     cal = calibrate.build(COMMITTED_MICRO, load_gpu("h200-sxm", calibrated=False))
-    stored = calibrate.load("h200-sxm")
+    stored = calibration.load("h200-sxm")
     assert stored is not None
     for key in ("matmul_efficiency", "attention_efficiency", "label", "pieces"):
         assert stored[key] == cal[key]
@@ -88,13 +89,13 @@ def test_committed_calibration_matches_its_records():
 def test_load_gpu_uses_calibration_where_present(monkeypatch):
     h200, a100 = load_gpu("h200-sxm"), load_gpu("a100-80gb")  # a100: no calibration file
     assert h200.calibration.startswith("h200-sxm (85 microbenchmark records")
-    assert h200.matmul_efficiency == calibrate.load("h200-sxm")["matmul_efficiency"]
+    assert h200.matmul_efficiency == calibration.load("h200-sxm")["matmul_efficiency"]
     assert {op for op, *_ in h200.collectives} == set(calibrate.COLLECTIVES)
     assert a100.calibration == "datasheet" and a100.collectives == ()
-    assert load_gpu("h100-sxm").calibration == calibrate.load("h100-sxm")["label"]
-    assert calibrate.load("h100-sxm")["label"].startswith("h100-sxm (128 microbenchmark records")
+    assert load_gpu("h100-sxm").calibration == calibration.load("h100-sxm")["label"]
+    assert calibration.load("h100-sxm")["label"].startswith("h100-sxm (128 microbenchmark records")
     assert load_gpu("h200-sxm", calibrated=False).calibration == "datasheet"
-    monkeypatch.setenv(calibrate.OFF_ENV, "off")
+    monkeypatch.setenv(calibration.OFF_ENV, "off")
     assert load_gpu("h200-sxm").calibration == "datasheet"
 
 
@@ -108,7 +109,7 @@ def test_load_gpu_uses_calibration_where_present(monkeypatch):
     ("gpu: [unclosed\n", "not a readable calibration"),
 ])
 def test_malformed_calibration_is_one_clear_error(tmp_path, monkeypatch, text, match):
-    monkeypatch.setattr(calibrate, "CALIBRATION_DIR", tmp_path)
+    monkeypatch.setattr(calibration, "CALIBRATION_DIR", tmp_path)
     (tmp_path / "h100-sxm.yaml").write_text(text)
     with pytest.raises(CalibrationError, match=match) as err:
         load_gpu("h100-sxm")
@@ -116,8 +117,8 @@ def test_malformed_calibration_is_one_clear_error(tmp_path, monkeypatch, text, m
 
 
 def test_absent_calibration_is_none(tmp_path, monkeypatch):
-    monkeypatch.setattr(calibrate, "CALIBRATION_DIR", tmp_path)
-    assert calibrate.load("h200-sxm") is None
+    monkeypatch.setattr(calibration, "CALIBRATION_DIR", tmp_path)
+    assert calibration.load("h200-sxm") is None
     assert load_gpu("h200-sxm").calibration == "datasheet"
 
 
@@ -140,7 +141,7 @@ def test_cli_calibrate_writes_and_refuses(tmp_path, capsys):
                  "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["path"] == str(out) and out.is_file()
-    assert calibrate.load("h200-sxm", out)["matmul_efficiency"] == got["matmul_efficiency"]
+    assert calibration.load("h200-sxm", out)["matmul_efficiency"] == got["matmul_efficiency"]
     bad = tmp_path / "bad.yaml"
     assert main(["calibrate", "--records", MICRO, "--gpu", "h100-sxm", "--out", str(bad)]) == 2
     err = capsys.readouterr().err

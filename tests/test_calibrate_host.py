@@ -8,10 +8,11 @@ import pytest
 
 from trainplan.calibrate import host as calibrate_host
 from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.calibrate.store import load_gpu
 from trainplan.cost import measured as overheads
 from trainplan.cost.step_time import evaluate
 from trainplan.errors import SpecError
-from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import Layouts
 
 M = load_model("llama-1.3b")  # 24 layers

@@ -10,11 +10,13 @@ import pytest
 from trainplan.calibrate import fit as calibrate
 from trainplan.calibrate import memory as calibrate_memory
 from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.calibrate import store as calibration
+from trainplan.calibrate.store import load_gpu
 from trainplan.cost import memory
 from trainplan.cost import memory_runtime as rt
 from trainplan.cost.measured import activation_scale
 from trainplan.errors import SpecError
-from trainplan.specs import ParallelConfig, load_gpu, load_model
+from trainplan.specs import ParallelConfig, load_model
 from trainplan.specs.layouts import Layouts
 
 M = load_model("llama-13b")
@@ -129,7 +131,7 @@ def test_the_field_validates_and_survives_the_calibration_yaml(tmp_path):
     cal = {"gpu": "h100-sxm", "label": "test", "matmul_efficiency": 0.7,
            "attention_efficiency": 0.5, "collectives": {}, "pieces": pieces}
     path = calibrate.write(cal, tmp_path / "cal.yaml")
-    gpu = calibrate.apply(_gpu(), calibrate.load("h100-sxm", path))
+    gpu = calibration.apply(_gpu(), calibration.load("h100-sxm", path))
     assert gpu.fragmentation_scales == (("fsdp2:z3", 0.55), ("plain", 0.55), ("tp2", 0.08))
     assert calibrate_pieces.apply(_gpu(), {"fragmentation_scales": []}).fragmentation_scales == ()
 

@@ -9,8 +9,10 @@ from tests.bench.micro_runs import run_micro
 
 from trainplan.calibrate import fit as calibrate
 from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.calibrate import store as calibration
+from trainplan.calibrate.store import load_gpu
 from trainplan.cost.step_time import evaluate
-from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import Layouts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,11 +80,11 @@ def test_activation_scale_falls_back_to_the_mode_without_recompute():
 
 
 def test_bad_pieces_in_a_calibration_file_are_refused_in_one_line(tmp_path):
-    good = calibrate.load("h200-sxm")
+    good = calibration.load("h200-sxm")
     path = tmp_path / "h200-sxm.yaml"
     path.write_text(calibrate.yaml.safe_dump({**good, "pieces": {"overlap_exposed": 3.0}}))
-    with pytest.raises(calibrate.CalibrationError, match="pieces") as err:
-        calibrate.apply(_gpu(), calibrate.load("h200-sxm", path))
+    with pytest.raises(calibration.CalibrationError, match="pieces") as err:
+        calibration.apply(_gpu(), calibration.load("h200-sxm", path))
     assert "\n" not in str(err.value)
 
 
@@ -108,7 +110,7 @@ def test_two_rank_piece_benches_feed_a_calibration(tmp_path):
     assert {"eager_elementwise_scale", "head_scale", "optimizer_scale", "overlap_exposed",
             "memory_efficiency"} <= set(cal["pieces"])
     assert len(cal["block_checks"]) == 2
-    applied = calibrate.apply(cpu, cal)
+    applied = calibration.apply(cpu, cal)
     got = cal["pieces"]["eager_elementwise_scale"]
     assert applied.eager_elementwise_scale == pytest.approx(got)
 

@@ -7,9 +7,10 @@ import pytest
 
 from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.calibrate import tp as calibrate_tp
+from trainplan.calibrate.store import load_gpu
 from trainplan.cost import measured as overheads
 from trainplan.cost.step_time import evaluate
-from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import Layouts
 
 M = load_model("llama-1.3b")

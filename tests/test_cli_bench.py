@@ -77,8 +77,8 @@ def test_standalone_command(tiny, capsys):
     cmd = _dry(["--model", tiny, "--nproc-per-node", "2", "--dp", "2", "--zero", "3",
                 "--compile", "--impl", "hf-baseline", "--cpu"], capsys)
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    rest = cmd[cmd.index("trainplan.bench.harness.hf_baseline") + 1:]
-    assert " ".join(rest) == f"--model {tiny} --dp 2 --zero 3 --compile --cpu"
+    rest = cmd[cmd.index("trainplan.bench.harness.train") + 1:]
+    assert " ".join(rest) == f"--model {tiny} --dp 2 --zero 3 --compile --cpu --impl hf-baseline"
 
 
 def test_multi_node_static_and_c10d_commands(tiny, capsys):

@@ -10,6 +10,7 @@ import pytest
 
 from trainplan.cli import main
 from trainplan.compare import accuracy as compare
+from trainplan.compare import matching
 from trainplan.compare import views as compare_views
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,12 +53,12 @@ def test_contract_on_committed_records(committed, capsys):
         assert ROW_KEYS <= set(row)
         low, high = row["measured_step_time_ci"]
         assert low <= row["measured_step_time_s"] <= high
-        assert row["flagged"] == (row["launches"] < compare.MIN_LAUNCHES)
+        assert row["flagged"] == (row["launches"] < matching.MIN_LAUNCHES)
     assert out["refused"] == []
-    from trainplan.calibrate import fit as calibrate
+    from trainplan.calibrate import store as calibration
     head = next(r for r in out["rows"] if r["host"] == out["headline_host"])
-    preset = calibrate.card_preset(head["card"])  # the headline host's card, calibrated
-    assert out["repredicted"]["calibration"] == calibrate.load(preset)["label"]
+    preset = calibration.card_preset(head["card"])  # the headline host's card, calibrated
+    assert out["repredicted"]["calibration"] == calibration.load(preset)["label"]
     assert main(["compare", "--json", "--no-repredict"]) == 0
     cli = json.loads(capsys.readouterr().out)
     assert cli["configs"] == out["configs"] and cli["step_time_error"] == out["step_time_error"]
@@ -319,7 +320,7 @@ def test_a_prediction_whose_own_run_never_measured_its_config_is_not_refused(tmp
 def test_layer_slices_are_the_width_check_and_in_no_proxy_figure(committed):
     current = [r for r in committed["rows"]
                if "superseded_by" not in r and r["predicted_step_time_s"] is not None]
-    sliced = [r for r in current if compare.SLICE.fullmatch(r["model"])]
+    sliced = [r for r in current if matching.SLICE.fullmatch(r["model"])]
     assert sliced and all(r["model"].endswith("-layers") for r in sliced)
     width = committed["width_check"]
     assert width["configs"] == len(sliced)
@@ -335,7 +336,7 @@ def test_layer_slices_are_the_width_check_and_in_no_proxy_figure(committed):
 def test_memory_band_is_the_width_checks_largest_overrun(committed):
     band = compare_views.memory_band(committed)
     sliced = [r for r in committed["rows"] if "superseded_by" not in r
-              and r["memory_error"] is not None and compare.SLICE.fullmatch(r["model"])]
+              and r["memory_error"] is not None and matching.SLICE.fullmatch(r["model"])]
     assert band["n"] == len(sliced) > 0
     ratios = {r["config"]: r["measured_memory_gib"] / r["predicted_memory_gib"] for r in sliced}
     assert band["factor"] == pytest.approx(max(1.0, max(ratios.values())))

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
+from trainplan.calibrate.store import load_gpu
 from trainplan.cost import comms, compute, memory
-from trainplan.specs import load_cluster, load_gpu
+from trainplan.specs import load_cluster
 
 
 def test_compiled_loss_keeps_four_bytes_per_logit():

@@ -11,10 +11,12 @@ from tests.test_calibrate_host import assert_wait_as_before
 from trainplan.calibrate import fit as calibrate
 from trainplan.calibrate import host as calibrate_host
 from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.calibrate import store as calibration
+from trainplan.calibrate.store import load_gpu
 from trainplan.cost import measured as overheads
 from trainplan.cost.step_time import evaluate
 from trainplan.errors import SpecError
-from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import Layouts
 
 M = load_model("llama-1.3b")  # 24 layers
@@ -101,7 +103,7 @@ def test_the_field_validates_and_survives_the_calibration_yaml(tmp_path):
     cal = {"gpu": "h100-sxm", "label": "test", "matmul_efficiency": 0.7,
            "attention_efficiency": 0.5, "collectives": {}, "pieces": pieces}
     path = calibrate.write(cal, tmp_path / "cal.yaml")
-    gpu = calibrate.apply(_gpu(), calibrate.load("h100-sxm", path))
+    gpu = calibration.apply(_gpu(), calibration.load("h100-sxm", path))
     assert gpu.host_step_layer_s == (("plain", 0.001), ("tp2", 0.0025))
     assert gpu.host_step_s == (("plain", 0.01),)
     assert calibrate_pieces.apply(_gpu(), {"host_step_layer_s": []}).host_step_layer_s == ()
@@ -112,7 +114,7 @@ def test_no_host_step_layer_s_leaves_the_planner_bit_for_bit_as_before():
                host_step_s=(("plain", 0.01), ("fsdp2", 0.03), ("tp2", 0.065)),
                host_overlap_k=6.0)
     assert_wait_as_before(gpu, seed=1, tps=[1, 2, 4], depths=[2.0, 6.0, 12.0, 24.0],
-                          step_extra=lambda tp, fsdp: overheads._per_wrapper(gpu.host_step_s,
+                          step_extra=lambda tp, fsdp: overheads.per_wrapper(gpu.host_step_s,
                                                                              tp, fsdp))
     cfgs = [ParallelConfig(dp=2, zero=2, micro_batch=1), ParallelConfig(tp=2, dp=2),
             ParallelConfig(pp=2, dp=2, micro_batch=1, grad_accum=4)]

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from conftest import easy_cluster, easy_gpu, free_cluster, tiny_model
+from trainplan.calibrate.store import load_gpu
 from trainplan.cost import comms, compute, memory, params
 from trainplan.cost.step_time import evaluate
-from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import Layouts
 
 SEQ = 32

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import easy_cluster, easy_gpu, tiny_model
-from trainplan.calibrate import fit as calibrate
-from trainplan.calibrate.fit import CalibrationError
+from trainplan.calibrate import store as calibration
+from trainplan.calibrate.store import CalibrationError
 from trainplan.cost import comms, compute
 from trainplan.cost.step_time import evaluate
 from trainplan.errors import SpecError
@@ -211,4 +211,4 @@ def test_bad_layout_scales_are_rejected():
     cal = {"label": "bad", "matmul_efficiency": 0.8, "attention_efficiency": 0.5,
            "collectives": {}, "pieces": {"matmul_curve": [[4096, 1e6, 2.0]]}}
     with pytest.raises(CalibrationError, match="matmul_curve"):
-        calibrate.apply(easy_gpu(), cal)
+        calibration.apply(easy_gpu(), cal)

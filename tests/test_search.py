@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import easy_cluster, easy_gpu, tiny_model
+from trainplan.calibrate.store import load_gpu
 from trainplan.errors import LayoutError, NoFeasiblePlan
 from trainplan.plan import planner as planmod
 from trainplan.plan.search import (
@@ -16,7 +17,7 @@ from trainplan.plan.search import (
     rank,
     search,
 )
-from trainplan.specs import ParallelConfig, load_cluster, load_gpu, load_model
+from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import RECOMPUTE, SCHEDULES, Layouts
 
 M13 = dict(gpus=32, seq_len=4096, global_batch_tokens=4 * 2**20)

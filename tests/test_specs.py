@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import tiny_model
+from trainplan.calibrate.store import load_gpu
 from trainplan.errors import PresetNotFound, SpecError, TrainplanError
 from trainplan.specs import (
     ClusterSpec,
@@ -14,7 +15,6 @@ from trainplan.specs import (
     Scenario,
     load,
     load_cluster,
-    load_gpu,
     load_model,
     load_scenario,
     preset_names,

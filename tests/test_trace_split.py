@@ -60,7 +60,7 @@ def write(tmp_path, prof, name="prof.json") -> str:
 
 
 def row(config="tp2-fsdp2-mb8-c", host="4 x NVIDIA H200", card="NVIDIA H200", **layout) -> dict:
-    """A compare row (trainplan.compare.accuracy.make_row's keys that pairing reads)."""
+    """A compare row (trainplan.compare.matching.make_row's keys that pairing reads)."""
     return {"config": config, "host": host, "card": card, "impl": "trainplan",
             "model": "llama-1.3b", "gpus": 4, "layout": {**LAYOUT, **layout},
             "predicted_split_s": {"compute": 0.12, "exposed_comm": 0.03, "bubble": 0.0,

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from trainplan.specs import load_gpu
+from trainplan.calibrate.store import load_gpu
 from trainplan.tune import knobs
 from trainplan.tune import loop as tune_loop
 from trainplan.tune import report as tune_report

@@ -18,7 +18,7 @@ import yaml
 
 from conftest import trainplan_cli
 from trainplan import cli
-from trainplan.calibrate import fit as calibrate
+from trainplan.calibrate import store as calibration
 from trainplan.records import schema as records
 
 TINY_MODEL = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n"
@@ -63,7 +63,7 @@ def test_every_stage_wrote_its_files_in_order(first_run):
     out, report, stderr = first_run
     micro = records.load(out / "micro.jsonl")
     assert {r["bench"] for r in micro} >= {"matmul", "attention", "all_reduce"}
-    cal = calibrate.load("cpu-test", out / "calibration" / "cpu-test.yaml")
+    cal = calibration.load("cpu-test", out / "calibration" / "cpu-test.yaml")
     assert cal["sources"][0]["path"] == str(out / "micro.jsonl")
     assert report["calibration"]["source"] == "measured"
     assert report["calibration"]["label"] == cal["label"]
@@ -109,8 +109,9 @@ def test_compare_json_matches_the_records(first_run):
 
 def test_predictions_used_the_run_s_calibration(first_run, tiny_suite):
     """The same config priced on the datasheet GPU gives another step time."""
+    from trainplan.calibrate.store import load_gpu
     from trainplan.plan.planner import plan
-    from trainplan.specs import load_cluster, load_gpu, load_model
+    from trainplan.specs import load_cluster, load_model
 
     out, _, _ = first_run
     d, _ = tiny_suite

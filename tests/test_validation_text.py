@@ -39,7 +39,7 @@ def test_worst_repredicted_picks_the_largest_miss_among_the_kept_rows():
 
 
 def test_suspects_name_each_layout_s_least_sure_terms():
-    from trainplan.runbook.validation_text import suspects
+    from trainplan.compare.matching import suspects
     base = {"dp": 1, "tp": 1, "pp": 1, "zero": 0, "micro_batch": 8, "compile": True}
     assert suspects(base, 1) == []
     got = suspects({**base, "dp": 2, "tp": 2, "zero": 3, "micro_batch": 1, "compile": False}, 4)

@@ -22,8 +22,9 @@ import time
 import numpy as np
 import pandas as pd
 
+from trainplan.calibrate.store import load_gpu
 from trainplan.plan.search import search
-from trainplan.specs import load_cluster, load_gpu, load_model
+from trainplan.specs import load_cluster, load_model
 
 SCENARIO = dict(model="llama-13b", gpu="h100-sxm", cluster="dgx-h100", gpus=32, seq_len=4096,
                 global_batch_tokens=4 * 2**20)

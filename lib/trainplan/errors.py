@@ -28,3 +28,7 @@ class NoFeasiblePlan(TrainplanError):
 
 class RecordError(TrainplanError):
     """A measurement or prediction record file that does not follow the schema."""
+
+
+class UsageError(TrainplanError):
+    """Bad command-line arguments."""

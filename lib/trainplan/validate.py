@@ -39,8 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainplan.commands.args import UsageError
-from trainplan.errors import TrainplanError
+from trainplan.errors import TrainplanError, UsageError
 
 COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the report
 # The plain block also in DDP's precision (fp32 weights under autocast), so that the DDP
@@ -182,7 +181,7 @@ def micro_kinds(path: Path) -> set[str]:
 
 def calibration_file(args, preset: str, prev: dict) -> str | None:
     """The calibration file to take instead of measuring one (checked), or None."""
-    from trainplan.calibrate import fit as calibrate
+    from trainplan.calibrate import store as cal_store
 
     given = args.calibration
     if given is None and prev:
@@ -190,7 +189,7 @@ def calibration_file(args, preset: str, prev: dict) -> str | None:
         return str(old) if old.is_file() else None  # another card: measure or --skip-micro
     if given is None:
         return None
-    cal = calibrate.load(preset, given)
+    cal = cal_store.load(preset, given)
     if cal is None:
         raise UsageError(f"--calibration {given!r}: no such file")
     if cal["gpu"] != preset:
@@ -203,6 +202,7 @@ def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
                 clock: Clock) -> dict:
     """Stage 2: the calibration of `gpu` (a GPUSpec) this run uses: {"source", "path", "label"}."""
     from trainplan.calibrate import fit as calibrate
+    from trainplan.calibrate import store as cal_store
 
     preset = gpu.name
     target = out / "calibration" / f"{preset}.yaml"
@@ -210,11 +210,11 @@ def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(given, target)
         return {"source": f"file {given}", "path": str(target),
-                "label": calibrate.load(preset, target)["label"]}
+                "label": cal_store.load(preset, target)["label"]}
     if args.skip_micro:
-        committed = calibrate.load(preset)
+        committed = cal_store.load(preset)
         return {"source": "committed" if committed else "datasheet",
-                "path": str(calibrate.path_for(preset)) if committed else None,
+                "path": str(cal_store.path_for(preset)) if committed else None,
                 "label": committed["label"] if committed else "datasheet"}
     t0 = time.monotonic()
     clock.say(f"microbenchmarks on {args.gpus} {'GPUs' if cuda else 'CPU ranks'}")
@@ -231,21 +231,21 @@ def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
 def calibration_in(cal: dict, out: Path):
     """Predictions and re-predictions of this run use DIR's calibration of the card.
 
-    `specs.load_gpu` reads `calibrate.CALIBRATION_DIR`; for the run it points
+    `calibrate.store.load_gpu` reads its `CALIBRATION_DIR`; for the run it points
     at DIR/calibration (where the measured or given file was put), so the
     repository's committed calibrations are neither used nor overwritten.
     """
-    from trainplan.calibrate import fit as calibrate
+    from trainplan.calibrate import store as cal_store
 
     if cal["path"] is None or cal["source"] == "committed":
         yield
         return
-    saved = calibrate.CALIBRATION_DIR
-    calibrate.CALIBRATION_DIR = out / "calibration"
+    saved = cal_store.CALIBRATION_DIR
+    cal_store.CALIBRATION_DIR = out / "calibration"
     try:
         yield
     finally:
-        calibrate.CALIBRATION_DIR = saved
+        cal_store.CALIBRATION_DIR = saved
 
 
 def compare_records(out: Path, repredict: bool) -> dict:
@@ -253,7 +253,8 @@ def compare_records(out: Path, repredict: bool) -> dict:
 
     Re-predictions look the GPU up by preset name, so a GPU given as a YAML
     file (CPU tests) goes without them."""
-    from trainplan.compare.accuracy import compare, error_summary
+    from trainplan.compare.accuracy import compare
+    from trainplan.compare.matching import error_summary
     from trainplan.compare.scaling import weak_scaling
 
     files = [out / f for f in ("predictions.jsonl", "measurements.jsonl", "failed.jsonl")
@@ -278,8 +279,9 @@ def compare_records(out: Path, repredict: bool) -> dict:
 
 
 def validate(args) -> dict:
+    from trainplan.bench.series import run as series_run
     from trainplan.bench.series import suite as suite_mod
-    from trainplan.specs import load_gpu
+    from trainplan.calibrate.store import load_gpu
 
     out = Path(args.out)
     jobs = select_jobs(args.suite, args.only or [], args.gpus)
@@ -324,7 +326,7 @@ def validate(args) -> dict:
                   f"{len(jobs)} configs x {args.launches} launches, "
                   f"{clock.left() - COMPARE_RESERVE_S:.0f} s left for them")
         with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
-            rows, outcomes = suite_mod.measurer(args.sweep)(
+            rows, outcomes = series_run.measurer(args.sweep)(
                 jobs, preds, out, run_id, args.launches, clock.deadline - COMPARE_RESERVE_S)
         report = {"out": str(out), "card": card, "gpu_preset": preset, "gpus": args.gpus,
                   "run_id": run_id, "suites": args.suite, "launches": args.launches,
@@ -348,19 +350,4 @@ def write_json(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def format_report(report: dict) -> str:
-    """The configs' outcomes, then the comparison table (last), then weak scaling."""
-    from trainplan.commands.validation import format_compare
-
-    lines = [f"{report['card']} x {report['gpus']} ({report['gpu_preset']}), calibration "
-             f"{report['calibration']['label']} ({report['calibration']['source']}); "
-             f"{report['elapsed_s']:.0f} s of {report['budget_s']:.0f}; records in {report['out']}"]
-    for o in report["configs"]:
-        why = f"  {o['reason']}" if o["reason"] else ""
-        lines.append(f"  {o['tag']:<26}{o['status']:<10}{o['launches']} launch(es){why}")
-    for tag in report["skipped"]:
-        lines.append(f"  {tag:<26}{'skipped':<10}done in the run continued from")
-    return "\n".join(lines) + "\n" + format_compare(report["compare"])
-
-
-__all__ = ["validate", "format_report", "COMPARE_RESERVE_S"]
+__all__ = ["validate", "COMPARE_RESERVE_S"]

@@ -39,7 +39,7 @@ def launched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ckpt-bench")
     (tmp / "tiny.yaml").write_text(TINY)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           "2", "-m", "trainplan.bench.ckpt.bench", "--out", str(tmp / "out"), "--ckpt-root",
+           "2", "-m", "trainplan.bench.series.ckpt_bench", "--out", str(tmp / "out"), "--ckpt-root",
            str(tmp / "ck"), "--model", str(tmp / "tiny.yaml"), *FLAGS, "--keep-checkpoints"]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -113,7 +113,7 @@ def test_a_malformed_checkpoint_record_is_refused_naming_the_field(launched):
     (["--ckpt-root", "/proc/no/such"], "--ckpt-root /proc/no/such: cannot create it"),
 ])
 def test_bad_flags_are_refused_in_one_line_with_exit_2(tmp_path, flags, words):
-    cmd = [sys.executable, "-m", "trainplan.bench.ckpt.bench", "--out", str(tmp_path),
+    cmd = [sys.executable, "-m", "trainplan.bench.series.ckpt_bench", "--out", str(tmp_path),
            "--ckpt-root", str(tmp_path / "ck"), "--model", "llama-1.3b", *FLAGS, *flags]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr

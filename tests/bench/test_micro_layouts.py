@@ -11,9 +11,11 @@ import pytest
 from trainplan.bench.micro import layouts as lay
 from trainplan.bench.micro import model as micro_model
 from trainplan.calibrate import fit as calibrate
+from trainplan.calibrate import store as calibration
+from trainplan.calibrate.store import load_gpu
 from trainplan.errors import SpecError
 from trainplan.records import schema as records
-from trainplan.specs import load_gpu, load_model
+from trainplan.specs import load_model
 
 from .micro_runs import run_micro
 
@@ -102,7 +104,7 @@ def test_two_rank_ddp_block_and_layout_pieces_feed_a_calibration(tmp_path, tiny)
         c, res = r["config"], r["results"]
         assert r["gpus"] == c["world"] == 2 and c["backend"] == "gloo" and c["compile"]
         assert c["precision"] == "autocast-fp32" and c["micro_batch"] == 2
-        assert c["grad_bytes"] == 4 * sum(p.numel() for p in lay._BlockNet(
+        assert c["grad_bytes"] == 4 * sum(p.numel() for p in lay.BlockNet(
             load_model(tiny)).parameters())
         assert res["time_s"] > 0 and res["allreduce_s"] > 0 and len(res["times_s"]) == 6
         assert res["activation_bytes"] == res["peak_bytes"] == 0  # CPU: not measured
@@ -120,7 +122,7 @@ def test_two_rank_ddp_block_and_layout_pieces_feed_a_calibration(tmp_path, tiny)
             "matmul_curve"} <= set(pieces)
     assert 0.0 <= pieces["ddp_exposed"] <= 1.0 and 0.0 <= pieces["ddp_exposed_unsplit"] <= 1.0
     assert cal["matmul"]["token_counts"] == [128]  # the single fraction: the model's own shapes
-    assert calibrate.apply(cpu, cal).calibration == cal["label"]
+    assert calibration.apply(cpu, cal).calibration == cal["label"]
 
 
 def test_bad_fsdp_flags_give_one_line_and_exit_2(tmp_path, tiny, capsys):
@@ -148,7 +150,7 @@ def test_two_rank_fsdp_block_records_feed_fsdp_block_scale(tmp_path, tiny):
                        "--tokens", "128", "--seq-len", "64")
     assert [(r["bench"], r["config"]["wrapper"], r["config"]["zero"]) for r in got] == [
         ("block", "fsdp2", 2), ("block", "fsdp2", 3)]
-    params = sum(p.numel() for p in lay._BlockNet(load_model(tiny)).parameters())
+    params = sum(p.numel() for p in lay.BlockNet(load_model(tiny)).parameters())
     for r in got:
         c, res = r["config"], r["results"]
         assert records.validate(r) is r
@@ -169,6 +171,6 @@ def test_two_rank_fsdp_block_records_feed_fsdp_block_scale(tmp_path, tiny):
     pieces, checks = calibrate_pieces.fit({"block": got}, cpu)
     assert pieces["fsdp_block_scale"] >= 1.0 and checks == []  # no plain block to check
     assert [z for z, _ in pieces["fsdp_block_scales"]] == [2, 3]
-    assert calibrate.apply(cpu, {"label": "t", "matmul_efficiency": 0.5,
+    assert calibration.apply(cpu, {"label": "t", "matmul_efficiency": 0.5,
                                  "attention_efficiency": 0.5, "collectives": {},
                                  "pieces": pieces}).fsdp_block_scale == pieces["fsdp_block_scale"]

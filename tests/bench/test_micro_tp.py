@@ -8,8 +8,9 @@ import pytest
 from trainplan.bench.micro import run as micro
 from trainplan.bench.micro import tp as micro_tp
 from trainplan.calibrate import tp as calibrate_tp
+from trainplan.calibrate.store import load_gpu
 from trainplan.errors import SpecError
-from trainplan.specs import load_gpu, load_model
+from trainplan.specs import load_model
 
 from .micro_runs import run_micro
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainplan.bench.observe import monitor
+from trainplan.bench.harness import monitor
 
 LIB = Path(__file__).resolve().parents[2] / "lib"
 TINY = "n_layers: 2\nhidden: 32\nn_heads: 4\nn_kv_heads: 2\nffn: 64\nvocab: 128\n"

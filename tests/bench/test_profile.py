@@ -42,16 +42,14 @@ def test_cpu_run_writes_the_breakdown(tmp_path):
     assert got["active_steps"] == 2 and got["step_time_s"] > 0
     assert got["busy_s"] == pytest.approx(sum(got["buckets_s_per_step"].values()))
     assert got["model"] and got["gpus"] == 0 and got["seq_len"] == 16 and got["provenance"]
-    from trainplan.compare.accuracy import (
-        trace_split,  # the page's reader accepts what the profiler writes
-    )
+    from trainplan.compare import trace_split  # the page's reader accepts what the profiler writes
 
     prof = trace_split.load(out)
     assert prof["layout"] == got["layout"] and prof["card"] == "cpu"
     assert trace_split.measured_split(prof).step_s > 0
     from trainplan.bench.harness import step, train
 
-    assert step.train_step.__name__ == "train_step" and train._summarise.__name__ == "_summarise"
+    assert step.train_step.__name__ == "train_step" and train.summarise.__name__ == "summarise"
 
 
 def test_annotations_are_not_counted():

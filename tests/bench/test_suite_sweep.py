@@ -17,6 +17,7 @@ from datetime import datetime
 import pytest
 import yaml
 
+from trainplan.bench.series import run as series_run
 from trainplan.bench.series import suite as suite_mod
 from trainplan.bench.series import suite_sweep
 from trainplan.records import schema as records
@@ -45,7 +46,7 @@ def swept(tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep")
     path = _suite(d, CONFIGS)
     out = d / "out"
-    code = suite_mod.main([str(path), "--out", str(out), "--launches", "2", "--budget-s", "300",
+    code = series_run.main([str(path), "--out", str(out), "--launches", "2", "--budget-s", "300",
                            "--sweep"])
     assert code == 0
     return d, path, out
@@ -91,7 +92,7 @@ def test_the_broken_config_is_recorded_failed_and_not_run_again(swept):
 
 def test_sweep_records_have_the_fields_of_a_separate_launch(swept, tmp_path):
     _, path, out = swept
-    code = suite_mod.main([str(path), "--out", str(tmp_path), "--launches", "1",
+    code = series_run.main([str(path), "--out", str(tmp_path), "--launches", "1",
                            "--only", "ddp", "--budget-s", "120"])
     assert code == 0
     alone = records.load(tmp_path / "measurements.jsonl")[0]

@@ -75,7 +75,7 @@ With one depth a line is not determined: the rule above (everything in host_step
 older records calibrate as before and no host_step_layer_s is written. Where some
 wrappers have two depths and others one, the latter's host_step_layer_s row is 0: their
 whole-step constant already holds their per-layer work, which must not borrow another
-wrapper's through the planner's fallbacks (`overheads._per_wrapper`).
+wrapper's through the planner's fallbacks (`measured.per_wrapper`).
 """
 
 from __future__ import annotations

@@ -35,9 +35,8 @@ import dataclasses
 import statistics
 
 from trainplan.calibrate import host as calibrate_host
-from trainplan.compare.accuracy import CLUSTER
 from trainplan.cost import comms, compute
-from trainplan.specs import GPUSpec, ModelSpec, load_cluster
+from trainplan.specs import SUITE_CLUSTER, GPUSpec, ModelSpec, load_cluster
 
 MIN_TP_SCALE = 0.5  # below this a residual is the comm model's error, not a faster block
 
@@ -53,7 +52,7 @@ def priced(spec: ModelSpec, gpu: GPUSpec, config: dict) -> tuple[float, float]:
         one, gpu, seq_len=seq, micro_batch=mb, tp=tp, cp=1, pp=1, recompute=compute.NONE,
         sequence_parallel=True, last_stage=False, compiled=config.get("compile", True),
         autocast=autocast))
-    cluster = comms.with_measured_links(load_cluster(CLUSTER), gpu)  # the suites' preset
+    cluster = comms.with_measured_links(load_cluster(SUITE_CLUSTER), gpu)
     act = compute.BF16 * mb * seq * spec.hidden
     rest = comms.tp_microbatch_time(cluster, act_bytes=act, tp=tp, layers=1,
                                     recompute_full=False, sequence_parallel=True,

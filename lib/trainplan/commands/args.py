@@ -5,13 +5,9 @@ from __future__ import annotations
 import argparse
 import math
 
-from trainplan.errors import TrainplanError
+from trainplan.errors import UsageError
 
 MAX_WHOLE = 2**53  # floats stay exact below this; every size flag is far smaller in practice
-
-
-class UsageError(TrainplanError):
-    """Bad command-line arguments."""
 
 
 class Parser(argparse.ArgumentParser):

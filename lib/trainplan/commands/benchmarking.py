@@ -42,8 +42,7 @@ def non_negative_int(text: str) -> int:
     return 0 if text.strip() in ("0", "+0", "-0") else positive_int(text)
 
 
-IMPLS = {"trainplan": "trainplan.bench.harness.train",
-         "hf-baseline": "trainplan.bench.harness.hf_baseline"}
+IMPLS = ("trainplan", "hf-baseline")  # train.py's --impl: our model or transformers' Llama
 HARNESS_FLAGS = {  # flag -> (type, help); passed on to train.py as given
     "model": (str, "model preset or YAML file"),
     "layers": (positive_int, "keep only this many blocks (a layer slice)"),
@@ -166,7 +165,7 @@ def _check_harness(args, argv: list[str]) -> None:
         from trainplan.bench.harness import hf_baseline
 
         hf_baseline.check(spec, cfg)
-        hf_baseline._transformers()
+        hf_baseline.require_transformers()
 
 
 def torchrun_command(args, argv: list[str]) -> list[str]:
@@ -180,7 +179,8 @@ def torchrun_command(args, argv: list[str]) -> list[str]:
     else:
         cmd += ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
                 "--master-addr", args.master_addr, "--master-port", str(args.master_port)]
-    return cmd + ["-m", IMPLS[args.impl], *argv]
+    impl = ["--impl", args.impl] if args.impl != "trainplan" else []
+    return cmd + ["-m", "trainplan.bench.harness.train", *argv, *impl]
 
 
 # ---------------------------------------------------------------- run
@@ -218,7 +218,7 @@ def cmd_bench(args) -> dict:
 
 
 def _run_suite(args) -> dict:
-    from trainplan.bench.series import sidebyside, suite
+    from trainplan.bench.series import run, sidebyside, suite
 
     for flag in ("model", "records", "rdzv_endpoint", "master_addr", "node_rank"):
         if getattr(args, flag) is not None:
@@ -235,11 +235,11 @@ def _run_suite(args) -> dict:
         if tag not in tags:
             raise UsageError(f"--only {tag!r} is not a config of {args.suite}; tags: {tags}")
     with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
-        rows = suite.run_suite(args.suite, Path(args.out), args.launches, args.only or [],
+        rows = run.run_suite(args.suite, Path(args.out), args.launches, args.only or [],
                                args.budget_s)
     table = io.StringIO()
     with contextlib.redirect_stdout(table):
-        suite.print_table(rows)
+        run.print_table(rows)
     out = sidebyside.compare(loaded["configs"], rows)
     return {"suite": args.suite, "out": args.out, "table": table.getvalue(), **out}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_float, positive_int
-from trainplan.commands.planning import _add_common, _add_layout, _pins
+from trainplan.commands.planning import add_common, add_layout, layout_pins
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -30,9 +30,9 @@ def _non_negative_int(text: str) -> int:
 
 def register(verbs) -> None:
     p = verbs.add_parser("launch", help="write torchrun, Slurm or Kubernetes launch artefacts")
-    _add_common(p, gpus=True)
+    add_common(p, gpus=True)
     p.add_argument("--global-batch-tokens", type=positive_int, default=4 * 2**20)
-    _add_layout(p)
+    add_layout(p)
     a = p.add_argument
     a("--target", required=True, help="torchrun | slurm | k8s")
     a("--out", required=True, help="folder to write (must not exist, or be empty)")
@@ -75,14 +75,15 @@ def cmd_launch(args) -> dict:
         warn_s=args.warn_s, save_grace_s=args.save_grace_s, rdzv_port=args.rdzv_port,
         cpu=args.cpu, synthetic=args.synthetic, compile=not args.no_compile, image=args.image,
         job_name=args.job_name, env=dict(args.env))
-    from trainplan.specs import load_cluster, load_gpu, load_model
+    from trainplan.calibrate.store import load_gpu
+    from trainplan.specs import load_cluster, load_model
 
     m, gpu, cluster = load_model(args.model), load_gpu(args.gpu), load_cluster(args.cluster)
     from trainplan.launch.artefacts import plan_and_generate, write
 
     launch = plan_and_generate(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                                global_batch_tokens=args.global_batch_tokens, settings=settings,
-                               model_arg=args.model, pins=_pins(args),
+                               model_arg=args.model, pins=layout_pins(args),
                                gpus_per_node=args.gpus_per_node)
     write(launch, out, force=args.force)
     return {"out": str(out), **launch.summary}

@@ -22,7 +22,7 @@ LAYOUT_FLAGS = {  # flag -> (type, choices, help)
 }
 
 
-def _add_common(p: argparse.ArgumentParser, *, gpus: bool) -> None:
+def add_common(p: argparse.ArgumentParser, *, gpus: bool) -> None:
     p.add_argument("--model", required=True, help="preset name or YAML file")
     p.add_argument("--gpu", required=True, help="preset name or YAML file")
     p.add_argument("--cluster", default="dgx-h100", help="interconnect preset or YAML file")
@@ -34,7 +34,7 @@ def _add_common(p: argparse.ArgumentParser, *, gpus: bool) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
-def _add_layout(p: argparse.ArgumentParser) -> None:
+def add_layout(p: argparse.ArgumentParser) -> None:
     for name, (typ, choices, help_) in LAYOUT_FLAGS.items():
         p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=typ, choices=choices,
                        default=None, help=help_)
@@ -42,24 +42,25 @@ def _add_layout(p: argparse.ArgumentParser) -> None:
 
 def register(verbs) -> None:
     p = verbs.add_parser("plan", help="rank the parallel layouts for a model on a cluster")
-    _add_common(p, gpus=True)
+    add_common(p, gpus=True)
     p.add_argument("--global-batch-tokens", type=positive_int, default=4 * 2**20)
     p.add_argument("--top", type=positive_int, default=5)
-    _add_layout(p)
+    add_layout(p)
     p.set_defaults(run=cmd_plan, fmt=format_plan)
 
     p = verbs.add_parser("memory", help="per-GPU memory of one layout")
-    _add_common(p, gpus=False)
-    _add_layout(p)
+    add_common(p, gpus=False)
+    add_layout(p)
     p.set_defaults(run=cmd_memory, fmt=format_memory)
 
 
-def _pins(args) -> dict:
+def layout_pins(args) -> dict:
     return {k: getattr(args, k) for k in LAYOUT_FLAGS if getattr(args, k) is not None}
 
 
 def _specs(args):
-    from trainplan.specs import load_cluster, load_gpu, load_model
+    from trainplan.calibrate.store import load_gpu
+    from trainplan.specs import load_cluster, load_model
     return load_model(args.model), load_gpu(args.gpu), load_cluster(args.cluster)
 
 
@@ -67,14 +68,14 @@ def cmd_plan(args) -> dict:
     m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
     from trainplan.plan.planner import plan
     return plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
-                global_batch_tokens=args.global_batch_tokens, pins=_pins(args), top=args.top,
+                global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args), top=args.top,
                 gpus_per_node=args.gpus_per_node)
 
 
 def cmd_memory(args) -> dict:
     from trainplan.specs import ParallelConfig
     m, gpu, cluster = _specs(args)
-    pins = _pins(args)
+    pins = layout_pins(args)
     cfg = ParallelConfig(**pins)
     from trainplan.plan.planner import memory
     from trainplan.plan.search import check_pins

@@ -84,18 +84,27 @@ def cmd_validate(args) -> dict:
     return validate(args)
 
 
-def format_validate(out: dict) -> str:
-    from trainplan.validate import format_report
-    return format_report(out)
+def format_validate(report: dict) -> str:
+    """The configs' outcomes, then the comparison table (last), then weak scaling."""
+    lines = [f"{report['card']} x {report['gpus']} ({report['gpu_preset']}), calibration "
+             f"{report['calibration']['label']} ({report['calibration']['source']}); "
+             f"{report['elapsed_s']:.0f} s of {report['budget_s']:.0f}; records in {report['out']}"]
+    for o in report["configs"]:
+        why = f"  {o['reason']}" if o["reason"] else ""
+        lines.append(f"  {o['tag']:<26}{o['status']:<10}{o['launches']} launch(es){why}")
+    for tag in report["skipped"]:
+        lines.append(f"  {tag:<26}{'skipped':<10}done in the run continued from")
+    return "\n".join(lines) + "\n" + format_compare(report["compare"])
 
 
 def cmd_calibrate(args) -> dict:
     from trainplan.calibrate import fit as calibrate
-    from trainplan.specs import load_gpu
+    from trainplan.calibrate import store as calibration
+    from trainplan.calibrate.store import load_gpu
 
     gpu = load_gpu(args.gpu, calibrated=False)
     cal = calibrate.build(args.records, gpu)  # raises before anything is written
-    path = calibrate.write(cal, args.out or calibrate.path_for(gpu.name))
+    path = calibrate.write(cal, args.out or calibration.path_for(gpu.name))
     return {"path": str(path), **cal}
 
 

@@ -7,23 +7,23 @@ from __future__ import annotations
 
 import statistics
 
-from trainplan.compare.accuracy import CLUSTER, PLAN_KEYS, _extras, _rel, error_summary
+from trainplan.compare.matching import PLAN_KEYS, error_summary, extras, rel
 
 
 def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
     """Today's planner on the row's config: one fully pinned `plan` (the `trainplan plan` path)."""
-    from trainplan.calibrate.fit import card_preset
+    from trainplan.calibrate.store import card_preset, load_gpu
     from trainplan.plan.planner import plan
-    from trainplan.specs import load_cluster, load_gpu, load_model
+    from trainplan.specs import SUITE_CLUSTER, load_cluster, load_model
 
     cfg = (pred or {}).get("config") or {}
     lay = dict(cfg.get("full_layout") or {}) or {k: row["layout"][k] for k in PLAN_KEYS
                                                    if k in row["layout"]}
-    seq = cfg.get("seq_len") or _extras({"kind": "measurement", **row}).get("seq_len") or 2048
+    seq = cfg.get("seq_len") or extras({"kind": "measurement", **row}).get("seq_len") or 2048
     gpu = load_gpu(cfg.get("gpu_preset") or card_preset(row["card"]) or row["card"],
                    calibrated=calibrated)
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
-    out = plan(load_model(row["model"]), gpu, load_cluster(CLUSTER), gpus=row["gpus"],
+    out = plan(load_model(row["model"]), gpu, load_cluster(SUITE_CLUSTER), gpus=row["gpus"],
                seq_len=seq, global_batch_tokens=tokens,
                pins={k: lay[k] for k in PLAN_KEYS if k in lay},
                compiled=bool(row["layout"].get("compile", True)))
@@ -58,8 +58,8 @@ def repredicted(rows: list[dict], predictions: list[dict]) -> dict:
         for name in res:
             r = repredict(row, pred, calibrated=name == "calibrated")
             row["repredicted"][name] = r
-            res[name].append((_rel(r["step_time_s"], row["measured_step_time_s"]),
-                              _rel(r["memory_gib"], row["measured_memory_gib"])))
+            res[name].append((rel(r["step_time_s"], row["measured_step_time_s"]),
+                              rel(r["memory_gib"], row["measured_memory_gib"])))
     calib = rows[0]["repredicted"]["calibrated"]["calibration"]
     return {
         "note": "made now, after the measurements, on the same configs: reported "

@@ -34,7 +34,7 @@ def failed_rows(failures: list[dict], predictions: list[dict]) -> list[dict]:
     {"config", "model", "gpus", "card", "host", "launches_failed", "failed_at", "reason",
     "out_of_memory", "predicted_at", "predicted_fits", "predicted_memory_gib",
     "needed_gib", "memory_error_at_most"} (None where unknown)."""
-    from trainplan.compare.accuracy import host, pick_prediction, stamp
+    from trainplan.compare.matching import host, pick_prediction, stamp
 
     groups = defaultdict(list)
     for f in failures:

@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainplan.compare.accuracy import EXTRA_KEYS, LAYOUT_KEYS
+from trainplan.compare.matching import EXTRA_KEYS, LAYOUT_KEYS
 from trainplan.errors import RecordError
 from trainplan.specs import DATA_DIR
 

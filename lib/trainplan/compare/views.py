@@ -10,7 +10,7 @@ import re
 import statistics
 from collections import defaultdict
 
-from trainplan.compare.accuracy import LAYOUT_KEYS, SLICE
+from trainplan.compare.matching import LAYOUT_KEYS, SLICE
 
 
 def one_knob_pairs(rows: list[dict]) -> list[dict]:

@@ -41,7 +41,7 @@ def tp_block_scale(gpu: GPUSpec, tp, fsdp):
     return out
 
 
-def _per_wrapper(rows, tp, fsdp):
+def per_wrapper(rows, tp, fsdp):
     """Each layout's value from rows ((wrapper, seconds), ...) of "plain", "fsdp2", "tpN" and
     "tpN+fsdp2": "tpN+fsdp2" (tp > 1 with FSDP2), "tpN" (tp > 1), "fsdp2", else "plain". A
     TP degree not measured takes the nearest measured one's (in log2 tp), a TP wrapper with
@@ -77,7 +77,7 @@ def host_time_per_microbatch(gpu: GPUSpec, layers, tp, fsdp):
     non-TP one's; "fsdp2" unmeasured takes "plain" (both lower bounds). 0 where nothing
     is measured: no host floor, the planner as before.
     """
-    return np.asarray(layers, dtype=float) * _per_wrapper(gpu.host_block_s, tp, fsdp)
+    return np.asarray(layers, dtype=float) * per_wrapper(gpu.host_block_s, tp, fsdp)
 
 
 def host_step_time(gpu: GPUSpec, tp, fsdp, layers):
@@ -96,8 +96,8 @@ def host_step_time(gpu: GPUSpec, tp, fsdp, layers):
     its own gradients, and the stages do so side by side, so the step waits on one
     stage's host work, not their sum. 0 where nothing is measured; without
     host_step_layer_s the constant alone (records timed at one depth)."""
-    return _per_wrapper(gpu.host_step_s, tp, fsdp) \
-        + np.asarray(layers, dtype=float) * _per_wrapper(gpu.host_step_layer_s, tp, fsdp)
+    return per_wrapper(gpu.host_step_s, tp, fsdp) \
+        + np.asarray(layers, dtype=float) * per_wrapper(gpu.host_step_layer_s, tp, fsdp)
 
 
 def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accum):

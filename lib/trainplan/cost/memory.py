@@ -19,18 +19,10 @@ from trainplan.cost import memory_runtime as rt
 from trainplan.cost import params
 from trainplan.cost.compute import BF16, FULL, SELECTIVE
 from trainplan.specs import ModelSpec
+from trainplan.specs.layouts import shard_degree
 
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
-
-
-def shard_degree(zero, dp_shard, cp, active_stage):
-    """Ranks one ZeRO shard is spread over: dp_shard x cp once `zero` reaches `active_stage`.
-
-    Context-parallel ranks hold the same weights, so FSDP shards over them too
-    (torchtitan's dp_shard x cp mesh).
-    """
-    return np.where(np.asarray(zero) >= active_stage, np.asarray(dp_shard) * np.asarray(cp), 1)
 
 
 def _sharded(m: ModelSpec, stage_params, zero, dp_shard, cp, ep, share, active_stage):
@@ -136,7 +128,7 @@ def compiled_logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
     """Output logits and loss on the last stage when the loss is compiled: 4 bytes per logit.
 
     Inductor fuses `F.cross_entropy(logits.float())` (the harness compiles it:
-    `bench.train.loss_function`) into one forward reduction (per-row fp32
+    `bench.harness.step.loss_function`) into one forward reduction (per-row fp32
     log-sum-exp, b s / cp x 4 bytes: negligible) and one backward kernel that
     writes the gradient in the logits' dtype. What is live at the head's peak
     is then the bf16 logits saved for backward (2) and their bf16 gradient (2),

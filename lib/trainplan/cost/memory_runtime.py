@@ -25,7 +25,9 @@ import numpy as np
 
 from trainplan.cost import params
 from trainplan.cost.compute import BF16, NONE
+from trainplan.cost.measured import per_wrapper
 from trainplan.specs import ModelSpec
+from trainplan.specs.layouts import shard_degree
 
 FSDP, AUTOCAST, DDP = 0, 1, 2  # precision paths (`harness_path`)
 
@@ -75,7 +77,6 @@ def state_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
     (`memory.shard_degree`, 1 below ZeRO-1). Source: torch.distributed.fsdp
     `fully_shard` and `MixedPrecisionPolicy`; torch.optim.AdamW (fused).
     """
-    from trainplan.cost.memory import shard_degree
 
     s = params.stage_params_per_rank(m, tp, pp, ep)
     d = np.where(np.asarray(path) == FSDP, shard_degree(zero, dp_shard, cp, 1), 1)
@@ -92,7 +93,6 @@ def grad_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp, grad_accum
     (`FSDPParam.to_accumulated_grad_if_needed`; torch.distributed.pipelining
     `backward_maybe_with_nosync`).
     """
-    from trainplan.cost.memory import shard_degree
 
     s = params.stage_params_per_rank(m, tp, pp, ep)
     fsdp = np.asarray(path) == FSDP
@@ -122,7 +122,7 @@ def weight_copy_bytes(m: ModelSpec, *, path, tp, ep, recompute):
     partitioner saves them for the weight-gradient matmuls; without recompute
     they make up the rest of the autocast block's extra bytes (6,176.5 B/token x
     16,384 tokens = 2 x 50,597,888 parameters, to 0.01 %). With recompute the
-    casts are redone in backward (`bench.parallelize._save_policy` does not save
+    casts are redone in backward (`bench.parallelize.save_policy` does not save
     them; full recompute keeps only the block input). FSDP2 gathers bf16
     weights that it frees itself: none here.
     """
@@ -206,7 +206,6 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
     `foreach_reduce`), c10/cuda/CUDACachingAllocator.cpp (per-stream pools).
     0 off FSDP2 or with a shard group of one.
     """
-    from trainplan.cost.memory import shard_degree
 
     s = params.stage_params_per_rank(m, tp, pp, ep)
     block = params.layer_params_per_rank(m, tp, ep)
@@ -232,7 +231,7 @@ def fragmentation_scale(gpu, *, tp, fsdp, zero):
     """The compute stream's reserve per byte of activations, per layout.
 
     `gpu.fragmentation_scales` ((wrapper, scale), ...; `trainplan.calibrate.memory`) where
-    measured, read as `overheads._per_wrapper` reads the host rows: "tpN+fsdp2", "tpN",
+    measured, read as `measured.per_wrapper` reads the host rows: "tpN+fsdp2", "tpN",
     "fsdp2" or "plain" by the layout's `tp` and whether FSDP2 wraps it (`fsdp`), with its
     fallbacks (the nearest TP degree, the other TP wrapper, then the non-TP one; "fsdp2"
     takes "plain"); ZeRO-3 layouts (`zero` 3) read the "W:z3" rows (`_stage_rows`).
@@ -242,10 +241,9 @@ def fragmentation_scale(gpu, *, tp, fsdp, zero):
     rows = tuple(getattr(gpu, "fragmentation_scales", ()) or ())
     if not rows:
         return FRAGMENTATION
-    from trainplan.cost.measured import _per_wrapper
 
-    return np.where(np.asarray(zero) == 3, _per_wrapper(_stage_rows(rows, True), tp, fsdp),
-                    _per_wrapper(_stage_rows(rows, False), tp, fsdp))
+    return np.where(np.asarray(zero) == 3, per_wrapper(_stage_rows(rows, True), tp, fsdp),
+                    per_wrapper(_stage_rows(rows, False), tp, fsdp))
 
 
 def fragmentation_bytes(activations, gpu=None, *, tp=1, fsdp=False, zero=0):

@@ -43,8 +43,9 @@ import pandas as pd
 
 from trainplan.cost import comms, compute, memory, params
 from trainplan.cost import measured as overheads
+from trainplan.cost.measured import activation_scale
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
-from trainplan.specs.layouts import Layouts, labels, strategy_family, strategy_label
+from trainplan.specs.layouts import Layouts, labels, shard_degree, strategy_family, strategy_label
 
 GiB = 2**30
 MEMORY_TERMS = ("params", "grads", "optimizer", "activations", "other", "total")
@@ -69,7 +70,6 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     `compiled`: blocks run under `torch.compile` (fused element-wise work and
     the activations it keeps), as trainplan recommends; False prices eager.
     """
-    from trainplan.cost.measured import activation_scale
 
     cluster = comms.with_measured_links(cluster, gpu)
     tp, pp, cp, ep, dp = L.tp, L.pp, L.cp, L.ep, L.dp
@@ -146,7 +146,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
                                                 dp=dp, dp_shard=L.dp_shard, cp=cp, tp=tp)
     dp_step = _exposed(overlappable, 2.0 / 3.0 * compute_mb, overlappable / layers, leak) \
         + blocking + copy_step
-    held = stage_params / memory.shard_degree(L.zero, L.dp_shard, cp, 1)
+    held = stage_params / shard_degree(L.zero, L.dp_shard, cp, 1)
     optimizer = compute.optimizer_step_time(gpu, held)
 
     # plan's time_breakdown_s (plan.TIME_KEYS) and its readers (compare, trace_split,

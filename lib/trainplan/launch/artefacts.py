@@ -276,7 +276,7 @@ def monitor_args(p: dict, path: str = METRICS_PATH) -> list[str]:
     The alert line and straggler tolerance are the ones `watch` gives the
     operator, so the metrics file and the runbook's table agree.
     """
-    from trainplan.bench.observe.monitor import launch_flags
+    from trainplan.bench.harness.monitor import launch_flags
 
     return launch_flags({"step_time_s": p["step_time_s"],
                          "straggler_step_time_s": STRAGGLER_RATIO * p["step_time_s"],

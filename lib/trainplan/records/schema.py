@@ -2,7 +2,7 @@
 
 One JSON object per line, appended (append mode, one line, flush, fsync),
 never rewritten. Kinds: `prediction`, `measurement`, `microbenchmark`,
-`checkpoint` (one `trainplan.bench.ckpt.bench` launch), `failed_launch` (a launch of a
+`checkpoint` (one `trainplan.bench.series.ckpt_bench` launch), `failed_launch` (a launch of a
 suite's config that ended without a measurement, with the reason).
 Every record carries `recorded_at` (UTC, ISO 8601) and `provenance` (git
 commit, hashed hostname, GPU, driver, torch / CUDA / NCCL versions and the
@@ -112,12 +112,12 @@ def _check_numbers(where: str, values: list, length: int | None = None) -> None:
         _check_type(f"{where}[{i}]", v, _NUM)
 
 
-def _plain(value):
+def plain(value):
     """numpy scalars (np.float64, np.int64, ...) as Python numbers, inside dicts and lists too."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if type(value).__module__ == "numpy" and hasattr(value, "item"):
         return value.item()
     return value
@@ -204,9 +204,9 @@ def measurement_record(*, model: str, impl: str, layout: dict, gpus: int, card: 
     """
     for name, value in (("gpus", gpus), ("tokens_per_step", tokens_per_step),
                         ("flops_per_token", flops_per_token), ("peak_tflops", peak_tflops)):
-        if _type_of(_plain(value)) not in (_INT, _NUM) or not value > 0:
+        if _type_of(plain(value)) not in (_INT, _NUM) or not value > 0:
             raise RecordError(f"{name} = {value!r} is not valid; use a number > 0")
-    times = _plain(list(step_times_s)) if isinstance(step_times_s, (list, tuple)) else None
+    times = plain(list(step_times_s)) if isinstance(step_times_s, (list, tuple)) else None
     if not times or any(_type_of(t) not in (_INT, _NUM) or not t > 0 for t in times):
         raise RecordError(f"step_times_s = {_short(step_times_s)} must be a list of times > 0")
     times = [float(t) for t in times]
@@ -225,7 +225,7 @@ def measurement_record(*, model: str, impl: str, layout: dict, gpus: int, card: 
         "tokens_per_step": tokens_per_step, "flops_per_token": flops_per_token,
         "peak_tflops": peak_tflops, **(extra or {}), "provenance": provenance(),
     }
-    return validate(_plain(record))
+    return validate(plain(record))
 
 
 def prediction_record(*, model: str, layout: dict, gpus: int, card: str, predicted: dict,
@@ -236,7 +236,7 @@ def prediction_record(*, model: str, layout: dict, gpus: int, card: str, predict
               "layout": dict(layout), "gpus": gpus, "card": card, "run_id": run_id,
               "predicted": dict(predicted), "config": dict(config or {}), **(extra or {}),
               "provenance": provenance()}
-    return validate(_plain(record))
+    return validate(plain(record))
 
 
 def microbenchmark_record(*, bench: str, config: dict, results: dict, gpus: int, card: str,
@@ -245,7 +245,7 @@ def microbenchmark_record(*, bench: str, config: dict, results: dict, gpus: int,
     record = {"kind": "microbenchmark", "recorded_at": utc_now(), "bench": bench,
               "config": dict(config), "results": dict(results), "gpus": gpus, "card": card,
               "run_id": run_id, **(extra or {}), "provenance": provenance()}
-    return validate(_plain(record))
+    return validate(plain(record))
 
 
 def combine_launches(records: list[dict]) -> dict:

@@ -12,16 +12,9 @@ import dataclasses
 import io
 from dataclasses import dataclass
 
+from trainplan.calibrate.store import load_gpu
 from trainplan.errors import TrainplanError
-from trainplan.specs import (
-    ClusterSpec,
-    GPUSpec,
-    ModelSpec,
-    load_cluster,
-    load_gpu,
-    load_model,
-    load_scenario,
-)
+from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec, load_cluster, load_model, load_scenario
 
 DEFAULT_SCENARIO = "llama-13b-32xh100"
 
@@ -341,7 +334,7 @@ def gallery_table(rows):
 
 def records_note(inputs: Inputs, record_cards: list[str], record_gpus: int) -> str:
     """Page 4 in plain words: how far the proxy records speak for this scenario (markdown)."""
-    from trainplan.calibrate.fit import card_preset
+    from trainplan.calibrate.store import card_preset
 
     cards = ", ".join(sorted(set(record_cards))) or "no card"
     if inputs.gpu.name not in {card_preset(c) for c in record_cards}:

@@ -94,28 +94,3 @@ def per_layer_values(pairs: list[dict]) -> dict:
             "layer_mem_worst": name(mem), "layer_mem_worst_error": mem["memory_error"],
             "layer_reserve_max": max(reserve) if reserve else None,
             "layer_reserve_min": min(reserve) if reserve else None}
-
-
-def suspects(lay: dict, gpus: int) -> list[str]:
-    """What the run does that the cost model prices least surely, from the layout alone.
-
-    These are hypotheses to test with a profiler trace, not measured causes.
-    """
-    out = []
-    if not lay.get("compile", True):
-        out.append("eager mode: unfused element-wise kernels, priced by the card's measured "
-                   "eager block scale (none without a block microbenchmark)")
-    if lay["zero"] == 0 and lay["dp"] > 1:
-        out.append("DDP: the block's slowdown is its microbenchmark's; the all-reduce beyond "
-                   "it is assumed hidden under backward but for one layer's share")
-    if lay["tp"] > 1:
-        out.append("TP: at the proxy's width the block is host-bound, priced from a "
-                   "microbenchmark whose host time varies from launch to launch")
-    if lay["pp"] > 1:
-        out.append("PP: the schedule's per-micro-batch work beyond the host floor")
-    if lay["zero"] in (2, 3) and gpus > 1:
-        out.append("FSDP: gathers and reduce-scatters assumed hidden under compute")
-    if lay["micro_batch"] <= 4:
-        out.append("small micro-batch: a step takes the larger of host and GPU time per "
-                   "micro-batch, a lower bound where the two interleave")
-    return out

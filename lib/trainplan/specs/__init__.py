@@ -25,12 +25,13 @@ import yaml
 from trainplan.errors import PresetNotFound, SpecError
 from trainplan.specs.checks import (  # noqa: F401 (MAX_INT: re-exported)
     MAX_INT,
-    _validate,
-    _yaml11_float,
     check_curve,
+    check_fields,
+    yaml11_float,
 )
 
 DATA_DIR = Path(os.environ.get("TRAINPLAN_DATA", Path(__file__).resolve().parents[3] / "data"))
+SUITE_CLUSTER = "dgx-h100"  # the interconnect preset the measurement suites run under
 
 GiB = 1024**3
 
@@ -52,7 +53,7 @@ def from_mapping(cls, mapping, source: str):
     if missing:
         raise SpecError(f"{source}: missing field {missing[0]!r} (required: {sorted(required)})")
     hints = typing.get_type_hints(cls)
-    mapping = {k: _yaml11_float(v) if hints[k] is float else v for k, v in mapping.items()}
+    mapping = {k: yaml11_float(v) if hints[k] is float else v for k, v in mapping.items()}
     try:
         return cls(**mapping)
     except SpecError as err:
@@ -86,7 +87,7 @@ class ModelSpec:
     def __post_init__(self):
         if self.n_kv_heads == 0:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
-        _validate(
+        check_fields(
             self,
             positive=("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab",
                       "n_experts", "top_k"),
@@ -166,7 +167,7 @@ class GPUSpec:
     fragmentation_scales: tuple = ()
 
     def __post_init__(self):
-        _validate(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
+        check_fields(self, positive=("bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",
                                   "attention_efficiency", "memory_efficiency",
                                   "elementwise_scale", "eager_elementwise_scale", "head_scale",
                                   "optimizer_scale", "logits_scale", "ddp_block_scale",
@@ -206,7 +207,7 @@ class ClusterSpec:
     collectives: tuple = ()  # (op, latency_us, busbw_gbps) measured inside a node, per op
 
     def __post_init__(self):
-        _validate(self, positive=("gpus_per_node", "intra_node_gbps", "inter_node_gbps",
+        check_fields(self, positive=("gpus_per_node", "intra_node_gbps", "inter_node_gbps",
                                   "intra_node_efficiency", "inter_node_efficiency"),
                   non_negative=("intra_node_latency_us", "inter_node_latency_us"))
 
@@ -242,7 +243,7 @@ class ParallelConfig:
     def __post_init__(self):
         if self.dp_shard == 0:
             object.__setattr__(self, "dp_shard", self.dp if self.zero else 1)
-        _validate(self, positive=("dp", "tp", "pp", "cp", "ep", "dp_shard", "micro_batch",
+        check_fields(self, positive=("dp", "tp", "pp", "cp", "ep", "dp_shard", "micro_batch",
                                   "grad_accum", "pp_virtual"))
         if self.zero not in (0, 1, 2, 3):
             raise SpecError(f"ParallelConfig.zero = {self.zero!r} is not valid; use 0, 1, 2 or 3")
@@ -281,7 +282,7 @@ class Scenario:
     title: str = ""
 
     def __post_init__(self):
-        _validate(self, positive=("gpus", "seq_len", "global_batch_tokens", "token_budget"))
+        check_fields(self, positive=("gpus", "seq_len", "global_batch_tokens", "token_budget"))
 
 
 # ---------------------------------------------------------------- presets
@@ -338,18 +339,10 @@ def load_model(name: str) -> ModelSpec:
     return dataclasses.replace(spec, n_layers=n, name=str(name))
 
 
-def load_gpu(name: str, calibrated: bool = True) -> GPUSpec:
-    """A GPU preset (or YAML file); with its calibration applied when one exists for the card.
-
-    data/hardware/calibration/<name>.yaml (see `trainplan.calibrate.fit`) replaces
-    the efficiency fractions with microbenchmarked ones and sets `calibration`
-    to its label; otherwise `calibration` stays "datasheet".
-    """
-    gpu = load(GPUSpec, name)
-    if not calibrated:
-        return gpu
-    from trainplan.calibrate.fit import calibrated as apply_calibration
-    return apply_calibration(gpu)
+def load_gpu_preset(name: str) -> GPUSpec:
+    """A GPU preset (or YAML file) as its datasheet gives it, no calibration applied
+    (`trainplan.calibrate.store.load_gpu` applies the card's calibration)."""
+    return load(GPUSpec, name)
 
 
 def load_cluster(name: str) -> ClusterSpec:
@@ -362,6 +355,6 @@ def load_scenario(name: str) -> Scenario:
 
 __all__ = [
     "DATA_DIR", "GiB", "ModelSpec", "GPUSpec", "ClusterSpec", "ParallelConfig", "Scenario",
-    "load", "load_model", "load_gpu", "load_cluster", "load_scenario", "preset_names",
+    "load", "load_model", "load_gpu_preset", "load_cluster", "load_scenario", "preset_names",
     "from_mapping",
 ]

@@ -42,7 +42,7 @@ def _check_field(spec: str, name: str, value, hint) -> None:
         raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a string")
 
 
-def _validate(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+def check_fields(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
     spec = type(obj).__name__
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
@@ -55,7 +55,7 @@ def _validate(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...]
             raise SpecError(f"{spec}.{name} = {getattr(obj, name)!r} is not valid; it must be >= 0")
 
 
-def _yaml11_float(value):
+def yaml11_float(value):
     """YAML 1.1 reads 2.6e11 (no sign in the exponent) as a string; take it as the number meant."""
     if isinstance(value, str):
         try:

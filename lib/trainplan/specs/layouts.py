@@ -112,3 +112,12 @@ def labels(layouts: Layouts, fn) -> np.ndarray:
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     names = np.array([fn(*map(int, row)) for row in uniq], dtype=object)
     return names[inverse.ravel()]
+
+
+def shard_degree(zero, dp_shard, cp, active_stage):
+    """Ranks one ZeRO shard is spread over: dp_shard x cp once `zero` reaches `active_stage`.
+
+    Context-parallel ranks hold the same weights, so FSDP shards over them too
+    (torchtitan's dp_shard x cp mesh).
+    """
+    return np.where(np.asarray(zero) >= active_stage, np.asarray(dp_shard) * np.asarray(cp), 1)

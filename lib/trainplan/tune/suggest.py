@@ -130,7 +130,8 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
     `spec`, `gpu_spec`, `cluster_spec`: loaded specs that replace `model_size`,
     `gpu` and `cluster` (the runbook page passes its scenario's).
     """
-    from trainplan.specs import load_cluster, load_gpu
+    from trainplan.calibrate.store import load_gpu
+    from trainplan.specs import load_cluster
 
     if spec is None:
         m, model_reason = model_for(model_size)

@@ -143,7 +143,7 @@ def device_groups(workers: int, gpus: int, cpu: bool) -> list[str | None]:
 def gpu_for(card: str, suite: dict):
     """The card's preset with its committed calibration applied where one exists (as the
     planner and `validate` use it), else the suite's fallback preset's datasheet figures."""
-    from trainplan.calibrate.fit import calibrated
-    from trainplan.specs import load_gpu
+    from trainplan.calibrate.store import load_gpu
+    from trainplan.calibrate.store import with_calibration as calibrated
     return calibrated(load_gpu(next((p for k, p in CARD_PRESETS.items() if k in card),
                                     suite["gpu"])))

@@ -139,7 +139,7 @@ def record(bench, targs, b, *, raw: dict, restart: dict, async_options, state_by
         "summary": summarise(raw, saves, b.steps, restart),
         "provenance": records.provenance(),
     }
-    return records.validate(records._plain(rec))
+    return records.validate(records.plain(rec))
 
 
 def _fmt(value, spec: str) -> str:

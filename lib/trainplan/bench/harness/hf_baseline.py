@@ -21,14 +21,12 @@ The loss is ours (`step.cross_entropy` on the logits, compiled with --compile
 as for our model), not HF's `labels=`: our loader's labels are already the
 next tokens, and HF would shift them once more.
 
-Two ways in, one loop: `train.py --impl hf-baseline` builds the model with
-`build` below (same signature as train.build), and
-`python -m trainplan.bench.harness.hf_baseline [train.py flags]` is a shorthand for it.
+One loop: `python -m trainplan.bench.harness.train --impl hf-baseline` builds the model
+with `build` below (same signature as train.build).
 """
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 
 import torch
@@ -36,14 +34,15 @@ from torch import nn
 
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness.model import ROPE_THETA, count_params, init_normal
+from trainplan.bench.harness.step import loss_function
 from trainplan.errors import LayoutError, SpecError
 from trainplan.specs import ModelSpec, ParallelConfig
 
 IMPL = "hf-baseline"
-RMS_EPS = 1e-5  # = model._norm's nn.RMSNorm eps; LlamaConfig's default would be 1e-6
+RMS_EPS = 1e-5  # = model.norm_layer's nn.RMSNorm eps; LlamaConfig's default would be 1e-6
 
 
-def _transformers():
+def require_transformers():
     try:
         import transformers
     except ImportError:
@@ -71,7 +70,7 @@ def check(spec: ModelSpec, cfg: ParallelConfig) -> None:
 
 def hf_config(spec: ModelSpec, seq_len: int):
     """The `LlamaConfig` of `spec`: the same function as `model.Transformer` computes."""
-    tf = _transformers()
+    tf = require_transformers()
     return tf.LlamaConfig(
         vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.ffn,
         num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
@@ -93,7 +92,7 @@ class HFCausalLM(nn.Module):
     def __init__(self, spec: ModelSpec, seq_len: int):
         super().__init__()
         self.spec = spec
-        self.hf = _transformers().LlamaForCausalLM(hf_config(spec, seq_len))
+        self.hf = require_transformers().LlamaForCausalLM(hf_config(spec, seq_len))
 
     @property
     def layers(self) -> dict[str, nn.Module]:
@@ -157,7 +156,7 @@ def apply_ac(model: HFCausalLM, mode: str) -> None:
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts,
-                                       par_mod._save_policy)
+                                       par_mod.save_policy)
     layers = model.hf.model.layers
     for i, layer in enumerate(layers):
         layers[i] = checkpoint_wrapper(layer, **kwargs)
@@ -169,7 +168,6 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device: torch.device, mesh
     Checkpointing, compile, then FSDP2 or DDP; on GPU with sharded parameters
     the model is built on the meta device and materialised shard by shard.
     """
-    from trainplan.bench.harness.train import loss_function
 
     check(spec, cfg)
     sharded = cfg.world > 1 and cfg.zero > 0
@@ -180,7 +178,7 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device: torch.device, mesh
     if not meta:
         model.init_weights()
     out = par_mod.Parallelized(parts=[model], notes=[
-        f"{IMPL}: transformers {_transformers().__version__} LlamaForCausalLM, sdpa, "
+        f"{IMPL}: transformers {require_transformers().__version__} LlamaForCausalLM, sdpa, "
         f"use_cache=False", f"{count_params(model)} parameters"])
     if cfg.zero == 1 and cfg.dp > 1:
         out.notes.append("zero 1 runs as FSDP2 without resharding (= ZeRO-2: grads sharded too)")
@@ -201,16 +199,3 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device: torch.device, mesh
         model.to_empty(device=device)
         model.init_weights(buffer_device=device)
     return out, loss_function(args.compile)
-
-
-def main(argv=None) -> int:
-    """`python -m trainplan.bench.harness.hf_baseline [train.py flags]`: train.py's run, this
-    model."""
-    from trainplan.bench.harness import train
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return train.main([*argv, "--impl", IMPL])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

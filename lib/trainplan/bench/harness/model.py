@@ -41,7 +41,7 @@ def slice_spec(spec: ModelSpec, n_layers: int) -> ModelSpec:
     return dataclasses.replace(spec, n_layers=n_layers, name=f"{spec.name}-slice{n_layers}")
 
 
-def _norm(spec: ModelSpec) -> nn.Module:
+def norm_layer(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
         return nn.RMSNorm(spec.hidden, eps=1e-5)
     return nn.LayerNorm(spec.hidden, eps=1e-5, bias=spec.bias)
@@ -115,9 +115,9 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        self.attention_norm = _norm(spec)
+        self.attention_norm = norm_layer(spec)
         self.attention = Attention(spec)
-        self.ffn_norm = _norm(spec)
+        self.ffn_norm = norm_layer(spec)
         self.feed_forward = FeedForward(spec)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -166,7 +166,7 @@ class Transformer(nn.Module):
         # A dict keyed by the global block index: a pipeline stage deletes the
         # blocks it does not own and the names of the rest stay stable.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.n_layers)})
-        self.norm = _norm(spec)
+        self.norm = norm_layer(spec)
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
         if spec.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight

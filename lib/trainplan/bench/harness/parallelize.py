@@ -223,7 +223,7 @@ _SAVE_OPS = (  # outputs selective recompute keeps: matmuls, attention, TP colle
 )
 
 
-def _save_policy(ctx, op, *args, **kwargs):
+def save_policy(ctx, op, *args, **kwargs):
     from torch.utils.checkpoint import CheckpointPolicy
 
     if str(op) in _SAVE_OPS:
@@ -248,7 +248,7 @@ def apply_ac(model: Transformer, mode: str) -> None:
     if mode == "selective":
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _save_policy)
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, save_policy)
     for name, block in list(model.layers.items()):
         model.layers[name] = checkpoint_wrapper(block, **kwargs)
 

@@ -125,3 +125,9 @@ def reduce_loss(total: torch.Tensor) -> tuple[float, float]:
     if dist.is_initialized():
         dist.all_reduce(sums)
     return (sums[0] / sums[1]).item(), total[2].item()
+
+
+def loss_function(compile: bool):
+    """The loss; compiled with the blocks, so the fp32 upcast of the (B, S, V)
+    logits, the softmax and its gradient fuse instead of round-tripping HBM."""
+    return torch.compile(cross_entropy) if compile else cross_entropy

@@ -29,11 +29,10 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.ckpt import store as ckpt
-from trainplan.bench.harness import affinity, feed, hf_baseline
+from trainplan.bench.harness import affinity, feed, hf_baseline, monitor
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness.model import Transformer, count_params, slice_spec
-from trainplan.bench.observe import monitor
 from trainplan.errors import TrainplanError
 from trainplan.specs import ModelSpec, ParallelConfig, load_model
 
@@ -142,7 +141,7 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device, mesh):
     same weights as a single process, as the loss-parity tests need.
     """
     sharded = cfg.world > 1 and (cfg.zero > 0 or cfg.tp > 1 or cfg.pp > 1)
-    loss_fn = loss_function(args.compile)
+    loss_fn = step_mod.loss_function(args.compile)
     meta = device.type == "cuda" and sharded
     torch.manual_seed(args.seed)
     with torch.device("meta" if meta else device):
@@ -164,12 +163,6 @@ def make_optimizer(par, lr: float, device) -> torch.optim.AdamW:
     fused = {"fused": True} if device.type == "cuda" else {}
     return torch.optim.AdamW(list(par.parameters()), lr=lr, betas=(0.9, 0.95),
                              weight_decay=0.1, **fused)
-
-
-def loss_function(compile: bool):
-    """The loss; compiled with the blocks, so the fp32 upcast of the (B, S, V)
-    logits, the softmax and its gradient fuse instead of round-tripping HBM."""
-    return torch.compile(step_mod.cross_entropy) if compile else step_mod.cross_entropy
 
 
 def peak_flops(device) -> float | None:
@@ -212,7 +205,7 @@ def run(args) -> dict:
     optimizer = make_optimizer(par, args.lr, device)
     saver = ckpt.Checkpointer(args, par, optimizer, rank=rank, world=world, device=device)
     start = saver.resume()  # 0, or the step of the checkpoint loaded
-    source = _batches(args, cfg, spec, dp_rank, dp, start)
+    source = make_batches(args, cfg, spec, dp_rank, dp, start)
     autocast = device.type == "cuda" and not par.fsdp
 
     from tqdm import tqdm
@@ -249,7 +242,7 @@ def run(args) -> dict:
         done = step + 1
         if saver.after_step(done):  # SIGTERM: emergency checkpoint taken, stop
             break
-    summary = _summarise(args, spec, cfg, device, world, times, losses, par)
+    summary = summarise(args, spec, cfg, device, world, times, losses, par)
     summary["grad_norms"] = norms
     summary["setup_s"] = round(setup_s, 3)  # rank 0's; the first warm-up step holds the compile
     summary["first_step"] = start + 1
@@ -261,7 +254,7 @@ def run(args) -> dict:
     return summary
 
 
-def _batches(args, cfg, spec, dp_rank, dp, start=0):
+def make_batches(args, cfg, spec, dp_rank, dp, start=0):
     if args.synthetic:
         return feed.SyntheticBatches(vocab=spec.vocab, seq_len=args.seq_len,
                                      micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
@@ -287,7 +280,7 @@ def _max_over_ranks(values: list[float], device) -> list[float]:
     return t.tolist()
 
 
-def _summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
+def summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
     """The numbers of one run; rates as total tokens over total measured time."""
     from trainplan.cost.compute import model_flops_per_token
 

@@ -41,9 +41,17 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.harness.model import TransformerBlock, rope_tables
-from trainplan.bench.micro.model import PRECISIONS, RECOMPUTE_MODES, _OneBlock, _precision
-from trainplan.bench.micro.run import _card, _dtype, _sync, _time_blocks, _timed_results
+from trainplan.bench.micro.model import PRECISIONS, RECOMPUTE_MODES, OneBlock, block_precision
 from trainplan.bench.micro.shapes import gemm_shapes
+from trainplan.bench.micro.timing import (
+    card,
+    dtype_of,
+    per_block,
+    slowest,
+    sync,
+    time_blocks,
+    timed_results,
+)
 from trainplan.errors import SpecError
 from trainplan.records.schema import microbenchmark_record
 from trainplan.records.stats import median_ci
@@ -53,7 +61,7 @@ DDP_MODES = {"on": True, "off": False}
 FSDP_MODES = {"z2": 2, "z3": 3}  # FSDP2 without / with resharding after forward
 
 
-class _BlockNet(_OneBlock):
+class BlockNet(OneBlock):
     """`n_blocks` blocks (one by default) with a forward, so `DistributedDataParallel` or
     FSDP2 can wrap them: two blocks under one root tell the per-block work from the root's."""
 
@@ -68,13 +76,13 @@ class _BlockNet(_OneBlock):
         return x
 
 
-def _kept_and_peak(net, x, grad, cos, sin, amp, dev: torch.device, *,
+def kept_and_peak(net, x, grad, cos, sin, amp, dev: torch.device, *,
                    zero_grad: bool = True) -> tuple[int, int]:
     """Bytes one forward of `net` (under `amp()`) keeps for backward, and the fwd + bwd peak
     above the start (both 0 on CPU). `zero_grad` first frees the gradients (a step's first
     micro-batch); without it those the warm-up left stay allocated and count in neither."""
     cuda = dev.type == "cuda"
-    _sync(dev)
+    sync(dev)
     if zero_grad:
         net.zero_grad(set_to_none=True)
     before = torch.cuda.memory_allocated(dev) if cuda else 0
@@ -82,11 +90,11 @@ def _kept_and_peak(net, x, grad, cos, sin, amp, dev: torch.device, *,
         torch.cuda.reset_peak_memory_stats(dev)
     with amp():
         out = net(x, cos, sin)
-    _sync(dev)
+    sync(dev)
     kept = (torch.cuda.memory_allocated(dev) if cuda else 0) - before
     out.backward(grad)
     del out
-    _sync(dev)
+    sync(dev)
     peak = torch.cuda.max_memory_allocated(dev) - before if cuda else 0
     return kept, peak
 
@@ -104,9 +112,9 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
     spec = load_model(model)
-    dt, amp, amp_dtype = _precision(precision, _dtype(dtype), dev)
+    dt, amp, amp_dtype = block_precision(precision, dtype_of(dtype), dev)
     torch.manual_seed(0)
-    net = _BlockNet(spec).to(dev, dt)
+    net = BlockNet(spec).to(dev, dt)
     if compile:
         torch._dynamo.reset()  # a fresh compile under this optimize_ddp setting
         apply_compile(net)
@@ -121,11 +129,11 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
         out.backward(grad)
 
     with torch._dynamo.config.patch(optimize_ddp=optimize_ddp):  # read when the frame compiles
-        times = _time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
-        kept, peak = _kept_and_peak(ddp, x, grad, cos, sin, amp, dev, zero_grad=False)
+        times = time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
+        kept, peak = kept_and_peak(ddp, x, grad, cos, sin, amp, dev, zero_grad=False)
     grad_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
     flat = torch.zeros(grad_bytes // 4, device=dev, dtype=torch.float32)  # DDP reduces in fp32
-    reduce_times = _time_blocks(lambda: dist.all_reduce(flat), dev, warmup, iters, repeats,
+    reduce_times = time_blocks(lambda: dist.all_reduce(flat), dev, warmup, iters, repeats,
                                 before_block=dist.barrier)
     rows = torch.tensor([times, reduce_times], dtype=torch.float64, device=dev)
     dist.all_reduce(rows, op=dist.ReduceOp.MAX)  # the slowest rank's block times
@@ -134,7 +142,7 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     kept, peak = (int(v) for v in worst.tolist())
     tokens = micro_batch * seq
-    results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+    results = timed_results(times, tokens, "tokens_per_s", 1.0)
     results.update({"activation_bytes": kept, "activation_bytes_per_token": kept / tokens,
                     "peak_bytes": peak, "allreduce_s": median_ci(reduce_times).estimate,
                     "allreduce_times_s": reduce_times})
@@ -146,14 +154,7 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
               "dtype": dtype, "device": dev.type, "tokens": tokens, "warmup": warmup,
               "iters": iters, "repeats": repeats}
     return microbenchmark_record(bench="block", config=config, results=results, gpus=n,
-                                 card=_card(dev), run_id=run_id, extra=extra)
-
-
-def _slowest(*rows: list[float], dev: torch.device) -> list[list[float]]:
-    """Each row of per-block times as the slowest rank's (element-wise max over ranks)."""
-    t = torch.tensor(rows, dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+                                 card=card(dev), run_id=run_id, extra=extra)
 
 
 def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compile: bool = True,
@@ -177,7 +178,7 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
     spec = load_model(model)
-    mixed = _dtype(dtype) != torch.float32  # the harness's bf16 policy wherever it computes low
+    mixed = dtype_of(dtype) != torch.float32  # the harness's bf16 policy wherever it computes low
     compute_dt = torch.bfloat16 if mixed else torch.float32
     reduce_dt = torch.float32
     cos, sin = rope_tables(seq, spec.head_dim, dev)
@@ -190,10 +191,10 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
             net.zero_grad(set_to_none=True)
             x.grad = None
             net(x, *tables).backward(grad)
-        return _time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
+        return time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
 
     torch.manual_seed(0)
-    alone = _BlockNet(spec).to(dev, compute_dt)  # the block as FSDP2 computes it, unwrapped
+    alone = BlockNet(spec).to(dev, compute_dt)  # the block as FSDP2 computes it, unwrapped
     if compile:
         torch._dynamo.reset()
         apply_compile(alone)
@@ -201,7 +202,7 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
     params = sum(p.numel() for p in alone.parameters())
     del alone
     torch.manual_seed(0)
-    net = _BlockNet(spec).to(dev, torch.float32)  # fp32 master weights, sharded below
+    net = BlockNet(spec).to(dev, torch.float32)  # fp32 master weights, sharded below
     if compile:
         torch._dynamo.reset()  # a fresh compile with FSDP2's hooks around the block
         apply_compile(net)
@@ -210,35 +211,34 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
     apply_fsdp(net, mesh, reshard=reshard, mixed_precision=mixed)
     times = timed(net, cos, sin)
     # kept: with ZeRO-2 also the gathered bf16 weights, held until backward
-    kept, peak = _kept_and_peak(net, x, grad, cos, sin, contextlib.nullcontext, dev)
+    kept, peak = kept_and_peak(net, x, grad, cos, sin, contextlib.nullcontext, dev)
     del net
     two_times = None
     if two_blocks:
         torch.manual_seed(0)
-        net = _BlockNet(spec, n_blocks=2).to(dev, torch.float32)
+        net = BlockNet(spec, n_blocks=2).to(dev, torch.float32)
         if compile:
             torch._dynamo.reset()
             apply_compile(net)
         apply_fsdp(net, mesh, reshard=reshard, mixed_precision=mixed)
-        (two_times,) = _slowest(timed(net, cos, sin), dev=dev)
+        (two_times,) = slowest(timed(net, cos, sin), dev=dev)
         del net
     shard = -(-params // n)  # one flat buffer per group, as FSDP2 gathers and reduces
     part, full = (torch.zeros(k * shard, device=dev, dtype=compute_dt) for k in (1, n))
     r_part, r_full = (torch.zeros(k * shard, device=dev, dtype=reduce_dt) for k in (1, n))
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    gather_times = _time_blocks(lambda: gather(full, part), dev, warmup, iters, repeats,
+    gather_times = time_blocks(lambda: gather(full, part), dev, warmup, iters, repeats,
                                 before_block=dist.barrier)
-    scatter_times = _time_blocks(lambda: scatter(r_part, r_full), dev, warmup, iters, repeats,
+    scatter_times = time_blocks(lambda: scatter(r_part, r_full), dev, warmup, iters, repeats,
                                  before_block=dist.barrier)
-    times, alone_times, gather_times, scatter_times = _slowest(
+    times, alone_times, gather_times, scatter_times = slowest(
         times, alone_times, gather_times, scatter_times, dev=dev)
-    kept, peak = (int(v) for v in _slowest([kept, peak], dev=dev)[0])
+    kept, peak = (int(v) for v in slowest([kept, peak], dev=dev)[0])
     tokens = micro_batch * seq
     if two_times is None:
-        results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+        results = timed_results(times, tokens, "tokens_per_s", 1.0)
     else:
-        from trainplan.bench.micro.tp import per_block
 
         results = per_block(times, two_times, tokens)
     results.update({"activation_bytes": kept, "activation_bytes_per_token": kept / tokens,
@@ -260,13 +260,13 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
               "reduce_dtype": name[reduce_dt], "dtype": dtype, "device": dev.type,
               "tokens": tokens, "warmup": warmup, "iters": iters, "repeats": repeats}
     return microbenchmark_record(bench="block", config=config, results=results, gpus=n,
-                                 card=_card(dev), run_id=run_id, extra=extra)
+                                 card=card(dev), run_id=run_id, extra=extra)
 
 
 # ---------------------------------------------------------------- variant lists
 
 
-def _items(text: str) -> list[str]:
+def comma_items(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
@@ -274,7 +274,7 @@ def block_modes(text: str) -> list[tuple[bool, str, str]]:
     """'compiled:none,eager:none:autocast-fp32' -> [(True, 'none', 'pure'), (False, 'none',
     'autocast-fp32')]; bad items refused."""
     out = []
-    for item in _items(text):
+    for item in comma_items(text):
         parts = item.split(":") + (["pure"] if item.count(":") == 1 else [])
         mode, rc, precision = (parts + ["", "", ""])[:3]
         if len(parts) != 3 or mode not in ("compiled", "eager") \
@@ -288,7 +288,7 @@ def block_modes(text: str) -> list[tuple[bool, str, str]]:
 def head_modes(text: str) -> list[tuple[bool, str]]:
     """'eager,compiled:autocast-fp32' -> [(False, 'pure'), (True, 'autocast-fp32')]."""
     out = []
-    for item in _items(text):
+    for item in comma_items(text):
         mode, _, precision = item.partition(":")
         precision = precision or "pure"
         if mode not in ("compiled", "eager") or precision not in PRECISIONS:
@@ -300,7 +300,7 @@ def head_modes(text: str) -> list[tuple[bool, str]]:
 
 def ddp_modes(text: str) -> list[bool]:
     """'on,off' -> [True, False]: Dynamo's DDPOptimizer on or off."""
-    items = _items(text)
+    items = comma_items(text)
     if not items or any(i not in DDP_MODES for i in items):
         raise SpecError(f"--ddp-modes {text!r} is not valid; use a comma list of on, off")
     return [DDP_MODES[i] for i in items]
@@ -308,7 +308,7 @@ def ddp_modes(text: str) -> list[bool]:
 
 def fsdp_modes(text: str) -> list[int]:
     """'z2,z3' -> [2, 3]: FSDP2 ZeRO-2 (weights kept until backward) and ZeRO-3 (resharded)."""
-    items = _items(text)
+    items = comma_items(text)
     if not items or any(i not in FSDP_MODES for i in items):
         raise SpecError(f"--fsdp-modes {text!r} is not valid; use a comma list of z2, z3")
     return [FSDP_MODES[i] for i in items]
@@ -317,7 +317,7 @@ def fsdp_modes(text: str) -> list[int]:
 def whole_list(text: str | None, name: str) -> list[int]:
     """'4096,16384' -> [4096, 16384]; None or '' -> []."""
     try:
-        values = [int(t) for t in _items(text or "")]
+        values = [int(t) for t in comma_items(text or "")]
     except ValueError:
         values = [0]
     if any(v < 1 for v in values):

@@ -39,9 +39,9 @@ import time
 
 import torch
 
-from trainplan.bench.micro.run import _card, _sync, _timed_results
 from trainplan.bench.micro.shapes import whole
 from trainplan.bench.micro.step import harness_step, step_config, wrapper_setup
+from trainplan.bench.micro.timing import card, slowest, sync, timed_results
 from trainplan.errors import SpecError
 from trainplan.records.schema import microbenchmark_record
 from trainplan.specs import load_model
@@ -96,7 +96,7 @@ def _stack_peaks(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
                         compile=compile, mesh=mesh, max_norm=max_norm)
     for _ in range(warmup):
         step()
-    _sync(dev)
+    sync(dev)
     cuda = dev.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
@@ -104,7 +104,7 @@ def _stack_peaks(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
-        _sync(dev)
+        sync(dev)
         wall.append(time.perf_counter() - t0)
     if not cuda:
         return wall, None, None
@@ -126,7 +126,6 @@ def bench_memory_stack(model: str, micro_batch: int, seq: int, *, tp: int = 1, z
     rank calls it: a (world / tp, tp) mesh, tensor parallel with sequence parallel where
     tp > 1, FSDP2 over the first dimension where zero is 2 or 3. config["model"] stays the
     model's name, config["layers"] is N and model_spec the model as built."""
-    from trainplan.bench.micro.layouts import _slowest
 
     whole(micro_batch=micro_batch, seq=seq, steps=steps, tp=tp)
     whole(low=0, warmup=warmup)
@@ -147,9 +146,9 @@ def bench_memory_stack(model: str, micro_batch: int, seq: int, *, tp: int = 1, z
                                           steps=steps, max_norm=max_norm)
         _free(dev)
         if not alone:  # the slowest rank's steps, the largest rank's bytes
-            (wall,) = _slowest(wall, dev=dev)
-            (peaks,) = _slowest(peaks, dev=dev) if peaks else (None,)
-        results = {**_timed_results(wall, tokens, "tokens_per_s", 1.0), "activation_bytes": 0,
+            (wall,) = slowest(wall, dev=dev)
+            (peaks,) = slowest(peaks, dev=dev) if peaks else (None,)
+        results = {**timed_results(wall, tokens, "tokens_per_s", 1.0), "activation_bytes": 0,
                    **dict(zip(BYTES, [int(b) for b in peaks] if peaks else [None] * 3,
                               strict=True)),
                    "memory_pools": pools}  # activation_bytes: not measured here
@@ -158,6 +157,6 @@ def bench_memory_stack(model: str, micro_batch: int, seq: int, *, tp: int = 1, z
                                 max_norm=max_norm, dtype=dtype, warmup=warmup),
                   "steps": steps, "peaks": "after warm-up (reset_peak_memory_stats)"}
         out.append(microbenchmark_record(bench="block", config=config, results=results,
-                                         gpus=1 if alone else n, card=_card(dev), run_id=run_id,
+                                         gpus=1 if alone else n, card=card(dev), run_id=run_id,
                                          extra=extra))
     return out

@@ -11,7 +11,7 @@
   keeps for backward (allocated after the forward minus before, the output
   included: it is the next block's saved input).
 - head: final norm, output projection and cross-entropy, forward + backward,
-  eager or with the loss compiled as `bench.train.loss_function` compiles it,
+  eager or with the loss compiled as `bench.harness.step.loss_function` compiles it,
   in either precision; and the peak bytes above what was allocated before
   (logits, their fp32 copy, their gradients: what `memory.logits_bytes` and,
   compiled, `memory.compiled_logits_bytes` price).
@@ -37,11 +37,11 @@ import torch.nn as nn
 from trainplan.bench.harness.model import (
     Transformer,
     TransformerBlock,
-    _norm,
+    norm_layer,
     rope_tables,
     slice_spec,
 )
-from trainplan.bench.micro.run import _card, _dtype, _sync, _time_blocks, _timed_results
+from trainplan.bench.micro.timing import card, dtype_of, sync, time_blocks, timed_results
 from trainplan.errors import SpecError
 from trainplan.records.schema import microbenchmark_record
 from trainplan.records.stats import median_ci
@@ -51,7 +51,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 PRECISIONS = ("pure", "autocast-fp32")  # weights in dtype | fp32 weights under autocast(dtype)
 
 
-class _OneBlock(nn.Module):
+class OneBlock(nn.Module):
     """A model of one block, shaped so the harness's `apply_ac` and `apply_compile` apply."""
 
     def __init__(self, spec):
@@ -71,7 +71,7 @@ def _allocated(dev: torch.device) -> int:
     return torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
 
 
-def _precision(precision: str, dt: torch.dtype, dev: torch.device):
+def block_precision(precision: str, dt: torch.dtype, dev: torch.device):
     """(parameter and input dtype, autocast context factory, autocast dtype or None)."""
     import contextlib
 
@@ -85,7 +85,7 @@ def _precision(precision: str, dt: torch.dtype, dev: torch.device):
 
 def _record(bench, config, results, dev, gpus, run_id, extra):
     return microbenchmark_record(bench=bench, config=config, results=results, gpus=gpus,
-                                 card=_card(dev), run_id=run_id, extra=extra)
+                                 card=card(dev), run_id=run_id, extra=extra)
 
 
 def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recompute: str = "none",
@@ -98,8 +98,8 @@ def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recomp
     if recompute not in RECOMPUTE_MODES:
         raise SpecError(f"recompute {recompute!r} is not valid; use one of {RECOMPUTE_MODES}")
     spec, dev = load_model(model), _device(device)
-    dt, amp, amp_dtype = _precision(precision, _dtype(dtype), dev)
-    holder = _OneBlock(spec).to(dev, dt)
+    dt, amp, amp_dtype = block_precision(precision, dtype_of(dtype), dev)
+    holder = OneBlock(spec).to(dev, dt)
     apply_ac(holder, recompute)
     if compile:
         torch._dynamo.reset()  # each variant compiles afresh: no recompile limit reached
@@ -114,17 +114,17 @@ def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recomp
             out = block(x, cos, sin)
         out.backward(grad)
 
-    times = _time_blocks(step, dev, warmup, iters, repeats)
-    _sync(dev)
+    times = time_blocks(step, dev, warmup, iters, repeats)
+    sync(dev)
     before = _allocated(dev)
     with amp():  # the autocast weight cache lives until the context exits: measured after it
         out = block(x, cos, sin)
-    _sync(dev)
+    sync(dev)
     kept = _allocated(dev) - before
     out.backward(grad)
     del out
     tokens = micro_batch * seq
-    results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+    results = timed_results(times, tokens, "tokens_per_s", 1.0)
     results["activation_bytes"] = kept
     results["activation_bytes_per_token"] = kept / tokens
     config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
@@ -141,14 +141,15 @@ def bench_head(model: str, micro_batch: int, seq: int, *, compile: bool = False,
                extra: dict | None = None) -> dict:
     """Seconds of final norm + output projection + cross-entropy, forward + backward.
 
-    `compile` compiles the loss only, as `bench.train.loss_function` does (the
+    `compile` compiles the loss only, as `bench.harness.step.loss_function` does (the
     norm and output projection stay eager there, outside the compiled blocks).
     """
     from trainplan.bench.harness.step import cross_entropy
 
     spec, dev = load_model(model), _device(device)
-    dt, amp, amp_dtype = _precision(precision, _dtype(dtype), dev)
-    head = nn.Sequential(_norm(spec), nn.Linear(spec.hidden, spec.vocab, bias=False)).to(dev, dt)
+    dt, amp, amp_dtype = block_precision(precision, dtype_of(dtype), dev)
+    head = nn.Sequential(norm_layer(spec), nn.Linear(spec.hidden, spec.vocab, bias=False))
+    head = head.to(dev, dt)
     x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=dt, requires_grad=True)
     labels = torch.randint(0, spec.vocab, (micro_batch, seq), device=dev)
     if compile:
@@ -160,19 +161,19 @@ def bench_head(model: str, micro_batch: int, seq: int, *, compile: bool = False,
             loss = loss_fn(head(x), labels)
         loss.backward()
 
-    times = _time_blocks(step, dev, warmup, iters, repeats)
+    times = time_blocks(step, dev, warmup, iters, repeats)
     x.grad = None
     for p in head.parameters():
         p.grad = None
-    _sync(dev)
+    sync(dev)
     before = _allocated(dev)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     step()
-    _sync(dev)
+    sync(dev)
     peak = torch.cuda.max_memory_allocated(dev) - before if dev.type == "cuda" else 0
     tokens = micro_batch * seq
-    results = _timed_results(times, tokens, "tokens_per_s", 1.0)
+    results = timed_results(times, tokens, "tokens_per_s", 1.0)
     results["peak_bytes"] = peak  # logits, their fp32 copy and gradients at the worst moment
     results["peak_bytes_per_token"] = peak / tokens
     config = {"model": spec.name, "model_spec": dataclasses.asdict(spec),
@@ -199,8 +200,8 @@ def bench_optimizer(model: str, layers: int = 4, *, device: str | None = None, w
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         opt.step()
 
-    times = _time_blocks(step, dev, warmup, iters, repeats)
-    results = _timed_results(times, n, "params_per_s", 1.0)
+    times = time_blocks(step, dev, warmup, iters, repeats)
+    results = timed_results(times, n, "params_per_s", 1.0)
     config = {"model": spec.name, "params": n, "tensors": len(params), "device": dev.type,
               "fused": dev.type == "cuda", "warmup": warmup, "iters": iters, "repeats": repeats}
     return _record("optimizer", config, results, dev, 1, run_id, extra)
@@ -213,10 +214,10 @@ def bench_hbm(size_bytes: int = 2**30, *, device: str | None = None, warmup: int
     dev = _device(device)
     src = torch.empty(size_bytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    times = _time_blocks(lambda: dst.copy_(src), dev, warmup, iters, repeats)
+    times = time_blocks(lambda: dst.copy_(src), dev, warmup, iters, repeats)
     config = {"size_bytes": size_bytes, "moved_bytes": 2 * size_bytes, "device": dev.type,
               "warmup": warmup, "iters": iters, "repeats": repeats}
-    return _record("hbm", config, _timed_results(times, 2 * size_bytes, "tbps", 1e12), dev, 1,
+    return _record("hbm", config, timed_results(times, 2 * size_bytes, "tbps", 1e12), dev, 1,
                    run_id, extra)
 
 
@@ -245,8 +246,8 @@ def bench_overlap(gemm: int = 8192, gemms: int = 24, size_bytes: int = 2**28, *,
     n = dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
-    a = torch.randn(gemm, gemm, device=dev, dtype=_dtype(dtype))
-    b = torch.randn(gemm, gemm, device=dev, dtype=_dtype(dtype))
+    a = torch.randn(gemm, gemm, device=dev, dtype=dtype_of(dtype))
+    b = torch.randn(gemm, gemm, device=dev, dtype=dtype_of(dtype))
     buf = torch.zeros(size_bytes // 4, device=dev, dtype=torch.float32)
 
     def gemm_loop():
@@ -261,7 +262,7 @@ def bench_overlap(gemm: int = 8192, gemms: int = 24, size_bytes: int = 2**28, *,
             w.wait()
 
     gemm_loop(), reduce_loop(2)  # warm-up
-    _sync(dev)
+    sync(dev)
     t_gemm = _events_time(gemm_loop, dev)
     t_one = _events_time(lambda: reduce_loop(4), dev) / 4
     k = torch.tensor([max(1, round(0.5 * t_gemm / t_one))], device=dev)

@@ -28,8 +28,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainplan.bench.micro import layouts as micro_layouts
+from trainplan.bench.micro import memory as micro_memory
+from trainplan.bench.micro import model as micro_model
+from trainplan.bench.micro import step as micro_step
+from trainplan.bench.micro import tp as micro_tp
+from trainplan.bench.micro.report import MODEL_BENCHES, print_table
 from trainplan.bench.micro.shapes import (
     COLLECTIVES,
+    SWEEP_MICRO_BATCHES,  # noqa: F401  (tests read the host sweep's micro-batches here)
     GiB,
     attention_flops,
     bus_factor,
@@ -37,75 +44,17 @@ from trainplan.bench.micro.shapes import (
     parse_sizes,
     whole,
 )
-from trainplan.errors import SpecError
+from trainplan.bench.micro.timing import card, dtype_of, time_blocks, timed_results
+from trainplan.errors import SpecError, TrainplanError
 from trainplan.records.schema import microbenchmark_record
-from trainplan.records.stats import median_ci
 from trainplan.specs import ModelSpec, load_model
 
-MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
            "tp", "host", "host-step")
 OPT_IN = ("memory-stack",)  # run only when --benches names them: not in validate's launch
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
 HOST_STEP_LAYERS = 4  # the host-step bench's short depth: the step's host time per layer
 BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
-SWEEP_MICRO_BATCHES = (1, 2, 4)  # at --seq-len: the 1.3B block's GPU time crosses its host's
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-# ---------------------------------------------------------------- timing
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time_blocks(fn, device: torch.device, warmup: int, iters: int, repeats: int,
-                 before_block=None) -> list[float]:
-    """Seconds per call of `fn`, one figure per timed block of `iters` calls."""
-    whole(iters=iters, repeats=repeats)
-    whole(low=0, warmup=warmup)
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        if before_block:
-            before_block()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            times.append((time.perf_counter() - t0) / iters)
-    return times
-
-
-def _dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise SpecError(f"dtype {name!r} is not valid; use one of {list(DTYPES)}")
-    return DTYPES[name]
-
-
-def _card(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-def _timed_results(times: list[float], work: float, unit: str, scale: float) -> dict:
-    """time_s (median) with its interval, and the rate `work / time / scale` with its own."""
-    iv = median_ci(times)
-    return {"time_s": iv.estimate, "time_s_ci": iv.as_list(), "times_s": times,
-            unit: work / iv.estimate / scale, f"{unit}_ci": [work / iv.high / scale,
-                                                             work / iv.low / scale],
-            "ci_enough_samples": iv.enough}
 
 
 # ---------------------------------------------------------------- benchmarks
@@ -123,15 +72,15 @@ def bench_matmul(m: int, n: int, k: int, *, dtype: str = "bfloat16", device: str
     """
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     whole(m=m, n=n, k=k)
-    x = torch.randn(m, k, device=dev, dtype=_dtype(dtype))
-    w = torch.randn(n, k, device=dev, dtype=_dtype(dtype))
-    out = torch.empty(m, n, device=dev, dtype=_dtype(dtype))
-    times = _time_blocks(lambda: torch.mm(x, w.t(), out=out), dev, warmup, iters, repeats)
+    x = torch.randn(m, k, device=dev, dtype=dtype_of(dtype))
+    w = torch.randn(n, k, device=dev, dtype=dtype_of(dtype))
+    out = torch.empty(m, n, device=dev, dtype=dtype_of(dtype))
+    times = time_blocks(lambda: torch.mm(x, w.t(), out=out), dev, warmup, iters, repeats)
     config = {"name": name, "m": m, "n": n, "k": k, "tp": tp, "base": base, "dtype": dtype,
               "device": dev.type,
               "flops": 2 * m * n * k, "warmup": warmup, "iters": iters, "repeats": repeats}
-    return microbenchmark_record(bench="matmul", config=config, gpus=1, card=_card(dev),
-                                 results=_timed_results(times, 2 * m * n * k, "tflops", 1e12),
+    return microbenchmark_record(bench="matmul", config=config, gpus=1, card=card(dev),
+                                 results=timed_results(times, 2 * m * n * k, "tflops", 1e12),
                                  run_id=run_id, extra=extra)
 
 
@@ -142,24 +91,24 @@ def bench_attention(batch: int, heads: int, seq: int, head_dim: int, *, causal: 
     """TFLOP/s of SDPA forward + backward at (batch, heads, seq, head_dim); see attention_flops."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shape = (batch, heads, seq, head_dim)  # (B, nh, S, hd)
-    q, k, v = (torch.randn(shape, device=dev, dtype=_dtype(dtype), requires_grad=True)
+    q, k, v = (torch.randn(shape, device=dev, dtype=dtype_of(dtype), requires_grad=True)
                for _ in range(3))
-    grad_out = torch.randn(shape, device=dev, dtype=_dtype(dtype))
+    grad_out = torch.randn(shape, device=dev, dtype=dtype_of(dtype))
 
     def step():
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         torch.autograd.grad(out, (q, k, v), grad_out)  # no .grad accumulation to time
 
-    times = _time_blocks(step, dev, warmup, iters, repeats)
+    times = time_blocks(step, dev, warmup, iters, repeats)
     flops = attention_flops(batch, heads, seq, head_dim, causal)
-    results = _timed_results(times, flops, "tflops", 1e12)
+    results = timed_results(times, flops, "tflops", 1e12)
     results["tflops_dense_equiv"] = results["tflops"] * (2 if causal else 1)
     config = {"batch": batch, "heads": heads, "seq": seq, "head_dim": head_dim,
               "causal": causal, "dtype": dtype, "device": dev.type, "flops": flops,
               "flops_convention": "12 b a s^2 d fwd+bwd, halved when causal",
               "warmup": warmup, "iters": iters, "repeats": repeats}
     return microbenchmark_record(bench="attention", config=config, results=results, gpus=1,
-                                 card=_card(dev), run_id=run_id, extra=extra)
+                                 card=card(dev), run_id=run_id, extra=extra)
 
 
 def bench_collective(op: str, size_bytes: int, *, dtype: str = "bfloat16", warmup: int = 5,
@@ -175,24 +124,24 @@ def bench_collective(op: str, size_bytes: int, *, dtype: str = "bfloat16", warmu
     factor = bus_factor(op, n)
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
         else torch.device("cpu")
-    elem = torch.tensor([], dtype=_dtype(dtype)).element_size()
+    elem = torch.tensor([], dtype=dtype_of(dtype)).element_size()
     count = size_bytes // elem // n * n
     if count < n:
         raise SpecError(f"size {size_bytes} B is too small for {n} ranks of {dtype}")
-    full = torch.zeros(count, device=dev, dtype=_dtype(dtype))  # zeros: repeated sums stay finite
-    part = torch.zeros(count // n, device=dev, dtype=_dtype(dtype))
+    full = torch.zeros(count, device=dev, dtype=dtype_of(dtype))  # zeros: repeated sums stay finite
+    part = torch.zeros(count // n, device=dev, dtype=dtype_of(dtype))
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     fn = {"all_reduce": lambda: dist.all_reduce(full, group=group),
           "reduce_scatter": lambda: scatter(part, full, group=group),
           "all_gather": lambda: gather(full, part, group=group)}[op]
-    times = _time_blocks(fn, dev, warmup, iters, repeats,
+    times = time_blocks(fn, dev, warmup, iters, repeats,
                          before_block=lambda: dist.barrier(group=group))
     slowest = torch.tensor(times, dtype=torch.float64, device=dev)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     times = slowest.tolist()
     size = count * elem
-    results = _timed_results(times, size, "algbw_gbps", 1e9)
+    results = timed_results(times, size, "algbw_gbps", 1e9)
     results["busbw_factor"] = factor
     results["busbw_gbps"] = results["algbw_gbps"] * factor
     results["busbw_gbps_ci"] = [b * factor for b in results["algbw_gbps_ci"]]
@@ -200,7 +149,7 @@ def bench_collective(op: str, size_bytes: int, *, dtype: str = "bfloat16", warmu
               "backend": dist.get_backend(group), "device": dev.type,
               "warmup": warmup, "iters": iters, "repeats": repeats}
     return microbenchmark_record(bench=op, config=config, results=results, gpus=n,
-                                 card=_card(dev), run_id=run_id, extra=extra)
+                                 card=card(dev), run_id=run_id, extra=extra)
 
 
 # ---------------------------------------------------------------- command line
@@ -260,26 +209,24 @@ def _parser():
 
 
 def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict]]:
-    from trainplan.bench.micro import layouts as lay
-    from trainplan.bench.micro import memory as micro_memory
-    from trainplan.bench.micro import step as micro_step
-    from trainplan.bench.micro import tp as micro_tp
 
     benches = {b.strip() for b in args.benches.split(",") if b.strip()}
     unknown = benches - set(BENCHES + OPT_IN)
     if unknown:
         raise SpecError(f"--benches {sorted(unknown)[0]!r} is not valid; "
                         f"use {', '.join(BENCHES + OPT_IN)}")
-    modes, heads = lay.block_modes(args.block_modes), lay.head_modes(args.head_modes)
-    ddp, fsdp = lay.ddp_modes(args.ddp_modes), lay.fsdp_modes(args.fsdp_modes)
+    modes = micro_layouts.block_modes(args.block_modes)
+    heads = micro_layouts.head_modes(args.head_modes)
+    ddp, fsdp = micro_layouts.ddp_modes(args.ddp_modes), micro_layouts.fsdp_modes(args.fsdp_modes)
     tps = micro_tp.tp_modes(args.tp_modes)
     whole(block_repeats=args.block_repeats)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
         bus_factor(op, 2)  # validates the name
-    matmuls = lay.matmul_tasks(spec, args.tp, args.tokens,  # on every rank: all refuse bad input
-                               lay.whole_list(args.matmul_tp, "--matmul-tp"),
-                               lay.whole_list(args.matmul_tokens, "--matmul-tokens"))
+    # on every rank: all refuse bad input
+    matmuls = micro_layouts.matmul_tasks(
+        spec, args.tp, args.tokens, micro_layouts.whole_list(args.matmul_tp, "--matmul-tp"),
+        micro_layouts.whole_list(args.matmul_tokens, "--matmul-tokens"))
     sizes = parse_sizes(args.sizes)
     tasks = []
     if rank == 0 and "matmul" in benches:
@@ -320,11 +267,6 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
 
 
 def _run(kind: str, kw: dict, common: dict) -> dict:
-    from trainplan.bench.micro import layouts as micro_layouts
-    from trainplan.bench.micro import memory as micro_memory
-    from trainplan.bench.micro import model as micro_model
-    from trainplan.bench.micro import step as micro_step
-    from trainplan.bench.micro import tp as micro_tp
 
     if kind in ("host", "interleave", "host-step", "memory-stack"):  # purpose: own fit only
         kw, extra = dict(kw), {**(common.get("extra") or {}), "purpose": kind}
@@ -358,7 +300,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from trainplan.errors import TrainplanError
     from trainplan.records.schema import append
 
     args = _parser().parse_args(argv)
@@ -391,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
     if rank == 0:
-        from trainplan.bench.micro.report import print_table
 
         print_table(records, args.out)
     return 0

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from trainplan.errors import SpecError
 from trainplan.specs import ModelSpec, load_model
 
+SWEEP_MICRO_BATCHES = (1, 2, 4)  # at --seq-len: the 1.3B block's GPU time crosses its host's
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 KiB, GiB = 2**10, 2**30
 

@@ -14,7 +14,7 @@ GPUs 0.164-0.168 s a step against 0.132 s priced, TP 4 mb 8 0.19-0.24 s against 
 and materialised after wrapping where parameters are sharded on GPU), wrapped by
 `bench.parallelize`'s own steps in its order (tensor parallel with sequence parallel,
 compile per block, FSDP2 per block then root), the harness's optimizer (AdamW, fused on
-GPU), compiled loss (`train.loss_function`), synthetic feed (`bench.feed`) and step
+GPU), compiled loss (`step.loss_function`), synthetic feed (`bench.feed`) and step
 (`bench.step.train_step`, gradient clipping included), at micro-batch 1 and --host-seq
 tokens, at two depths: the model's full depth and its first --host-step-layers blocks (4;
 `config["layers"]` says which), so that `calibrate_host` can split the host's work outside
@@ -43,8 +43,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainplan.bench.micro.run import SWEEP_MICRO_BATCHES, _card, _dtype, _sync, _timed_results
-from trainplan.bench.micro.shapes import whole
+from trainplan.bench.micro.shapes import SWEEP_MICRO_BATCHES, whole
+from trainplan.bench.micro.timing import card, dtype_of, slowest, sync, timed_results
 from trainplan.errors import SpecError
 from trainplan.records.schema import microbenchmark_record
 from trainplan.records.stats import median_ci
@@ -134,12 +134,13 @@ def _build(spec, seq: int, *, tp: int, zero: int, dev, low: bool, compile: bool,
 def harness_step(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, low: bool,
                  compile: bool, mesh, max_norm: float):
     """A function running one training step as train.run builds and runs it: the model
-    (`_build`), AdamW (fused on GPU), the loss (`train.loss_function`), synthetic
+    (`_build`), AdamW (fused on GPU), the loss (`step.loss_function`), synthetic
     micro-batches moved to the device, `train_step`. The host-step and memory-stack
     benches time and measure it."""
     from trainplan.bench.harness import feed
     from trainplan.bench.harness import step as step_mod
-    from trainplan.bench.harness.train import loss_function, make_optimizer
+    from trainplan.bench.harness.step import loss_function
+    from trainplan.bench.harness.train import make_optimizer
 
     par = _build(spec, seq, tp=tp, zero=zero, dev=dev, low=low, compile=compile, mesh=mesh)
     optimizer = make_optimizer(par, 3e-4, dev)  # as train.run builds it
@@ -167,11 +168,11 @@ def _timed_steps(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
         step()
     host, wall = [], []
     for _ in range(repeats):
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         step()
         host.append(time.perf_counter() - t0)  # issued: train_step has returned
-        _sync(dev)
+        sync(dev)
         wall.append(time.perf_counter() - t0)
     return host, wall
 
@@ -191,7 +192,7 @@ def wrapper_setup(tp: int, zero: int, seq: int, dtype: str, bench: str):
     if seq % tp:
         raise SpecError(f"seq = {seq} is not valid for tp = {tp}: sequence parallel splits "
                         "the sequence, so tp must divide it")
-    low = _dtype(dtype) != torch.float32  # the harness: bf16 on GPU, fp32 on CPU
+    low = dtype_of(dtype) != torch.float32  # the harness: bf16 on GPU, fp32 on CPU
     nccl = torch.cuda.is_available() if alone else dist.get_backend() == "nccl"
     dev = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
     mesh = None
@@ -230,7 +231,6 @@ def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero
     tp > 1, FSDP2 over the first dimension where zero is 2 or 3 (ZeRO-2 / ZeRO-3).
     `layers`: the model's first `layers` blocks (None: all), recorded as config["layers"];
     config["model"] stays the model's name and model_spec is the model as built."""
-    from trainplan.bench.micro.layouts import _slowest
 
     whole(micro_batch=micro_batch, seq=seq, repeats=repeats, tp=tp)
     whole(low=0, warmup=warmup)
@@ -250,9 +250,9 @@ def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the next wrapper's model, not this one's, on the card
     if not alone:
-        host, wall = _slowest(host, wall, dev=dev)
+        host, wall = slowest(host, wall, dev=dev)
     tokens = micro_batch * seq
-    results = _timed_results(host, tokens, "tokens_per_s", 1.0)
+    results = timed_results(host, tokens, "tokens_per_s", 1.0)
     iv = median_ci(wall)
     results.update({"wall_s": iv.estimate, "wall_s_ci": iv.as_list(), "wall_times_s": wall,
                     "activation_bytes": 0})  # not measured here; a block record carries it
@@ -260,5 +260,5 @@ def bench_host_step(model: str, micro_batch: int, seq: int, *, tp: int = 1, zero
                             micro_batch=micro_batch, seq=seq, compile=compile,
                             max_norm=max_norm, dtype=dtype, warmup=warmup), "repeats": repeats}
     return microbenchmark_record(bench="block", config=config, results=results,
-                                 gpus=1 if alone else n, card=_card(dev), run_id=run_id,
+                                 gpus=1 if alone else n, card=card(dev), run_id=run_id,
                                  extra=extra)

@@ -11,7 +11,7 @@ other ranks) the rest (data/measurements/profiles/). No analytic term prices
 that, so it is measured here, on the block alone, and
 `trainplan.calibrate.tp` turns it into `tp_block_scales`.
 
-The block is the harness's own (`_BlockNet`, one `TransformerBlock`),
+The block is the harness's own (`BlockNet`, one `TransformerBlock`),
 parallelised by the harness's own functions in the harness's order
 (`parallelize.apply_tp` with sequence parallel, `apply_compile`, then
 `apply_fsdp` on the data-parallel mesh dimension for a `tpN-zK` mode). The
@@ -45,56 +45,33 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.harness.model import rope_tables
-from trainplan.bench.micro.layouts import _BlockNet, _items, _kept_and_peak, _slowest
-from trainplan.bench.micro.run import _card, _time_blocks, _timed_results
+from trainplan.bench.micro.layouts import BlockNet, comma_items, kept_and_peak
+from trainplan.bench.micro.timing import (
+    card,
+    per_block,
+    slowest,
+    time_blocks,
+)
 from trainplan.cost.params import layer_params
 from trainplan.errors import SpecError
 from trainplan.records.schema import microbenchmark_record
-from trainplan.records.stats import median_ci
 from trainplan.specs import load_model
 
 TP_ZERO = {"": 0, "z2": 2, "z3": 3}
-FROM_DIFFERENCE = "two blocks - one block"
-FROM_ONE_BLOCK = "one block (difference not positive)"
 
 
-class _TPBlockNet(_BlockNet):
+class TPBlockNet(BlockNet):
     """`n_blocks` blocks run in sequence, with the root modules `apply_tp` looks for, absent."""
 
     tok_embeddings = None
     output = None
 
 
-def per_block(one: list[float], two: list[float], tokens: int) -> dict:
-    """The results of a block timed as `two` (two blocks) minus `one` (one block), repeat by
-    repeat: time_s = median(two) - median(one), its interval the conservative
-    [two.low - one.high, two.high - one.low], times_s the paired differences, root_s what
-    one call pays once (one_block_s - time_s); the rate's upper bound is None where the
-    interval reaches 0. A difference that is not positive falls back to the one-block
-    figures (root_s 0)."""
-    a, b = median_ci(one), median_ci(two)
-    diff = b.estimate - a.estimate
-    if diff > 0:
-        low, high = b.low - a.high, b.high - a.low
-        results = {"time_s": diff, "time_s_ci": [low, high],
-                   "times_s": [y - x for x, y in zip(one, two, strict=True)],
-                   "tokens_per_s": tokens / diff,
-                   "tokens_per_s_ci": [tokens / high, tokens / low if low > 0 else None],
-                   "ci_enough_samples": a.enough and b.enough, "per_block_from": FROM_DIFFERENCE}
-    else:
-        results = {**_timed_results(one, tokens, "tokens_per_s", 1.0),
-                   "per_block_from": FROM_ONE_BLOCK}
-    results.update({"one_block_s": a.estimate, "two_blocks_s": b.estimate,
-                    "one_block_times_s": list(one), "two_blocks_times_s": list(two),
-                    "root_s": a.estimate - results["time_s"]})
-    return results
-
-
 def tp_modes(text: str) -> list[tuple[int, int]]:
     """'tp2,tp4,tp2-z3' -> [(2, 0), (4, 0), (2, 3)]: tensor-parallel degree, and the FSDP2
     stage on the other mesh dimension (0 = none)."""
     out = []
-    for item in _items(text):
+    for item in comma_items(text):
         deg, _, zero = item.partition("-")
         ok = deg.startswith("tp") and deg[2:].isdigit() and int(deg[2:]) >= 2 and zero in TP_ZERO
         if not ok:
@@ -148,7 +125,7 @@ def bench_tp_block(model: str, micro_batch: int, seq: int, *, tp: int, zero: int
 
     def build(n_blocks: int):
         torch.manual_seed(0)
-        net = _TPBlockNet(spec, n_blocks).to(dev, torch.float32)  # fp32, as the harness has
+        net = TPBlockNet(spec, n_blocks).to(dev, torch.float32)  # fp32, as the harness has
         apply_tp(net, mesh["tp"], sequence_parallel=True)
         if compile:
             torch._dynamo.reset()  # a fresh compile; the blocks of one net share its code
@@ -165,15 +142,15 @@ def bench_tp_block(model: str, micro_batch: int, seq: int, *, tp: int, zero: int
             with amp():
                 out = net(x, cos, sin)
             out.backward(grad)
-        return _time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
+        return time_blocks(step, dev, warmup, iters, repeats, before_block=dist.barrier)
 
     net = build(1)
     one = timed(net)
-    kept, peak = _kept_and_peak(net, x, grad, cos, sin, amp, dev)
+    kept, peak = kept_and_peak(net, x, grad, cos, sin, amp, dev)
     del net
     two = timed(build(2))
-    one, two = _slowest(one, two, dev=dev)
-    kept, peak = (int(v) for v in _slowest([kept, peak], dev=dev)[0])
+    one, two = slowest(one, two, dev=dev)
+    kept, peak = (int(v) for v in slowest([kept, peak], dev=dev)[0])
     params = layer_params(spec)  # one block, unsharded
     tokens = micro_batch * seq  # the tokens one tp group's block processes
     results = per_block(one, two, tokens)
@@ -189,4 +166,4 @@ def bench_tp_block(model: str, micro_batch: int, seq: int, *, tp: int, zero: int
               "params": params, "dtype": dtype, "device": dev.type, "tokens": tokens,
               "warmup": warmup, "iters": iters, "repeats": repeats}
     return microbenchmark_record(bench="block", config=config, results=results, gpus=n,
-                                 card=_card(dev), run_id=run_id, extra=extra)
+                                 card=card(dev), run_id=run_id, extra=extra)

@@ -115,18 +115,18 @@ def main(argv=None) -> int:
         return out
 
     summary = {}
-    real_summarise = train._summarise
+    real_summarise = train.summarise
 
     def keep(*a, **kw):
         summary.update(real_summarise(*a, **kw))
         return summary
 
-    step_mod.train_step, train._summarise = counted, keep
+    step_mod.train_step, train.summarise = counted, keep
     try:
         with prof:
             code = train.main([*rest, "--impl", mine.impl])
     finally:
-        step_mod.train_step, train._summarise = real_step, real_summarise
+        step_mod.train_step, train.summarise = real_step, real_summarise
     if code or int(os.environ.get("RANK", 0)) != 0:
         return code
     # the profiler's active steps; the last one also runs the profiler's stop and trace

@@ -1,7 +1,5 @@
-"""A measurement series: predict every config first, then measure each in separate launches.
-
-    PYTHONPATH=lib python -m trainplan.bench.series.suite data/suites/NAME.yaml --out DIR \
-        [--launches 3] [--only TAG ...] [--budget-s 540] [--sweep]
+"""A measurement series: predict every config first, then measure each in separate launches
+(`python -m trainplan.bench.series.run` runs one).
 
 1. Predictions: for every config of the suite, the planner prices exactly that
    layout (`trainplan.plan.planner.plan`, every dimension pinned: the `trainplan plan`
@@ -28,7 +26,6 @@ NVLink multicast stays off in every launch (NCCL_NVLS_ENABLE=0 and friends).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -49,9 +46,7 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 LAYOUT_FLAGS = ("dp", "tp", "pp", "zero", "dp_shard", "micro_batch", "grad_accum", "recompute",
                 "pp_schedule", "pp_virtual")
 CARD_PRESETS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}
-# a config's `impl:` -> what it launches
-IMPL_MODULES = {"trainplan": "trainplan.bench.harness.train",
-                "hf-baseline": "trainplan.bench.harness.hf_baseline"}
+IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
 
 
 def load_suite(path: str) -> dict:
@@ -70,9 +65,9 @@ def load_suite(path: str) -> dict:
         if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
             raise SpecError(f"suite {path}: config {c['tag']!r} layers = {layers!r}; "
                             "use a whole number >= 1 (a layer slice of the model)")
-        if c.get("impl", "trainplan") not in IMPL_MODULES:
+        if c.get("impl", "trainplan") not in IMPLS:
             raise SpecError(f"suite {path}: config {c['tag']!r} has impl = {c['impl']!r}; "
-                            f"use one of {list(IMPL_MODULES)}")
+                            f"use one of {list(IMPLS)}")
         if not isinstance(c.get("model", suite.get("model")), str):
             raise SpecError(f"suite {path}: config {c['tag']!r} names no model; give the suite "
                             "or the config a 'model' (a preset or a YAML file)")
@@ -116,8 +111,9 @@ def full_layout(cfg: dict) -> dict:
 
 def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     """The planner's figures for exactly this layout, as a prediction record."""
+    from trainplan.calibrate.store import load_gpu
     from trainplan.plan.planner import plan
-    from trainplan.specs import load_cluster, load_gpu, load_model
+    from trainplan.specs import load_cluster, load_model
 
     lay = full_layout(cfg)
     seq = seq_len(suite, cfg)
@@ -144,12 +140,18 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
 
 def train_command(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={cfg['gpus']}", "-m", IMPL_MODULES[cfg.get("impl", "trainplan")],
-            *train_args(suite, cfg, out, run_id)]
+            f"--nproc-per-node={cfg['gpus']}", "-m", "trainplan.bench.harness.train",
+            *train_args(suite, cfg, out, run_id), *impl_flag(cfg)]
+
+
+def impl_flag(cfg: dict) -> list[str]:
+    """train.py's `--impl` for a config that trains transformers' model, else nothing."""
+    impl = cfg.get("impl", "trainplan")
+    return ["--impl", impl] if impl != "trainplan" else []
 
 
 def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
-    """The config's arguments to its module (train.py's flags; hf_baseline adds `--impl`)."""
+    """The config's arguments to train.py, but for `--impl`."""
     lay = full_layout(cfg)
     cmd = ["--model", base_model(suite, cfg), "--seq-len", str(seq_len(suite, cfg)),
            "--steps", str(cfg.get("steps", suite.get("steps", 12))),
@@ -171,29 +173,6 @@ def model_name(suite: dict, cfg: dict) -> str:
     (`NAME:N-layers`, the name train.py records and `specs.load_model` reads)."""
     name = base_model(suite, cfg)
     return f"{name}:{cfg['layers']}-layers" if cfg.get("layers") else name
-
-
-def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: float,
-              sweep: bool = False) -> list:
-    """Predict every selected config of the suite at `path`, then measure them within the budget
-    (in separate launches, or with `sweep` one launch per GPU count and repetition)."""
-    suite = load_suite(path)
-    jobs = [(suite, c) for c in suite["configs"] if not only or c["tag"] in only]
-    out.mkdir(parents=True, exist_ok=True)
-    card = card_name()
-    run_id = f"{Path(path).stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    preds = predict_all(jobs, out, card, run_id)
-    rows, _ = measurer(sweep)(jobs, preds, out, run_id, launches, time.monotonic() + budget_s)
-    return rows
-
-
-def measurer(sweep: bool):
-    """`measure` (separate launches), or with `sweep` suite_sweep's `measure_sweep`: the same
-    arguments and results."""
-    if not sweep:
-        return measure
-    from trainplan.bench.series.suite_sweep import measure_sweep
-    return measure_sweep
 
 
 def predict_all(jobs: list[tuple[dict, dict]], out: Path, card: str, run_id: str) -> dict:
@@ -351,44 +330,3 @@ def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
         "seq_len": seq_len(suite, cfg),
         "layout": {**full_layout(cfg), "compile": bool(cfg.get("compile", False))},
         "compile": bool(cfg.get("compile", False)), "launch": launch, "reason": reason})
-
-
-def print_table(rows) -> None:
-    print(f"{'config':<24}{'n':>2}{'pred s':>9}{'meas s':>9}{'err':>7}{'tok/s/GPU':>11}"
-          f"{'MFU':>7}{'pred GiB':>9}{'rsv GiB':>9}")
-    for tag, pred, done in rows:
-        if not done:
-            print(f"{tag:<24} 0  (not measured)")
-            continue
-        step = sorted(s["step_time_s"] for s in done)[len(done) // 2]
-        rate = sorted(s["tokens_per_s_per_gpu"] for s in done)[len(done) // 2]
-        mfu = sorted(s["mfu"] for s in done)[len(done) // 2]
-        rsv = max((s["peak_mem_reserved_gib"] or 0.0) for s in done)  # 0 on CPU
-        err = pred["step_time_s"] / step - 1
-        print(f"{tag:<24}{len(done):>2}{pred['step_time_s']:>9.3f}{step:>9.3f}{err:>+7.1%}"
-              f"{rate:>11,.0f}{mfu or 0.0:>7.1%}{pred['memory_gib']['total']:>9.1f}{rsv:>9.1f}")
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainplan.bench.series.suite")
-    p.add_argument("suite")
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--launches", type=int, default=3)
-    p.add_argument("--only", nargs="*", default=[])
-    p.add_argument("--budget-s", type=float, default=540.0)
-    p.add_argument("--sweep", action="store_true",
-                   help="each repetition: one launch per GPU count running all its configs "
-                        "(suite_sweep.py); not yet shown on GPUs to time as separate launches")
-    args = p.parse_args(argv)
-    try:
-        rows = run_suite(args.suite, args.out, args.launches, args.only, args.budget_s,
-                         args.sweep)
-    except TrainplanError as err:
-        print(f"suite: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
-    print_table(rows)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

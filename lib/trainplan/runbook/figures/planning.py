@@ -105,7 +105,7 @@ def same_mesh(table: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
 # ---------------------------------------------------------------- tables
 
 
-def _unnamed(df: pd.DataFrame) -> pd.DataFrame:
+def unnamed(df: pd.DataFrame) -> pd.DataFrame:
     """Drop the index's name, so the HTML table has one header row, not two."""
     df.index.name = None
     return df
@@ -168,7 +168,7 @@ def batch_table(rows: pd.DataFrame, seq_len: int) -> pd.DataFrame:
         "tokens_per_step": ("tokens per step", "{:,d}"),
     })
     out.insert(4, "sequence length", f"{seq_len:,d}")
-    return _unnamed(out.set_index("layout"))
+    return unnamed(out.set_index("layout"))
 
 
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -181,7 +181,7 @@ def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
         "tokens_per_s_per_gpu": ("tokens/s per GPU", "{:,.0f}"),
         "mfu": ("MFU", "{:.1%}"),
     })
-    return _unnamed(_fmt(rows, cols).set_index("layout"))
+    return unnamed(_fmt(rows, cols).set_index("layout"))
 
 
 def comm_table(row: pd.Series) -> pd.DataFrame:

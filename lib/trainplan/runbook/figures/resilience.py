@@ -87,7 +87,7 @@ PERSIST_TARGET = 0.8  # issue 5: persist at least 80% of the disk's raw write ba
 
 
 def checkpoint_records(paths) -> list[dict]:
-    """`checkpoint` records (trainplan.bench.ckpt.bench) of the files that exist, validated;
+    """`checkpoint` records (trainplan.bench.series.ckpt_bench) of the files that exist, validated;
     a malformed file raises RecordError naming it."""
     from pathlib import Path
 
@@ -191,7 +191,7 @@ def checkpoint_verdict(recs: list[dict]) -> str:
     r = latest_gpu_checkpoint(recs)
     if r is None:
         return ("No GPU checkpoint benchmark has been recorded yet: run "
-                "`torchrun ... -m trainplan.bench.ckpt.bench` on 2 GPUs and commit its "
+                "`torchrun ... -m trainplan.bench.series.ckpt_bench` on 2 GPUs and commit its "
                 "ckpt-records.jsonl under data/measurements/.")
     s = r["summary"]
     stall, p_async, p_sync = checkpoint_targets(r)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from trainplan.compare.trace_split import TERMS
-from trainplan.runbook.figures.planning import TIME_PARTS, _unnamed
+from trainplan.runbook.figures.planning import TIME_PARTS, unnamed
 
 # The wall's terms in trace_split.TERMS order: the planner's colours, its bubble standing for
 # the traced idle time (the bubble is the planner's only idle-GPU term).
@@ -82,4 +82,4 @@ def traced_split_table(pp: dict) -> pd.DataFrame:
     out["traced s"] = [f"{traced[k]:.3f}" if t is not None else "" for k in TERMS]
     out["traced - predicted s"] = [f"{traced[k] - pp['predicted'][k]:+.3f}" if t is not None
                                    else "" for k in TERMS]
-    return _unnamed(out)
+    return unnamed(out)

@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from trainplan.runbook.figures.planning import HIGHLIGHT, TIME_PARTS, _unnamed
+from trainplan.runbook.figures.planning import HIGHLIGHT, TIME_PARTS, unnamed
 
 
 def _validation_frame(rows) -> pd.DataFrame:
@@ -30,7 +30,7 @@ def validation_table(rows) -> pd.DataFrame:
     out["measured GiB"] = [f"{v:.1f}" for v in df["measured_memory_gib"]]
     out["memory error"] = [f"{v:+.1%}" for v in df["memory_error"]]
     out["largest predicted term"] = [TIME_PARTS[f"{t}_s"][0] for t in df["dominant_term"]]
-    return _unnamed(out)
+    return unnamed(out)
 
 
 def per_layer_table(pairs) -> pd.DataFrame:
@@ -52,7 +52,7 @@ def per_layer_table(pairs) -> pd.DataFrame:
     out["reserved beyond allocated GiB"] = [
         "-" if p["measured_reserve_gib"] is None else f"{p['measured_reserve_gib']:.2f}"
         for p in pairs]
-    return _unnamed(out)
+    return unnamed(out)
 
 
 def predicted_vs_measured(rows) -> plt.Figure:

@@ -1,6 +1,6 @@
 """Checkpoint benchmark: stall, persist throughput against the raw disk, restart to first step.
 
-    torchrun --standalone --nproc-per-node 2 -m trainplan.bench.ckpt.bench --out DIR \\
+    torchrun --standalone --nproc-per-node 2 -m trainplan.bench.series.ckpt_bench --out DIR \\
         --ckpt-root /tmp/ck --model llama-1.3b --dp 2 --zero 2 --synthetic
 
 One launch, one disk (`--ckpt-root`), the training run of `train.py` (its
@@ -59,7 +59,7 @@ _SET_HERE = ("--ckpt-dir", "--ckpt-every", "--ckpt-keep", "--ckpt-async", "--res
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, argparse.Namespace]:
     """(benchmark flags, train.py flags); train.py's flags pass through unchanged."""
-    p = argparse.ArgumentParser(prog="torchrun ... -m trainplan.bench.ckpt.bench",
+    p = argparse.ArgumentParser(prog="torchrun ... -m trainplan.bench.series.ckpt_bench",
                                 description=__doc__.split("\n")[0], allow_abbrev=False,
                                 epilog="Every other flag is train.py's (--model, --dp, --zero, "
                                        "--seq-len, --synthetic, --cpu, --warmup, ...).")
@@ -182,7 +182,7 @@ class Bench:
                                        world=self.world, device=self.device)
         self.step = self.saver.resume()
         dp_rank, dp = par_mod.dp_coordinates(self.cfg, self.mesh)
-        self.batches = iter(train._batches(self.args, self.cfg, self.spec, dp_rank, dp,
+        self.batches = iter(train.make_batches(self.args, self.cfg, self.spec, dp_rank, dp,
                                            self.step))
 
     def train_step(self, mode: str) -> float:

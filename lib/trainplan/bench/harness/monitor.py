@@ -71,7 +71,7 @@ class MonitorError(TrainplanError):
 
 def add_arguments(p) -> None:
     """The monitoring flags of train.py."""
-    g = p.add_argument_group("monitoring (trainplan.bench.observe.monitor)")
+    g = p.add_argument_group("monitoring (trainplan.bench.harness.monitor)")
     g.add_argument("--metrics", default=None,
                    help="rank 0 appends one JSON line per step (all ranks' numbers) here")
     g.add_argument("--straggler-tolerance", type=float, default=0.10,
