@@ -12,6 +12,7 @@ from trainplan.cli import main
 from trainplan.compare import accuracy as compare
 from trainplan.compare import matching
 from trainplan.compare import views as compare_views
+from trainplan.specs import SLICE
 
 ROOT = Path(__file__).resolve().parents[1]
 PRED = ROOT / "data/measurements/proxy-h200x2-20261126-predictions.jsonl"
@@ -320,7 +321,7 @@ def test_a_prediction_whose_own_run_never_measured_its_config_is_not_refused(tmp
 def test_layer_slices_are_the_width_check_and_in_no_proxy_figure(committed):
     current = [r for r in committed["rows"]
                if "superseded_by" not in r and r["predicted_step_time_s"] is not None]
-    sliced = [r for r in current if matching.SLICE.fullmatch(r["model"])]
+    sliced = [r for r in current if SLICE.fullmatch(r["model"])]
     assert sliced and all(r["model"].endswith("-layers") for r in sliced)
     width = committed["width_check"]
     assert width["configs"] == len(sliced)
@@ -336,7 +337,7 @@ def test_layer_slices_are_the_width_check_and_in_no_proxy_figure(committed):
 def test_memory_band_is_the_width_checks_largest_overrun(committed):
     band = compare_views.memory_band(committed)
     sliced = [r for r in committed["rows"] if "superseded_by" not in r
-              and r["memory_error"] is not None and matching.SLICE.fullmatch(r["model"])]
+              and r["memory_error"] is not None and SLICE.fullmatch(r["model"])]
     assert band["n"] == len(sliced) > 0
     ratios = {r["config"]: r["measured_memory_gib"] / r["predicted_memory_gib"] for r in sliced}
     assert band["factor"] == pytest.approx(max(1.0, max(ratios.values())))

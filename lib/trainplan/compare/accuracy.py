@@ -26,6 +26,7 @@ are made after the measurements, both on the headline host's configs:
 re-predictions with today's planner (datasheet and calibrated), and a
 one-factor fit to the end-to-end runs with its leave-one-out error.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -33,7 +34,6 @@ from collections import defaultdict
 
 from trainplan.compare.matching import (
     HEADLINE_RULE,
-    SLICE,
     TARGETS,
     error_summary,
     group_measurements,
@@ -47,6 +47,7 @@ from trainplan.compare.matching import (
     stamp,
     superseded_by,
 )
+from trainplan.specs import SLICE
 
 # ---------------------------------------------------------------- the comparison
 

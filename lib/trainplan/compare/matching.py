@@ -9,7 +9,6 @@ and makes the row: predicted and measured step time and memory, relative errors
 from __future__ import annotations
 
 import glob
-import re
 import statistics
 from collections import defaultdict
 from datetime import datetime
@@ -18,12 +17,12 @@ from pathlib import Path
 
 from trainplan.errors import RecordError
 from trainplan.records import schema as records
-from trainplan.specs import DATA_DIR
+from trainplan.specs import DATA_DIR, LAYOUT_FIELDS
 
 DEFAULT_GLOB = str(DATA_DIR / "measurements" / "*.jsonl")
 MIN_LAUNCHES = 3
 TARGETS = {"median": 0.05, "max": 0.10}  # issue 4's accuracy bar, on |relative error|
-LAYOUT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "grad_accum", "recompute")
+LAYOUT_KEYS = LAYOUT_FIELDS
 EXTRA_KEYS = ("dp_shard", "pp_schedule", "pp_virtual")  # compared where both records hold them
 PLAN_KEYS = LAYOUT_KEYS + EXTRA_KEYS
 HEADLINE_RULE = ("The headline figures are those of the proxy on the largest host measured "
@@ -33,7 +32,6 @@ HEADLINE_RULE = ("The headline figures are those of the proxy on the largest hos
                  "ended without a measurement are under failed, with their predictions; one "
                  "that ran out of memory on the headline host where its config was predicted "
                  "to fit means the targets are not met.")
-SLICE = re.compile(r".+:\d+-layers")  # a model cut to its first N blocks (specs.load_model)
 
 
 # ---------------------------------------------------------------- reading

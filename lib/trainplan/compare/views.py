@@ -6,11 +6,11 @@ one of the target's layers from slices of two depths (page 4)."""
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections import defaultdict
 
-from trainplan.compare.matching import LAYOUT_KEYS, SLICE
+from trainplan.compare.matching import LAYOUT_KEYS
+from trainplan.specs import SLICE
 
 
 def one_knob_pairs(rows: list[dict]) -> list[dict]:
@@ -78,7 +78,6 @@ def memory_band(out: dict) -> dict:
             "n": len(rows)}
 
 
-DEPTH = re.compile(r"(?P<base>.+):(?P<layers>\d+)-layers")  # compare.SLICE, with its parts
 
 
 def per_layer(rows: list[dict]) -> list[dict]:
@@ -98,7 +97,7 @@ def per_layer(rows: list[dict]) -> list[dict]:
     """
     alike = defaultdict(list)
     for r in rows:
-        m = DEPTH.fullmatch(r["model"])
+        m = SLICE.fullmatch(r["model"])
         if m is None or "superseded_by" in r or r["predicted_step_time_s"] is None:
             continue
         key = (m["base"], r["host"], r["gpus"], tuple(sorted(r["layout"].items())))

@@ -11,11 +11,10 @@ import pandas as pd
 
 from trainplan.cost.step_time import MEMORY_TERMS, evaluate
 from trainplan.plan.search import SearchResult, search
-from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec, ParallelConfig
+from trainplan.specs import PLAN_FIELDS, ClusterSpec, GPUSpec, ModelSpec, ParallelConfig
 from trainplan.specs.layouts import Layouts
 
-PARALLEL_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "grad_accum", "recompute",
-                 "dp_shard", "pp_schedule", "pp_virtual", "sequence_parallel")
+PARALLEL_KEYS = PLAN_FIELDS
 TIME_KEYS = ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")
 COMM_KEYS = ("tp_comm_s", "dp_comm_s", "pp_comm_s", "cp_comm_s", "ep_comm_s")
 

@@ -26,8 +26,6 @@ from trainplan.specs.layouts import RECOMPUTE, SCHEDULES, Layouts
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 VIRTUAL_STAGES = (2, 4)
-PIN_NAMES = ("dp", "tp", "pp", "cp", "ep", "zero", "dp_shard", "micro_batch", "grad_accum",
-             "recompute", "pp_schedule", "pp_virtual", "sequence_parallel")
 
 
 @dataclass

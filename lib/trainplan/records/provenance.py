@@ -24,15 +24,25 @@ def utc_now() -> str:
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_", "OMP_NUM_THREADS")
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 _REPO = Path(__file__).resolve().parents[3]
+COMMIT_ENV = "TRAINPLAN_GIT_COMMIT"
 
 
-def _run(*cmd: str) -> str | None:
+def _run(*cmd: str, cwd: Path = _REPO) -> str | None:
     """Stdout of a command, or None if it is missing, fails or hangs."""
     try:
-        out = subprocess.run(cmd, cwd=_REPO, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit(root: Path = _REPO, environ=None) -> str | None:
+    """The commit a record or a build is of: $TRAINPLAN_GIT_COMMIT if set (a copy of the
+    tree on another machine may carry a stale .git: a commit it is told wins), else git's
+    HEAD in `root`, else None."""
+    environ = os.environ if environ is None else environ
+    told = environ.get(COMMIT_ENV, "").strip()
+    return told or _run("git", "rev-parse", "HEAD", cwd=root) or None
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,14 +80,12 @@ def provenance() -> dict:
         nccl = ".".join(map(str, torch.cuda.nccl.version())) if cuda_ok else None
     except (AttributeError, RuntimeError, TypeError):
         nccl = None
-    # A copy of the tree on another machine may carry a stale .git (the GPU machines' copy
-    # reported the session's first commit, tree "dirty"): a commit it is told wins.
-    told = os.environ.get("TRAINPLAN_GIT_COMMIT") or None
-    commit = None if told else _run("git", "rev-parse", "HEAD")
-    dirty = _run("git", "status", "--porcelain", "--untracked-files=no") if commit else None
+    commit = git_commit()
+    checked = commit is not None and not os.environ.get(COMMIT_ENV, "").strip()  # git's own
+    dirty = _run("git", "status", "--porcelain", "--untracked-files=no") if checked else None
     return {
-        "git_commit": told or commit,
-        "git_dirty": bool(dirty) if commit else None,
+        "git_commit": commit,
+        "git_dirty": bool(dirty) if checked else None,
         "date": utc_now(),
         "host_sha256": hashlib.sha256(socket.gethostname().encode()).hexdigest(),
         "gpu_name": torch.cuda.get_device_name(0) if cuda_ok else (gpu_names or [None])[0],

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import subprocess
@@ -25,6 +24,8 @@ import tempfile
 import xml.etree.ElementTree as ET  # noqa: S405 (our own pytest's report, not foreign input)
 from datetime import datetime, timezone
 from pathlib import Path
+
+from trainplan.records import provenance
 
 REPO = Path(__file__).resolve().parents[3]
 TESTS = "tests/faults"
@@ -130,30 +131,10 @@ def parse_junit(xml_text: str) -> list[dict]:
     return rows
 
 
-def git_commit() -> str | None:
-    """$TRAINPLAN_GIT_COMMIT, else HEAD read from .git's files (no git process)."""
-    if os.environ.get("TRAINPLAN_GIT_COMMIT"):
-        return os.environ["TRAINPLAN_GIT_COMMIT"]
-    git = REPO / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head
-        ref = head[5:]
-        if (git / ref).is_file():
-            return (git / ref).read_text().strip()
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0]
-    except OSError:
-        return None
-    return None
-
-
 def matrix(rows: list[dict], *, command: list[str], started: str, wall_s: float) -> dict:
     import torch
 
-    commit = git_commit()
+    commit = provenance.git_commit()
     counts = {k: sum(r["outcome"] == k for r in rows)
               for k in ("passed", "failed", "error", "skipped")}
     rows = sorted(rows, key=lambda r: r["test"])  # file order, not the workers' finishing order

@@ -20,16 +20,15 @@ provenance.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from collections import Counter
 from pathlib import Path
+
+from trainplan.records import provenance
 
 ROOT = Path(__file__).resolve().parents[3]
 MEASUREMENTS = ROOT / "data" / "measurements"
 CALIBRATION = ROOT / "data" / "hardware" / "calibration"
-COMMIT_ENV = "TRAINPLAN_GIT_COMMIT"
 SHORT = 7  # hex digits of a short commit
 
 
@@ -54,17 +53,12 @@ def package_version(root: Path = ROOT) -> str:
 
 
 def git_commit(root: Path = ROOT, environ=None) -> str:
-    """The short commit: $TRAINPLAN_GIT_COMMIT if set, else git's HEAD, else 'unknown'."""
-    environ = os.environ if environ is None else environ
-    given = environ.get(COMMIT_ENV, "").strip()
-    if given:
-        return given[:SHORT] if re.fullmatch(r"[0-9a-fA-F]{8,40}", given) else given
-    try:
-        out = subprocess.run(["git", "rev-parse", f"--short={SHORT}", "HEAD"], cwd=root,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+    """The short commit of a build (`provenance.git_commit` cut to SHORT hex digits), or
+    'unknown' without one."""
+    full = provenance.git_commit(root, environ)
+    if not full:
         return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    return full[:SHORT] if re.fullmatch(r"[0-9a-fA-F]{8,40}", full) else full
 
 
 def version(root: Path = ROOT, environ=None) -> str:

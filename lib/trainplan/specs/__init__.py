@@ -32,6 +32,11 @@ from trainplan.specs.checks import (  # noqa: F401 (MAX_INT: re-exported)
 
 DATA_DIR = Path(os.environ.get("TRAINPLAN_DATA", Path(__file__).resolve().parents[3] / "data"))
 SUITE_CLUSTER = "dgx-h100"  # the interconnect preset the measurement suites run under
+# A layout's fields: those every record's `layout` carries, then those a plan also pins (the
+# order of `trainplan plan --json`'s "parallel").
+LAYOUT_FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch", "grad_accum", "recompute")
+PLAN_FIELDS = LAYOUT_FIELDS + ("dp_shard", "pp_schedule", "pp_virtual", "sequence_parallel")
+SLICE = re.compile(r"(?P<base>.+):(?P<layers>\d+)-layers")  # NAME:N-layers, its first N blocks
 
 GiB = 1024**3
 
@@ -329,14 +334,19 @@ def load_model(name: str) -> ModelSpec:
     A slice keeps the real width, so a few layers of a large model can be
     measured on a few GPUs and set beside the planner's price for them.
     """
-    sliced = re.fullmatch(r"(.+):(\d+)-layers", str(name))
+    sliced = SLICE.fullmatch(str(name))
     if not sliced:
         return load(ModelSpec, name)
-    spec, n = load(ModelSpec, sliced[1]), int(sliced[2])
+    spec, n = load(ModelSpec, sliced["base"]), int(sliced["layers"])
     if not 1 <= n <= spec.n_layers:
         raise SpecError(f"model {name!r}: {spec.name!r} has {spec.n_layers} layers; "
                         f"slice 1..{spec.n_layers} of them")
     return dataclasses.replace(spec, n_layers=n, name=str(name))
+
+
+def slice_name(model: str, layers: int) -> str:
+    """The name of `model` cut to its first `layers` blocks, which `load_model` reads back."""
+    return f"{model}:{layers}-layers"
 
 
 def load_gpu_preset(name: str) -> GPUSpec:
@@ -355,6 +365,8 @@ def load_scenario(name: str) -> Scenario:
 
 __all__ = [
     "DATA_DIR", "GiB", "ModelSpec", "GPUSpec", "ClusterSpec", "ParallelConfig", "Scenario",
-    "load", "load_model", "load_gpu_preset", "load_cluster", "load_scenario", "preset_names",
+    "LAYOUT_FIELDS", "PLAN_FIELDS", "SLICE", "SUITE_CLUSTER", "load", "load_model", "slice_name",
+    "load_gpu_preset",
+    "load_cluster", "load_scenario", "preset_names",
     "from_mapping",
 ]

@@ -24,7 +24,6 @@ from trainplan.errors import TrainplanError
 from trainplan.proctree import stop_tree
 from trainplan.tune import knobs
 
-CARD_PRESETS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}
 HEARTBEAT_S = 2.0  # seconds between spend updates: what a killed study can leave uncounted
 
 
@@ -143,7 +142,6 @@ def device_groups(workers: int, gpus: int, cpu: bool) -> list[str | None]:
 def gpu_for(card: str, suite: dict):
     """The card's preset with its committed calibration applied where one exists (as the
     planner and `validate` use it), else the suite's fallback preset's datasheet figures."""
-    from trainplan.calibrate.store import load_gpu
+    from trainplan.calibrate.store import card_preset, load_gpu
     from trainplan.calibrate.store import with_calibration as calibrated
-    return calibrated(load_gpu(next((p for k, p in CARD_PRESETS.items() if k in card),
-                                    suite["gpu"])))
+    return calibrated(load_gpu(card_preset(card) or suite["gpu"]))

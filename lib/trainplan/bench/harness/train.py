@@ -34,7 +34,7 @@ from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness.model import Transformer, count_params, slice_spec
 from trainplan.errors import TrainplanError
-from trainplan.specs import ModelSpec, ParallelConfig, load_model
+from trainplan.specs import ModelSpec, ParallelConfig, load_model, slice_name
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, FACTS.md
 GiB = 1024**3
@@ -298,7 +298,7 @@ def summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
         # nothing was emptied since the peak: this rank's pools still hold what they reserved
         pools = pools_by_stream(torch.cuda.memory_snapshot(), device.index or 0)
     return {
-        "model": args.model if not args.layers else f"{args.model}:{args.layers}-layers",
+        "model": args.model if not args.layers else slice_name(args.model, args.layers),
         "impl": args.impl,
         "layout": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep,
                    "zero": cfg.zero, "dp_shard": cfg.dp_shard, "micro_batch": cfg.micro_batch,

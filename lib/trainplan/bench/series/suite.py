@@ -37,15 +37,16 @@ from pathlib import Path
 
 import yaml
 
+from trainplan.calibrate.store import card_preset
 from trainplan.errors import SpecError, TrainplanError
 from trainplan.proctree import stop_tree
 from trainplan.records import schema as records
+from trainplan.specs import LAYOUT_FIELDS, slice_name
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
 LAYOUT_FLAGS = ("dp", "tp", "pp", "zero", "dp_shard", "micro_batch", "grad_accum", "recompute",
                 "pp_schedule", "pp_virtual")
-CARD_PRESETS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}
 IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
 
 
@@ -94,10 +95,8 @@ def card_name() -> str:
 
 
 def gpu_preset(card: str, suite: dict) -> str:
-    for key, preset in CARD_PRESETS.items():
-        if key in card:
-            return preset
-    return suite.get("gpu", "h100-sxm")
+    """The GPU preset of a card's name (nvidia-smi's), else the suite's `gpu` (h100-sxm)."""
+    return card_preset(card) or suite.get("gpu", "h100-sxm")
 
 
 def full_layout(cfg: dict) -> dict:
@@ -127,8 +126,7 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     predicted = {k: p[k] for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "fits")}
     predicted["memory_gib"] = p["memory_gib"]
     predicted["time_breakdown_s"] = p["time_breakdown_s"]
-    layout = {**{k: lay[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batch",
-                                     "grad_accum", "recompute")},
+    layout = {**{k: lay[k] for k in LAYOUT_FIELDS},
               "compile": bool(cfg.get("compile", False))}
     return records.prediction_record(
         model=model_name(suite, cfg), layout=layout, gpus=cfg["gpus"], card=card,
@@ -172,7 +170,7 @@ def model_name(suite: dict, cfg: dict) -> str:
     """The model a config trains (its own or the suite's), or its first `layers` blocks
     (`NAME:N-layers`, the name train.py records and `specs.load_model` reads)."""
     name = base_model(suite, cfg)
-    return f"{name}:{cfg['layers']}-layers" if cfg.get("layers") else name
+    return slice_name(name, cfg["layers"]) if cfg.get("layers") else name
 
 
 def predict_all(jobs: list[tuple[dict, dict]], out: Path, card: str, run_id: str) -> dict:
