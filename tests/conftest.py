@@ -76,3 +76,18 @@ def trainplan_cli(args, cwd, timeout=60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONWARNINGS="default")
     return subprocess.run([sys.executable, "-m", "trainplan.cli", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def layouts(**columns):
+    """`Layouts` of the given columns (numbers or arrays), the others at ParallelConfig's
+    defaults; `dp_shard` defaults to dp where zero >= 1, else 1."""
+    import numpy as np
+
+    from trainplan.specs.layouts import Layouts
+
+    cols = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "micro_batch": 1,
+            "grad_accum": 1, "recompute": 0, "sequence_parallel": True, "pp_schedule": 0,
+            "pp_virtual": 1, **columns}
+    if "dp_shard" not in cols:
+        cols["dp_shard"] = np.where(np.asarray(cols["zero"]) > 0, cols["dp"], 1)
+    return Layouts.from_columns(**cols)

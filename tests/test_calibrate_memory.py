@@ -147,10 +147,7 @@ def _memory(gpu, model=M, cfgs=CONFIGS):
     L = Layouts.from_configs(list(cfgs))
     cal = load_gpu("h100-sxm")
     return memory.breakdown(
-        model, seq_len=4096, dp=L.dp, dp_shard=L.dp_shard, tp=L.tp, pp=L.pp, cp=L.cp, ep=L.ep,
-        zero=L.zero, micro_batch=L.micro_batch, grad_accum=L.grad_accum, recompute=L.recompute,
-        sequence_parallel=L.sequence_parallel & (L.tp > 1), schedule_code=L.pp_schedule,
-        pp_virtual=L.pp_virtual, activation_scale=activation_scale(cal, True, L.recompute),
+        model, L, seq_len=4096, activation_scale=activation_scale(cal, True, L.recompute),
         rebuilt_scale=activation_scale(cal, True, 0), logits_scale=cal.logits_scale,
         compiled_loss=True, gpu=gpu)
 

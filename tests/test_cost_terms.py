@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import tiny_model
+from conftest import layouts, tiny_model
 from trainplan.cost import comms, compute, memory, params
 from trainplan.cost.compute import FULL, NONE, SELECTIVE
 from trainplan.specs import load_model
@@ -205,9 +205,8 @@ def test_logits_bytes(tiny):
 
 def test_activation_bytes_no_pipeline(tiny):
     # 4 blocks x 2 B x 64 tokens x 1,024 elements + logits 10 x 64 x 100
-    got = memory.activation_bytes(tiny, seq_len=32, micro_batch=2, grad_accum=8, tp=1, pp=1,
-                                  cp=1, recompute=NONE, sequence_parallel=False, schedule_code=0,
-                                  pp_virtual=1)
+    got = memory.activation_bytes(tiny, layouts(micro_batch=2, grad_accum=8, recompute=NONE,
+                                                sequence_parallel=False), seq_len=32).item()
     assert got == 4 * 2 * 64 * 1_024 + 64_000
 
 
@@ -216,16 +215,14 @@ def test_activation_bytes_1f1b_first_stage(tiny):
     per_layer = 2 * 64 * 1_024
     first = per_layer * 2 * 2
     last = per_layer * 2 + 64_000
-    got = memory.activation_bytes(tiny, seq_len=32, micro_batch=2, grad_accum=8, tp=1, pp=2,
-                                  cp=1, recompute=NONE, sequence_parallel=False, schedule_code=0,
-                                  pp_virtual=1)
+    got = memory.activation_bytes(tiny, layouts(micro_batch=2, grad_accum=8, pp=2, recompute=NONE,
+                                                sequence_parallel=False), seq_len=32).item()
     assert got == max(first, last) == first
 
 
 def test_activation_bytes_full_recompute_adds_one_rebuilt_block(tiny):
-    got = memory.activation_bytes(tiny, seq_len=32, micro_batch=2, grad_accum=1, tp=1, pp=1,
-                                  cp=1, recompute=FULL, sequence_parallel=False,
-                                  schedule_code=0, pp_virtual=1)
+    got = memory.activation_bytes(tiny, layouts(micro_batch=2, grad_accum=1, recompute=FULL,
+                                                sequence_parallel=False), seq_len=32).item()
     assert got == 4 * 2 * 64 * 64 + 2 * 64 * 1_024 + 64_000
 
 
@@ -251,9 +248,9 @@ def test_breakdown_sums_terms_with_the_runtime_terms(tiny):
     """FSDP2 ZeRO-3 by hand: sharded fp32 weights, gradients and Adam; block activations plus
     the head's inputs; the buffers, FSDP2's side-stream pool and the 8% fragmentation of
     activations on top (trainplan.cost.memory_runtime)."""
-    out = memory.breakdown(tiny, seq_len=32, dp_shard=4, tp=1, pp=1, cp=1, ep=1, zero=3,
-                           micro_batch=2, grad_accum=8, recompute=NONE, sequence_parallel=False,
-                           schedule_code=0, pp_virtual=1)
+    out = memory.breakdown(tiny, layouts(dp=4, dp_shard=4, zero=3, micro_batch=2, grad_accum=8,
+                                         recompute=NONE, sequence_parallel=False), seq_len=32)
+    out = {k: v.item() for k, v in out.items()}  # the one layout's terms
     block = 41_088  # 4 * 64^2 attention + 3 * 64 * 128 SwiGLU + 2 * 64 norms
     states = 4 * P / 4 + 4 * P / 4 + 8 * P / 4
     tokens = 2 * 32

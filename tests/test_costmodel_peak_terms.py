@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import tiny_model
+from conftest import layouts, tiny_model
 from trainplan.calibrate.store import load_gpu
 from trainplan.cost import comms, compute, memory
 from trainplan.specs import load_cluster
@@ -35,9 +35,9 @@ def test_grads_at_peak(ga, pp, grads, acts, expected):
 
 def test_breakdown_total_is_the_visible_sum():
     m = tiny_model()
-    out = memory.breakdown(m, seq_len=32, dp_shard=2, tp=1, pp=1, cp=1, ep=1, zero=2,
-                           micro_batch=2, grad_accum=1, recompute=0, sequence_parallel=False,
-                           schedule_code=0, pp_virtual=1, compiled_loss=True)
+    out = memory.breakdown(m, layouts(dp=2, dp_shard=2, zero=2, micro_batch=2,
+                                      sequence_parallel=False), seq_len=32, compiled_loss=True)
+    out = {k: v.item() for k, v in out.items()}
     assert out["grads"] == 0.0
     assert out["total"] == pytest.approx(sum(out[k] for k in ("params", "grads", "optimizer",
                                                                 "activations", "other")))

@@ -5,19 +5,20 @@ import dataclasses
 import numpy as np
 import pytest
 
+from conftest import layouts
 from trainplan.cost import memory, params
 from trainplan.cost import memory_runtime as rt
 from trainplan.specs import load_model
 
 M = load_model("llama-1.3b")
-LAY = dict(seq_len=2048, tp=1, pp=1, cp=1, ep=1, recompute=0, sequence_parallel=False,
-           schedule_code=0, pp_virtual=1, compiled_loss=True)
+LAY = dict(tp=1, pp=1, cp=1, ep=1, recompute=0, sequence_parallel=False, pp_schedule=0,
+           pp_virtual=1)
 
 
 def total(**kw):
     args = {**LAY, "dp_shard": kw.get("dp", 1), "zero": 0, "micro_batch": 8, "grad_accum": 1,
             **kw}
-    return float(memory.breakdown(M, **args)["total"])
+    return memory.breakdown(M, layouts(**args), seq_len=2048, compiled_loss=True)["total"].item()
 
 
 @pytest.mark.parametrize("dp, tp, pp, zero, path", [
@@ -46,9 +47,9 @@ def test_autocast_block_extra_matches_the_microbenchmark():
 def test_terms_grow_with_micro_batch_pp_and_shrink_with_dp():
     assert total(micro_batch=16) > total(micro_batch=8) > total(micro_batch=4)
     # weight copies are per micro-batch, not per token: less than linear in tokens
-    a, b = (float(memory.activation_bytes(M, micro_batch=mb, grad_accum=1, **{
-        k: v for k, v in LAY.items() if k != "seq_len"}, seq_len=2048, path=rt.AUTOCAST))
-        for mb in (4, 8))
+    a, b = (memory.activation_bytes(M, layouts(**LAY, micro_batch=mb, grad_accum=1),
+                                    seq_len=2048, compiled_loss=True, path=rt.AUTOCAST).item()
+            for mb in (4, 8))
     assert b < 2 * a
     fsdp = [total(dp=d, zero=3) for d in (2, 4, 8)]
     assert fsdp[0] > fsdp[1] > fsdp[2]
@@ -87,8 +88,9 @@ def test_pipeline_buffers_scale_with_grad_accum_and_vanish_without_pp():
 
 
 def test_vectorised_over_layouts():
-    out = memory.breakdown(M, **{**LAY, "tp": np.array([1, 2, 4])}, dp_shard=np.array([1, 1, 1]),
-                           zero=np.array([0, 0, 0]), micro_batch=8, grad_accum=1)
+    lay = layouts(**{**LAY, "tp": np.array([1, 2, 4])}, dp_shard=np.array([1, 1, 1]),
+                  zero=np.array([0, 0, 0]), micro_batch=8, grad_accum=1)
+    out = memory.breakdown(M, lay, seq_len=2048, compiled_loss=True)
     assert out["total"].shape == (3,) and np.all(np.diff(out["total"]) < 0)
 
 

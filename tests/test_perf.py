@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import easy_cluster, easy_gpu, free_cluster, tiny_model
+from conftest import easy_cluster, easy_gpu, free_cluster, layouts, tiny_model
 from trainplan.calibrate.store import load_gpu
 from trainplan.cost import comms, compute, memory, params
 from trainplan.cost.step_time import evaluate
@@ -137,9 +137,9 @@ def test_memory_columns_match_memory_model():
     cfg = ParallelConfig(dp=4, tp=2, zero=3, micro_batch=2, grad_accum=2)
     m = tiny_model(n_layers=8)
     r = _row(cfg, m=m)
-    mem = memory.breakdown(m, seq_len=SEQ, dp_shard=4, tp=2, pp=1, cp=1, ep=1, zero=3,
-                           micro_batch=2, grad_accum=2, recompute=0, sequence_parallel=True,
-                           schedule_code=0, pp_virtual=1, compiled_loss=True)
+    mem = memory.breakdown(m, layouts(dp=4, dp_shard=4, tp=2, zero=3, micro_batch=2,
+                                      grad_accum=2), seq_len=SEQ, compiled_loss=True)
+    mem = {k: v.item() for k, v in mem.items()}
     for k in ("params", "grads", "optimizer", "activations", "other", "total"):
         assert r[f"{k}_gib"] == pytest.approx(float(mem[k]) / 2**30, rel=1e-12)
     assert bool(r["fits"]) == bool(memory.fits(mem["total"], 10.0))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import easy_cluster, easy_gpu
+from conftest import easy_cluster, easy_gpu, layouts
 from trainplan.cost import memory
 from trainplan.cost.compute import FULL, NONE, SELECTIVE
 from trainplan.cost.step_time import evaluate
@@ -52,11 +52,11 @@ recompute = st.sampled_from([NONE, SELECTIVE, FULL])
 
 def total(m, *, seq_len=512, dp_shard=1, tp=1, pp=1, cp=1, ep=1, zero=0, micro_batch=1,
           grad_accum=8, recompute=NONE, sp=True, schedule=0, v=1):
-    out = memory.breakdown(m, seq_len=seq_len, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep,
-                           zero=zero, micro_batch=micro_batch, grad_accum=grad_accum,
-                           recompute=recompute, sequence_parallel=sp and tp > 1,
-                           schedule_code=schedule, pp_virtual=v)
-    return {k: float(v) for k, v in out.items()}
+    lay = layouts(dp=dp_shard, dp_shard=dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero,
+                  micro_batch=micro_batch, grad_accum=grad_accum, recompute=recompute,
+                  sequence_parallel=sp and tp > 1, pp_schedule=schedule, pp_virtual=v)
+    out = memory.breakdown(m, lay, seq_len=seq_len)
+    return {k: v.item() for k, v in out.items()}
 
 
 def states(b):

@@ -19,7 +19,7 @@ from trainplan.cost import memory_runtime as rt
 from trainplan.cost import params
 from trainplan.cost.compute import BF16, FULL, SELECTIVE
 from trainplan.specs import ModelSpec
-from trainplan.specs.layouts import shard_degree
+from trainplan.specs.layouts import Layouts, shard_degree
 
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
@@ -165,10 +165,15 @@ def layer_kept_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, recompute,
         + rt.weight_copy_bytes(m, path=path, tp=tp, ep=ep, recompute=recompute)
 
 
-def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, cp, recompute,
-                     sequence_parallel, schedule_code, pp_virtual, scale=1.0, full_scale=1.0,
-                     logits_scale=1.0, compiled_loss=False, path=None, compiled=None, ep=1):
-    """Peak activation bytes on the worst stage: the first (most in flight) or the last (logits).
+def sequence_parallel_on(L: Layouts):
+    """Where sequence parallel acts: asked for and tensor parallel (it needs tp > 1)."""
+    return L.sequence_parallel & (L.tp > 1)
+
+
+def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale=1.0,
+                     logits_scale=1.0, compiled_loss=False, path=None, compiled=None):
+    """Peak activation bytes on the worst stage of each layout in `L`: the first (most in
+    flight) or the last (logits).
 
     Full recompute also rebuilds one block's complete activations during its
     backward, so one such block is added on top. `scale` (and `full_scale`
@@ -183,6 +188,9 @@ def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, 
     weight casts per micro-batch in flight, the head's inputs, and the
     pipeline's receive buffers.
     """
+    tp, pp, cp, ep = L.tp, L.pp, L.cp, L.ep
+    micro_batch, grad_accum, recompute = L.micro_batch, L.grad_accum, L.recompute
+    sequence_parallel = sequence_parallel_on(L)
     extras = path is not None
     path = rt.FSDP if path is None else path
     compiled = compiled_loss if compiled is None else compiled
@@ -193,7 +201,7 @@ def activation_bytes(m: ModelSpec, *, seq_len, micro_batch, grad_accum, tp, pp, 
                                  compiled=compiled, ep=ep, **kw)
     rebuilt = np.where(np.asarray(recompute) == FULL,
                        full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
-    in_flight = microbatches_in_flight(pp, grad_accum, schedule_code, pp_virtual)
+    in_flight = microbatches_in_flight(pp, grad_accum, L.pp_schedule, L.pp_virtual)
     head_tp = np.where(np.asarray(tp) > 1, 1, tp) if extras else tp  # `head_input_bytes`
     logits = head_peak_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=head_tp, cp=cp,
                              compiled_loss=compiled_loss, logits_scale=logits_scale) \
@@ -240,12 +248,10 @@ def grads_at_peak(grads, activations, *, grad_accum, pp):
     return np.where(accumulates, grads, np.maximum(grads - activations, 0.0))
 
 
-def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_batch, grad_accum,
-              recompute, sequence_parallel, schedule_code, pp_virtual, dp=None,
-              activation_scale=1.0, rebuilt_scale=1.0, logits_scale=1.0,
-              compiled_loss=False, compiled=None, gpu=None) -> dict:
-    """Bytes per GPU at the step's peak by term: params, grads, optimizer, activations, other,
-    total.
+def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuilt_scale=1.0,
+              logits_scale=1.0, compiled_loss=False, compiled=None, gpu=None) -> dict:
+    """Bytes per GPU at the step's peak of each layout in `L`, by term: params, grads,
+    optimizer, activations, other, total.
 
     The terms are those of the harness's precision path
     (`memory_runtime.harness_path`): FSDP2 (fp32 shards, bf16 unsharded
@@ -259,15 +265,13 @@ def breakdown(m: ModelSpec, *, seq_len, dp_shard, tp, pp, cp, ep, zero, micro_ba
     Memory outside PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
     instead, in `fits`. `compiled` (default: `compiled_loss`) says the blocks run compiled.
     """
-    dp = dp_shard if dp is None else dp  # data-parallel ranks; the shard group unless told
+    dp, tp, pp, cp, ep, zero, dp_shard = L.dp, L.tp, L.pp, L.cp, L.ep, L.zero, L.dp_shard
+    grad_accum = L.grad_accum
     path = rt.harness_path(dp, tp, pp, zero)
     sharding = dict(tp=tp, pp=pp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
     activations = activation_bytes(
-        m, seq_len=seq_len, micro_batch=micro_batch, grad_accum=grad_accum, tp=tp, pp=pp,
-        cp=cp, recompute=recompute, sequence_parallel=sequence_parallel,
-        schedule_code=schedule_code, pp_virtual=pp_virtual, scale=activation_scale,
-        full_scale=rebuilt_scale, logits_scale=logits_scale, compiled_loss=compiled_loss,
-        path=path, compiled=compiled, ep=ep)
+        m, L, seq_len=seq_len, scale=activation_scale, full_scale=rebuilt_scale,
+        logits_scale=logits_scale, compiled_loss=compiled_loss, path=path, compiled=compiled)
     weights, optimizer = rt.state_bytes(m, path=path, **sharding)
     grads = rt.grad_bytes(m, path=path, grad_accum=grad_accum, **sharding)
     terms = {

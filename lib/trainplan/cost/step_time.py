@@ -74,7 +74,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     cluster = comms.with_measured_links(cluster, gpu)
     tp, pp, cp, ep, dp = L.tp, L.pp, L.cp, L.ep, L.dp
     mb, ga, v = L.micro_batch, L.grad_accum, L.pp_virtual
-    sp = L.sequence_parallel & (tp > 1)
+    sp = memory.sequence_parallel_on(L)
     full = L.recompute == compute.FULL
     layers = m.n_layers / pp
     world = L.world
@@ -82,10 +82,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     stream = np.where(autocast, 2.0, 1.0)  # residual-stream bytes / bf16
 
     mem = memory.breakdown(
-        m, seq_len=seq_len, dp=dp, dp_shard=L.dp_shard, tp=tp, pp=pp, cp=cp, ep=ep, zero=L.zero,
-        micro_batch=mb, grad_accum=ga, recompute=L.recompute, sequence_parallel=sp,
-        schedule_code=L.pp_schedule, pp_virtual=v,
-        activation_scale=activation_scale(gpu, compiled, L.recompute),
+        m, L, seq_len=seq_len, activation_scale=activation_scale(gpu, compiled, L.recompute),
         rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale,
         compiled_loss=compiled, gpu=gpu)
 
