@@ -3,7 +3,7 @@
 Parses, delegates, prints. Every `TrainplanError` (and every argument error)
 becomes one line on stderr and exit code 2; `--json` prints one JSON object on
 stdout. The verbs live in `trainplan.commands`, one module per group; the
-contract is in DESIGN.md and the README.
+contract is in the README ("Command line").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`trainplan validate`: the proof rerun on new hardware in one command (issue 4, item 6).
+"""`trainplan validate`: the proof rerun on new hardware in one command.
 
     trainplan validate --gpus N --suite FILE [FILE ...] --out DIR [--budget-s S]
         [--launches 3] [--only TAG ...] [--skip-micro] [--calibration FILE]
@@ -44,14 +44,14 @@ from trainplan.errors import TrainplanError, UsageError
 COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the report
 # The plain block also in DDP's precision (fp32 weights under autocast), so that the DDP
 # block records have their unwrapped reference (calibrate_pieces._alone): without it the
-# 4 x H100 calibration had no ddp_block_scale and DDP was priced as one GPU (-15%).
+# calibration has no ddp_block_scale and DDP is priced as one GPU.
 # GEMMs at the token counts and tp shards the suite runs (micro-batch 1-8, pp micro-
 # batches of 2, tp 2 and 4), so the planner reads a measured curve, not the 16k point.
 GPU_MICRO = ["--block-modes",
              "compiled:none,eager:none,compiled:selective,compiled:none:autocast-fp32",
              "--head-modes", "eager,compiled",
              "--matmul-tp", "1,2,4", "--matmul-tokens", "2048,4096,8192,16384"]
-MICRO_LIMIT_S = 360.0  # 4 x H100: 184 s with the host bench (session 7), + ~60-90 s host-step
+MICRO_LIMIT_S = 360.0  # 4 x H100: about 184 s with the host bench, + ~60-90 s host-step
 CPU_MICRO = ["--benches", "matmul,attention,collectives", "--tokens", "64", "--seq-len", "32",
              "--sizes", "4K,1M,16M", "--warmup", "1", "--iters", "3", "--repeats", "6"]  # seconds
 RECORD_FILES = ("micro.jsonl", "predictions.jsonl", "measurements.jsonl", "failed.jsonl")

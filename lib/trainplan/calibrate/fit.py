@@ -1,6 +1,6 @@
 """Calibration: efficiency constants of one card from its microbenchmark records only.
 
-    records of microbenchmarks -> calibration constants -> cost models  (DESIGN.md)
+    records of microbenchmarks -> calibration constants -> cost models
 
 From `microbenchmark` records (`trainplan.bench.micro.run`) this module derives:
 

@@ -1,81 +1,46 @@
 """Host time per block and per step: the floor the host issuing the work sets.
 
     host-bench records (bench.micro --benches host,host-step)
-        -> host_block_s, host_step_s, host_step_layer_s -> GPUSpec -> perf
+        -> host_block_s, host_overlap_k, host_step_s, host_step_layer_s -> GPUSpec -> cost
 
-What it measures: the block benchmarks the other scales come from
-(`bench.micro_model.bench_block`, `bench.micro_layouts.bench_fsdp_block`,
-`bench.micro_tp.bench_tp_block`), run at micro-batch 1 and a tiny sequence
-(`bench.micro.HOST_SEQ`), where every GPU kernel takes microseconds. A fwd +
-bwd there is then the host's time to issue one block: Python, the compiled
-graphs' guards and launches, FSDP2's and DTensor's hooks, the collectives'
-calls. The records carry a top-level `"purpose": "host"`; `calibrate_pieces.fit`
-keeps them away from every other scale and hands them here.
+Source: microbenchmark records only (`"purpose"` host, interleave or host-step), which
+`trainplan.calibrate.pieces.fit` keeps away from every other scale and hands here. Times
+are seconds, per block wrapper: "plain" (one GPU, DDP, PP alone), "fsdp2", "tpN" or
+"tpN+fsdp2" (`wrapper_name`).
 
-Why: on 4 x H100 the 1.3B proxy (24 layers, seq 2048, FSDP2 ZeRO-2, compiled
-blocks) measured 0.152 s a step at micro-batch 1, 0.176 s at 4 and 0.277 s at
-8, where the planner, pricing GPU work only, said 0.051 s and 0.147 s: below
-about micro-batch 4 the step hardly shrinks with the GPU work. TP 4 (0.21 s a
-step with little GPU work) shows the same. The host sets a floor.
+- host_block_s: the median fwd + bwd of one block (`bench.micro.model.bench_block`,
+  `bench.micro.layouts.bench_fsdp_block`, `bench.micro.tp.bench_tp_block`) at
+  micro-batch 1 and `bench.micro.run.HOST_SEQ` tokens, where every GPU kernel takes
+  microseconds: the host's time to issue the block (Python, guards and launches of the
+  compiled graphs, FSDP2's and DTensor's hooks, the collectives' calls). The harness syncs
+  once a step, so host and GPU overlap and the planner (`trainplan.cost.measured`) prices
+  a micro-batch as a roofline with the host as the second roof:
 
-The model (`overheads.host_time_per_microbatch`, `perf.evaluate`): the harness
-syncs once a step, so within a step the host runs ahead of the GPU and the two
-overlap; a micro-batch takes the larger of its device time and its host time,
-a roofline with the host as the second roof:
+      t_mb = max(t_device, layers x host_block_s[wrapper])
 
-    t_mb = max(t_device, layers x host_block_s[wrapper])
+- host_overlap_k (`overlap_k`): the exponent k of the smooth maximum (d^k + h^k)^(1/k)
+  (`cost.measured.interleaved`) that replaces the max where the two are close, fitted to
+  the plain compiled block timed at micro-batches 1, 2 and 4 of the full sequence
+  ("interleave"), where its GPU time crosses its host time. k = 0 keeps the max.
+- host_step_s, host_step_layer_s (`_step_scales`): the host's work outside the blocks
+  (embedding, compiled head and loss, `clip_grad_norm_`, fused AdamW's `step()` and
+  `zero_grad()`, FSDP2's root hooks, the data feed), from whole steps of the model at
+  micro-batch 1 and HOST_SEQ tokens (`bench.micro.step`, "host-step"; time_s the host's
+  time to issue the step). With steps timed at two depths or more
+  (`bench.micro.step.step_depths`), a least-squares line through the medians per depth L:
 
-with wrapper the layout's block wrapper: "plain" (one GPU, DDP, PP alone),
-"fsdp2", "tpN" or "tpN+fsdp2". Per block is where the launches scale with depth;
-the head, loss and optimizer's host work comes once a step (`host_step_s`, below).
+      time_s = a + L x b
+      host_step_s[wrapper] = max(0, a)                               once a step
+      host_step_layer_s[wrapper] = max(0, b - host_block_s[wrapper])  per layer
 
-The max is a lower bound where the two are close: on 4 x H100 ZeRO-2 at
-micro-batch 4 (device 0.14 s, host 0.14 s a micro-batch) ran 9% over it, TP 4
-16%. The host bench therefore also times the plain compiled block at
-micro-batches 1, 2 and 4 of the full sequence (`"purpose": "interleave"`),
-where its GPU time crosses its host time, and `overlap_k` fits the exponent of
-a smooth maximum (d^k + h^k)^(1/k) to those blocks alone
-(`overheads.interleaved`); k = 0, not measured, keeps the max.
-
-The step outside the blocks (`host_step_s`). A step's host work is not only its
-blocks': the embedding, the compiled head and loss, `clip_grad_norm_`, fused AdamW's
-`step()` and `zero_grad()` over (DTensor) parameters, FSDP2's root hooks and the data
-feed run once a step, and nothing above prices them. On 4 x H100 the host-bound layouts
-ran over the block floor: FSDP2 ZeRO-2 at micro-batch 1 on 2 GPUs 0.164-0.168 s a step
-against 0.132 s priced, TP 4 mb 8 0.19-0.24 s against 0.193. The host bench therefore
-also times a whole step of the whole model under each wrapper at micro-batch 1 and
-HOST_SEQ tokens (`bench.micro_step`, `"purpose": "host-step"`; time_s the host's time to
-issue the step, the optimizer's device work left to the planner's `optimizer_s`), and
-
-    host_step_s[wrapper] = median(step time_s - layers x host_block_s[wrapper]), >= 0
-
-which `overheads.host_wait_per_step` adds once a step, to the last micro-batch's host
-time. A wrapper whose block was not timed has no row (nothing to subtract). The plain
-step runs the harness's fp32 weights under autocast while the plain block is timed in
-pure bf16: autocast's casts in the blocks land in the plain row too.
-
-Outside the blocks, per layer (`host_step_layer_s`). On 2 x H100 (32 CPU cores) the first
-whole-step run (llama-1.3b, 24 layers, micro-batch 1, 64 tokens) issued a step in 52.6 ms
-plain, 124 ms FSDP2 ZeRO-2 and 178 ms TP 2, against blocks of 2.84, 5.31 and 4.73 ms:
-host_step_s 0, 0 and 0.065 s. Charged once a step, TP 2's 65 ms put a 2-layer slice of
-the 13B model at 0.082 s a step where it measured 0.056 s (+46%), while its 4-layer twin
-was right (+4%): most of it grows with depth. Fused AdamW's `step()`, `zero_grad()` and
-`clip_grad_norm_` over DTensor parameters run per parameter tensor, so per layer, and a
-pipeline stage pays only its own layers' share. The step bench therefore times each
-wrapper at two depths, the model's full depth and its first few blocks
-(`bench.micro_step.step_depths`, `config["layers"]`), and fits a line by least squares
-through the medians per depth L:
-
-    time_s = a + L x b
-    host_step_s[wrapper] = max(0, a)             once a step (head, loss, feed, roots)
-    host_step_layer_s[wrapper] = max(0, b - host_block_s[wrapper])
-                                                 per layer, outside its fwd + bwd
-
-With one depth a line is not determined: the rule above (everything in host_step_s), so
-older records calibrate as before and no host_step_layer_s is written. Where some
-wrappers have two depths and others one, the latter's host_step_layer_s row is 0: their
-whole-step constant already holds their per-layer work, which must not borrow another
-wrapper's through the planner's fallbacks (`measured.per_wrapper`).
+  `cost.measured.host_wait_per_step` adds both once a step, to the last micro-batch. The
+  optimizer and clipping run per parameter tensor, so per layer, and a pipeline stage
+  pays only its own layers' share. With one depth, host_step_s = median(time_s - layers x
+  host_block_s), >= 0, and no host_step_layer_s; where other wrappers have two depths, a
+  one-depth wrapper's host_step_layer_s is 0, so that the planner's fallbacks
+  (`measured.per_wrapper`) do not lend it another wrapper's per-layer work. A wrapper
+  whose block was not timed has no row. The plain step runs fp32 weights under autocast
+  while the plain block runs pure bf16, so autocast's casts land in the plain row.
 """
 
 from __future__ import annotations

@@ -4,17 +4,12 @@ allocated, as a share of the activations, per wrapper.
     memory-stack records (bench.micro --benches memory-stack)
         -> fragmentation_scales -> GPUSpec -> memory_runtime.fragmentation_bytes
 
-Why: the planner priced the reserve (peak reserved - peak allocated, the part of
-`torch.cuda.max_memory_reserved` no tensor holds) as 0.08 x the activations for every
-layout, an assumption (`memory_runtime.FRAGMENTATION`). End-to-end runs of the 13B model's
-first 4 and first 2 blocks on 2 x H100 (proxy-h100x2-20261126-measurements.jsonl, configs
-s13b-*, seq 4096) showed it growing with depth, by wrapper: per layer, 0.69 GiB on one GPU
-(mb 1; 0.55 of the 1.26 GiB of activations the planner prices a layer), 1.29 and 0.64 GiB
-under FSDP2 ZeRO-3 (mb 2) and ZeRO-2 (mb 1), 0.08 GiB under TP 2 (mb 2; 0.08 of 1.03).
-Those runs are what the planner is checked against, so they only motivate the bench; the
-scales come from the memory-stack microbenchmark (`bench.micro_memory`), which cuts the
-model to its first N blocks for two depths N and records the peaks of a few training
-steps under each wrapper.
+The reserve is peak reserved - peak allocated, the part of
+`torch.cuda.max_memory_reserved` no tensor holds; it grows with depth, by wrapper. Source:
+the memory-stack microbenchmark only (`bench.micro.memory`), which cuts the model to its
+first N blocks for two depths N and records the peaks of a few training steps under each
+wrapper; never the end-to-end runs the planner is checked against. Without rows the
+planner keeps the assumption `memory_runtime.FRAGMENTATION`.
 
 The fit, per record (each rank's peaks, max over ranks):
 
@@ -28,18 +23,17 @@ The fit, per record (each rank's peaks, max over ranks):
 "side pools": the bytes reserved in the pools of streams other than the compute stream
 (FSDP2's all-gather copy-in and reduce-scatter streams; 0 elsewhere and in records without
 the field). `memory_runtime.stream_pool_bytes` prices those pools already, and the
-reduce-scatter pool (4 bytes a parameter over the shard degree) grows with depth too:
-0.59 GiB a 13B layer at d = 2. Left in, it would be counted twice: in the s13b runs it is
-all of ZeRO-2's 0.64 GiB a layer bar 0.05, and 0.59 of ZeRO-3's 1.29.
+reduce-scatter pool (4 bytes a parameter over the shard degree) grows with depth too, so
+left in it would be counted twice.
 
 Wrappers (`calibrate_host.wrapper_name`): "plain", "fsdp2", "tpN", "tpN+fsdp2", with
 ":z3" appended to an FSDP2 wrapper run at ZeRO-3 ("fsdp2:z3"). The stages are kept apart
-because ZeRO-3 re-gathers every block in backward and its compute-stream reserve grew
-0.69 GiB a layer where ZeRO-2's grew 0.05 in the runs above; `memory_runtime
-._stage_rows` lets a stage with no row of its own take the other's. Records of one wrapper
-at several shapes (micro-batch, sequence, model width) each give a scale; the row is their
-median. A wrapper measured at one depth gives no row (no slope), nor do records without
-bytes (CPU runs write None).
+because ZeRO-3 re-gathers every block in backward, which leaves a much larger
+compute-stream reserve per layer than ZeRO-2's; `memory_runtime._stage_rows` lets a stage
+with no row of its own take the other's. Records of one wrapper at several shapes
+(micro-batch, sequence, model width) each give a scale; the row is their median. A wrapper
+measured at one depth gives no row (no slope), nor do records without bytes (CPU runs
+write None).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from trainplan.commands.args import positive_float, positive_int
 
 KEYS = ("interval_min", "checkpoint_gb", "stall_s", "expected_lost_min", "worst_lost_min", "ettr",
-        "meets_requirement")  # the DESIGN.md contract; `as_dict` adds the terms behind them
+        "meets_requirement")  # README, "Command line"; `as_dict` adds the terms behind them
 
 
 def register(verbs) -> None:

@@ -1,9 +1,9 @@
-"""Predicted against measured: the committed records, config by config (issue 4).
+"""Predicted against measured: the committed records, config by config.
 
 A measurement is compared only with a prediction of the same config (model,
 layout with compile, GPUs, card, sequence length) recorded before the first
-launch of that config: the no-peeking rule of DESIGN.md ("Honest
-measurement"). A prediction of the config stamped at or after that launch is
+launch of that config: the no-peeking rule (docs/measurement.md, "Predictions
+first"). A prediction of the config stamped at or after that launch is
 refused, and each refusal is reported once. Where several came first, the latest counts.
 
 Errors are relative, predicted / measured - 1 (negative = optimistic); the

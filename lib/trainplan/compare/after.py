@@ -1,7 +1,7 @@
 """What `trainplan compare` reports apart from its headline, because it is made after the
 measurements: re-predictions of every compared config of the headline host with today's
 planner (datasheet and calibrated constants), and one scale factor fitted to the end-to-end runs
-of that host, judged by its leave-one-out error (DESIGN.md, "Honest measurement")."""
+of that host, judged by its leave-one-out error (docs/measurement.md, "Fits")."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
 def leave_one_out_scale(rows: list[dict]) -> dict:
     """A single end-to-end factor k = median(measured / predicted) fitted on all rows but one,
     applied to the one left out; the held-out errors' median and max. Reported apart: it is a
-    fit to end-to-end runs, which the planner itself never uses (DESIGN.md)."""
+    fit to end-to-end runs, which the planner itself never uses (docs/measurement.md, "Fits")."""
     pairs = [(r["predicted_step_time_s"], r["measured_step_time_s"]) for r in rows
              if r["predicted_step_time_s"] is not None]
     if len(pairs) < 3:

@@ -21,7 +21,7 @@ from trainplan.specs import DATA_DIR, LAYOUT_FIELDS
 
 DEFAULT_GLOB = str(DATA_DIR / "measurements" / "*.jsonl")
 MIN_LAUNCHES = 3
-TARGETS = {"median": 0.05, "max": 0.10}  # issue 4's accuracy bar, on |relative error|
+TARGETS = {"median": 0.05, "max": 0.10}  # the planner's accuracy bar, on |relative error|
 LAYOUT_KEYS = LAYOUT_FIELDS
 EXTRA_KEYS = ("dp_shard", "pp_schedule", "pp_virtual")  # compared where both records hold them
 PLAN_KEYS = LAYOUT_KEYS + EXTRA_KEYS
@@ -119,7 +119,7 @@ def series_key(m: dict) -> tuple:
 
 def group_measurements(measurements: list[dict]) -> list[list[dict]]:
     """Launches of one config (and implementation) on one kind of host together, in order of
-    first launch. A record that names its suite tag (harness records from session 4 on)
+    first launch. A record that names its suite tag (`tag`; older harness records have none)
     is grouped by it too: configs of one layout can differ in loader or NCCL settings."""
     groups = defaultdict(list)
     for m in measurements:

@@ -6,7 +6,7 @@ efficiency at n GPUs is
 
     E(n) = (tokens/s/GPU at n) / (tokens/s/GPU at 1)
 
-(issue 9's target: at least 0.95 at 4 GPUs). A series is one data-parallel
+(target: at least 0.95 at 4 GPUs). A series is one data-parallel
 layout (ZeRO stage, micro-batch, accumulation, recompute, compile, model,
 kind of host, implementation; tp = pp = 1) over GPU counts (a host: its GPU
 count and card, `compare.host`; points from different hosts are never put in

@@ -1,4 +1,4 @@
-"""A profiled step set beside the planner's predicted split of the same config (issue 4).
+"""A profiled step set beside the planner's predicted split of the same config.
 
 The profile is the JSON that `python -m trainplan.bench.observe.profile` writes on rank 0
 (`bench/profile.py`: `main` and `summarise`): GPU kernel seconds per step in
@@ -274,8 +274,8 @@ def pair(profile: dict, rows: list[dict], host: str | None = None) -> dict:
 
 def pair_committed(rows: list[dict], host: str | None = None) -> list[dict]:
     """`pair` of each committed profile that has a compare row of its own card and layout;
-    profiles of a card or layout no compare row has (e.g. the H100 profiles of session 5,
-    whose layouts were compared on H200) are left out instead of refused."""
+    profiles of a card or layout no compare row has (e.g. profiles taken on one card of
+    layouts compared only on another) are left out instead of refused."""
     out = []
     for path in committed():
         prof = load(path)

@@ -1,8 +1,8 @@
 """Views of a comparison (`compare.compare`) that the runbook's pages draw: pairs of configs
 that differ in one setting (which term misses), the band of measured over predicted
-throughput that page 3 carries over to the target's plan (issue 4, item 5), how far
-peak memory ran over its prediction at the target's width (pages 1 and 2), and the cost of
-one of the target's layers from slices of two depths (page 4)."""
+throughput that page 3 carries over to the target's plan, how far peak memory ran over its
+prediction at the target's width (pages 1 and 2), and the cost of one of the target's layers
+from slices of two depths (page 4)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def throughput_band(out: dict) -> dict:
 
     Tokens per step are fixed, so measured / predicted throughput = predicted / measured
     step time = 1 + step-time error. A predicted rate times these factors is the range
-    the measured errors imply (issue 4, item 5), carried over, not measured at the target.
+    the measured errors imply, carried over, not measured at the target.
     """
     rows = [r for r in out["rows"]
             if r["step_time_error"] is not None and "superseded_by" not in r]
@@ -81,7 +81,7 @@ def memory_band(out: dict) -> dict:
 
 
 def per_layer(rows: list[dict]) -> list[dict]:
-    """Per-layer time and memory of the target's layers at their real width (issue 4, item 4):
+    """Per-layer time and memory of the target's layers at their real width (the width check):
     for each pair of width-check configs alike in all but depth (same base model, host, GPUs
     and layout, compile and sequence parallelism included), the difference of the deeper
     and the shallower divided by the layers between them, measured and predicted.

@@ -2,7 +2,7 @@
 
 Two counts of FLOPs, kept apart on purpose:
 - model FLOPs (for MFU): 6 N + 12 l h s per token, N = `params.flop_params`,
-  recompute never counted (FACTS.md; PaLM, Chowdhery et al. 2022, app. B);
+  recompute never counted (Chowdhery et al. 2022 (PaLM), app. B);
 - hardware FLOPs (for time): the same plus what recompute adds.
 
 Time on a rank is the sum of three kinds of work, each at its own achieved
@@ -37,7 +37,7 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
        two backward (input and weight gradients) (Kaplan et al. 2020).
     2. 12 l h s: attention scores Q K^T and the weighted sum A V, 2 s h FLOPs
        each per token per layer forward, times 3 for backward; causal kernels
-       skip about half, the convention counts all of it (FACTS.md).
+       skip about half, the convention (PaLM, app. B) counts all of it.
     3. Not counted: recompute, element-wise work, the embedding lookup.
     """
     return 6.0 * params.flop_params(m) + 12.0 * m.n_layers * m.hidden * seq_len

@@ -115,10 +115,8 @@ def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accu
     The step's host work outside the blocks (`host_step_time` of the stage's `layers`:
     head and loss, clipping, the optimizer's step and zero_grad, FSDP2's root) is issued
     once a step, after the last micro-batch's backward, so it joins the host time of that
-    "full" micro-batch: on 4 x H100, FSDP2 ZeRO-2 at micro-batch 1 (2 GPUs) ran
-    0.164-0.168 s a step where the block floor and device priced 0.132 s
-    (`calibrate_host`). With no `host_step_s` nor `host_step_layer_s` the extra is 0 and
-    the wait is as before.
+    "full" micro-batch (`trainplan.calibrate.host`). With no `host_step_s` nor
+    `host_step_layer_s` the extra is 0.
     """
     full = host_time_per_microbatch(gpu, layers, tp, fsdp) \
         + host_step_time(gpu, tp, fsdp, layers)

@@ -42,10 +42,9 @@ DDP_SPLIT_SCALE = 0.3033
 
 # Share of the activation bytes the caching allocator holds reserved but not
 # allocated on the compute stream (split blocks that later, differently sized
-# activations and temporaries cannot reuse). An assumption, the value
-# `memory.ALLOCATOR_MARGIN` held before, now applied to the bytes that are
-# freed and reallocated every micro-batch only (see `fragmentation_bytes`); the
-# fallback wherever the card has no measured `GPUSpec.fragmentation_scales`.
+# activations and temporaries cannot reuse). An assumption, applied to the bytes
+# that are freed and reallocated every micro-batch only (see `fragmentation_bytes`);
+# the fallback wherever the card has no measured `GPUSpec.fragmentation_scales`.
 FRAGMENTATION = 0.08
 
 
@@ -249,20 +248,13 @@ def fragmentation_scale(gpu, *, tp, fsdp, zero):
 def fragmentation_bytes(activations, gpu=None, *, tp=1, fsdp=False, zero=0):
     """Reserved over allocated on the compute stream: `fragmentation_scale` x the activations.
 
-    Weights, states and buckets are allocated once and reused exactly every step;
-    activations and temporaries are freed and reallocated every micro-batch in
-    other sizes and orders, and the caching allocator's best-fit splitting
-    strands part of its segments (PyTorch "CUDA memory management" notes:
-    `memory_reserved` vs `memory_allocated`). The scale was an assumption,
-    FRAGMENTATION (0.08), for every layout; it is now measured per wrapper where
-    the card has `fragmentation_scales` (`trainplan.calibrate.memory`: the
-    reserve's growth per layer in the memory-stack microbenchmark over the
-    planner's kept bytes of one block), the assumption staying the fallback.
-    Why per wrapper: the 13B model's first 4 and first 2 blocks on 2 x H100
-    (proxy-h100x2-20261126-measurements.jsonl, s13b-*; end-to-end runs, so a
-    reason to measure, never a fit) grew their reserve 0.69 GiB a layer on one
-    GPU (0.55 of the 1.26 GiB of activations), 0.08 of them under TP 2, and
-    0.69 and 0.05 GiB on the compute stream under FSDP2 ZeRO-3 and ZeRO-2, beside
-    the reduce-scatter pool's 0.59 GiB that `stream_pool_bytes` prices.
+    Bytes. Weights, states and buckets are allocated once and reused exactly every
+    step; activations and temporaries are freed and reallocated every micro-batch in
+    other sizes and orders, and the caching allocator's best-fit splitting strands
+    part of its segments (PyTorch "CUDA memory management" notes: `memory_reserved`
+    vs `memory_allocated`). The scale is per wrapper where the card has
+    `fragmentation_scales` (`trainplan.calibrate.memory`: the reserve's growth per
+    layer in the memory-stack microbenchmark over the planner's kept bytes of one
+    block), else the assumption FRAGMENTATION.
     """
     return fragmentation_scale(gpu, tp=tp, fsdp=fsdp, zero=zero) * np.asarray(activations)

@@ -1,8 +1,8 @@
 """Parameter counts of a decoder-only transformer, whole and per rank.
 
-Formulas (FACTS.md, "Parameters of a Llama-style decoder"): embeddings V h
-(twice if untied), per layer attention h (h + 2 h_kv) + h h, SwiGLU MLP 3 h f
-(GELU MLP 2 h f), two norms 2 h (LayerNorm 4 h with its biases), final norm.
+Formulas for a Llama-style decoder: embeddings V h (twice if untied), per layer
+attention h (h + 2 h_kv) + h h, SwiGLU MLP 3 h f (GELU MLP 2 h f), two norms 2 h
+(LayerNorm 4 h with its biases), final norm.
 Checked against the published counts of Llama 2 7B/13B/70B, Mixtral 8x7B and
 GPT-2 XL in tests/test_params.py.
 
@@ -76,7 +76,7 @@ def flop_params(m: ModelSpec) -> int:
 
     The input embedding and position tables are lookups (no matmul) and are
     left out; the output layer's matmul is real work and counts, also when its
-    weight is tied to the input table (FACTS.md, "Training FLOPs per token").
+    weight is tied to the input table (Chowdhery et al. 2022 (PaLM), app. B).
     """
     return m.n_layers * active_layer_params(m) + m.vocab * m.hidden + norm_params(m)
 

@@ -1,4 +1,4 @@
-"""Plans in the command-line contract's shape (DESIGN.md, "Command-line contract").
+"""Plans in the command-line contract's shape (README, "Command line").
 
 The library calls behind `trainplan plan` and `trainplan memory`: notebooks
 and the harness's prediction records use these same functions, so a number in

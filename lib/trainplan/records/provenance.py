@@ -1,4 +1,4 @@
-"""Provenance: where and with what a record was made (DESIGN.md "Records").
+"""Provenance: where and with what a record was made (docs/measurement.md, "Records").
 
 Kept apart from the record schema (`trainplan.records.schema`), which stamps every
 record with `provenance()`.
@@ -65,7 +65,7 @@ def env_knobs(environ=None) -> dict[str, str]:
 
 
 def provenance() -> dict:
-    """Where and with what a record was made (DESIGN.md "Records").
+    """Where and with what a record was made (docs/measurement.md, "Records").
 
     git commit (else $TRAINPLAN_GIT_COMMIT, else None) and whether tracked
     files differ from it, UTC date, sha256 of the hostname (never the name

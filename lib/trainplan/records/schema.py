@@ -1,4 +1,6 @@
-"""Records: what was predicted, measured and microbenchmarked, as JSON lines (DESIGN.md "Records").
+"""Records: what was predicted, measured and microbenchmarked, as JSON lines.
+
+The rules they follow are in docs/measurement.md ("Records", "Predictions first").
 
 One JSON object per line, appended (append mode, one line, flush, fsync),
 never rewritten. Kinds: `prediction`, `measurement`, `microbenchmark`,
@@ -194,12 +196,12 @@ def measurement_record(*, model: str, impl: str, layout: dict, gpus: int, card: 
 
     `step_times_s`: whole synchronised optimizer steps after the warm-up,
     `tokens_per_step`: tokens of one step over all GPUs (global batch),
-    `flops_per_token`: training FLOPs per token by FACTS.md's convention
-    (6 N + 12 l h s), `peak_tflops`: the dense bf16 peak MFU is quoted against.
+    `flops_per_token`: training FLOPs per token by the PaLM convention (6 N + 12 l h s;
+    Chowdhery et al. 2022, app. B), `peak_tflops`: the dense bf16 peak MFU is quoted against.
 
     - step_time_s: median step time, with `step_time_s_ci` (rank interval);
     - tokens_per_s_per_gpu: tokens_per_step * steps / sum(step times) / gpus
-      (total tokens over total time, DESIGN.md), with a bootstrap interval over steps;
+      (total tokens over total time), with a bootstrap interval over steps;
     - mfu = tokens_per_s_per_gpu * flops_per_token / (peak_tflops * 1e12).
     """
     for name, value in (("gpus", gpus), ("tokens_per_step", tokens_per_step),
@@ -252,7 +254,7 @@ def combine_launches(records: list[dict]) -> dict:
     """Figures of one config over several launches (measurement records of it).
 
     Rates are total tokens over total time across all kept steps of all
-    launches (DESIGN.md), with a bootstrap interval over the pooled steps;
+    launches (docs/measurement.md, "Timing"), with a bootstrap interval over the pooled steps;
     `launch_range` gives the slowest and fastest launch, since steps of one
     launch share its placement and are not independent of each other.
     """

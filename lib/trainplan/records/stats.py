@@ -127,5 +127,6 @@ def rate_ci(amounts, seconds, confidence: float = 0.95, seed: int = 0) -> Interv
 
 
 def overlap(a: Interval, b: Interval) -> bool:
-    """True when two intervals overlap: then DESIGN.md says not to call one setting better."""
+    """True when two intervals overlap: then neither setting is called better
+    (docs/measurement.md, "Timing")."""
     return a.low <= b.high and b.low <= a.high

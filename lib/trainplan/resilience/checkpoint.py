@@ -3,7 +3,7 @@
 Closed forms only (the Monte Carlo check lives in `trainplan.resilience.failures`). Each
 term is a small function citing its source; `plan_checkpoints` adds them up
 into a `CheckpointPlan`, whose `as_dict` is the `trainplan checkpoint --json`
-contract (DESIGN.md).
+contract (README, "Command line").
 
 Timeline of one checkpoint cycle (the model every formula here shares):
 
@@ -15,8 +15,7 @@ The state is snapshotted when a save starts. Synchronous saves block for the
 whole write (delta = T_p); asynchronous ones (PyTorch DCP `async_save`) block
 only while the state is copied to host memory and write in the background
 (delta = staging, T_p = staging + write). A failure loses the wall time since
-the last *durable* snapshot, plus the restart R (FACTS.md, "Checkpointing and
-failures").
+the last *durable* snapshot, plus the restart R.
 
 Units: sizes in GB (10^9 bytes, as storage bandwidth is quoted), times in
 seconds unless a name says otherwise (`_min`, `_hours`).
@@ -31,13 +30,13 @@ from typing import Literal
 from trainplan.errors import TrainplanError
 
 GB = 1e9
-FP32_ADAM_BYTES = 12  # fp32 master weights + Adam m + v, bytes/param (FACTS.md; ZeRO paper)
-BF16_WEIGHT_BYTES = 2  # the bf16 working copy, when it is saved too (12 + 2 = 14; FACTS.md)
+FP32_ADAM_BYTES = 12  # fp32 master weights + Adam m + v, bytes/param (Rajbhandari et al. 2020)
+BF16_WEIGHT_BYTES = 2  # the bf16 working copy, when it is saved too (12 + 2 = 14 bytes/param)
 HOST_COPY_GBPS = 25.0  # ASSUMPTION: GPU -> pinned host copy per GPU, GB/s (PCIe Gen5 x16 peaks
 #                        near 64; 25 leaves room for pageable buffers and contention). Replace
-#                        with the stall measured by the harness (issue 5, item 4).
+#                        with the stall measured by the harness's checkpoint benchmark.
 MIN_KEEP = 2  # torchtitan refuses keep_latest_k = 1: the only checkpoint would be deleted
-#               while its successor is still being written (FACTS.md)
+#               while its successor is still being written
 LIMITS = {  # sanity bounds on inputs: beyond these a value is a typo, and floats overflow
     "node_mtbf_hours": 1e9, "write_gbps_per_node": 1e6, "restart_minutes": 1e6,
     "max_lost_minutes": 1e9, "host_copy_gbps": 1e6,
@@ -55,8 +54,8 @@ class CheckpointPlanError(TrainplanError):
 def checkpoint_bytes(n_params: int, bf16_weights: bool = False) -> float:
     """Bytes of one full checkpoint: 12 B/param (fp32 master + Adam m, v), 14 with bf16 weights.
 
-    FACTS.md ("Checkpoint size, mixed-precision Adam"); Rajbhandari et al. 2020
-    (ZeRO) for the 12. Gradients are not saved (they are rebuilt by the next step).
+    Rajbhandari et al. 2020 (ZeRO) for the 12. Gradients are not saved (they are rebuilt
+    by the next step).
     """
     return float(n_params) * (FP32_ADAM_BYTES + (BF16_WEIGHT_BYTES if bf16_weights else 0))
 
@@ -74,7 +73,7 @@ def state_shards(tp: int, pp: int, dp_shard: int, zero: int) -> int:
     """GPUs one copy of the optimizer state is split over: tp x pp x (dp_shard when zero >= 1).
 
     ZeRO-1/2/3 shard the 12 B/param over the data-parallel shard group
-    (FACTS.md, "Mixed-precision Adam"); tensor and pipeline parallel split the
+    (Rajbhandari et al. 2020, ZeRO); tensor and pipeline parallel split the
     model itself. Each GPU stages this share when it saves asynchronously.
     """
     return tp * pp * (dp_shard if zero >= 1 else 1)
@@ -88,7 +87,8 @@ def write_seconds(bytes_per_node: float, write_gbps_per_node: float) -> float:
 
     DCP writes each rank's shard from its own node and spreads replicated
     tensors over ranks, so every node writes total / nodes. Published per-node
-    persist bandwidth on large parallel filesystems: 1-3 GB/s (FACTS.md).
+    persist bandwidth on large parallel filesystems: 1-3 GB/s (reported for BLOOM and
+    for Llama 3, Dubey et al. 2024).
     """
     return bytes_per_node / (write_gbps_per_node * GB)
 
@@ -97,7 +97,8 @@ def staging_seconds(bytes_per_gpu: float, host_copy_gbps: float = HOST_COPY_GBPS
     """Asynchronous stall: each GPU copies its state share to host memory, state / copy rate.
 
     The copy rate is an assumption (`HOST_COPY_GBPS`), not a measurement.
-    Published bar: 6.3 s for a 7B model with DCP `async_save` (FACTS.md).
+    Published bar: 6.3 s for a 7B model with DCP `async_save` (Pasqualin et al. 2024,
+    PyTorch blog "Reducing Model Checkpointing Times by Over 10x").
     """
     return bytes_per_gpu / (host_copy_gbps * GB)
 
@@ -113,10 +114,7 @@ def persist_seconds(mode: Mode, write_s: float, staging_s: float) -> float:
 
 
 def job_mtbf(node_mtbf: float, nodes: int) -> float:
-    """Job MTBF = node MTBF / nodes: independent exponential failures add their rates.
-
-    FACTS.md ("Job MTBF = node MTBF / nodes (independent failures)").
-    """
+    """Job MTBF = node MTBF / nodes: independent exponential failures add their rates."""
     return node_mtbf / nodes
 
 
@@ -152,7 +150,7 @@ def daly_interval(delta: float, mtbf: float) -> float:
 
 
 def expected_lost(interval: float, persist: float, restart: float) -> float:
-    """Expected wall time lost per failure: I/2 + T_p + R (FACTS.md).
+    """Expected wall time lost per failure: I/2 + T_p + R.
 
     A failure at a uniform point of the cycle loses the time since the last
     durable snapshot: x if x >= T_p, else I + x; the mean is I/2 + T_p (for
@@ -181,7 +179,7 @@ def ettr(interval: float, stall: float, persist: float, restart: float, mtbf: fl
     under way began, so it holds one stall fewer than its share: useful time
     M - (L - R) + delta, of which 1 - delta / I trains. The simulation
     (`failures.simulate`) agrees within its standard error while M >> I
-    (tests/test_failures.py). Llama 3 reports above 0.90 (FACTS.md).
+    (tests/test_failures.py). Llama 3 reports above 0.90 (Dubey et al. 2024, sec. 3.3.4).
     """
     lost_running = expected_lost(interval, persist, restart) - restart
     return (1.0 - stall / interval) * (mtbf - lost_running + stall) / (mtbf + restart)
@@ -347,12 +345,12 @@ class Assumptions:
     """What page 5 plans with when the scenario does not say: each value with its source.
 
     Node MTBFs come from `failures.published_node_mtbf_hours`. None of these is
-    measured on this project's machines yet (issue 5, item 4).
+    measured on this project's machines yet.
     """
 
     write_gbps_per_node: float = 2.0  # middle of the published 1-3 GB/s
-    restart_minutes: float = 10.0  # assumption; Daly's worked example and issue 5 use 10
-    max_lost_minutes: float = 30.0  # issue 5's requirement
+    restart_minutes: float = 10.0  # assumption; Daly's worked example uses 10
+    max_lost_minutes: float = 30.0  # requirement: at most 30 min of work lost to a failure
     host_copy_gbps: float = HOST_COPY_GBPS  # assumption (see HOST_COPY_GBPS)
     keep: int = MIN_KEEP  # the fewest torchtitan allows
     mode: str = "async"  # PyTorch DCP async_save, as the harness implements

@@ -22,7 +22,7 @@ import numpy as np
 
 from trainplan.resilience.checkpoint import CheckpointPlan, CheckpointPlanError, job_mtbf
 
-# Published failure statistics (FACTS.md, "Checkpointing and failures").
+# Published failure statistics: Dubey et al. 2024 (Llama 3) and Zhang et al. 2022 (OPT).
 LLAMA3_NODES = 2048  # 16,384 H100s, 8 a node (Llama 3 paper, 2024, sec. 3.3.4)
 LLAMA3_DAYS = 54  # the snapshot of pre-training the paper counts over
 LLAMA3_INTERRUPTIONS = 419  # unexpected interruptions in those days (78% hardware)

@@ -1,6 +1,6 @@
 """The throughput knobs the study tunes, and which combinations are skipped before they run.
 
-Knobs (issue 6) and how each reaches the harness (`trainplan.bench.harness.train`):
+Knobs and how each reaches the harness (`trainplan.bench.harness.train`):
 
 | knob | values | reaches the run as |
 |---|---|---|
@@ -17,7 +17,7 @@ Knobs (issue 6) and how each reaches the harness (`trainplan.bench.harness.train
 NCCL_ALGO=Tree is passed as `allreduce:tree`: all-gather and reduce-scatter
 (FSDP's collectives) have no Tree implementation, and from NCCL 2.24 a list
 that leaves a collective without a valid algorithm is an error rather than a
-fallback (FACTS.md, "NCCL"; NCCL 2.24 per-collective NCCL_ALGO syntax). NCCL
+fallback (NCCL documentation of NCCL_ALGO: 2.24's per-collective syntax). NCCL
 knobs are sampled only when the run has more than one rank; on the CPU proxy
 (gloo) they are set but have no effect, which keeps one code path.
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from trainplan.errors import SpecError
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                "NVSHMEM_DISABLE_NVLS": "1"}  # never on this project's GPU machines (FACTS.md)
+                "NVSHMEM_DISABLE_NVLS": "1"}  # never on this project's GPU machines
 NCCL_ALGO_ENV = {"default": None, "Ring": "Ring", "Tree": "allreduce:tree"}
 NCCL_PROTO_ENV = {"default": None, "LL": "LL", "LL128": "LL128", "Simple": "Simple"}
 

@@ -1,4 +1,4 @@
-"""The knob study's top knobs re-checked on a larger host, one knob at a time (issue 9).
+"""The knob study's top knobs re-checked on a larger host, one knob at a time.
 
 A re-check folder (data/measurements/knobs-*/) holds one `trainplan validate` call of a
 suite whose first config is the study's best and whose others each change one knob:
@@ -7,7 +7,7 @@ suite whose first config is the study's best and whose others each change one kn
 suites too, whose records live elsewhere). Each config's launches are
 pooled with `records.combine_launches`; its effect is its tokens/s/GPU over the first
 config's, and it counts as measurable only where the two 95% intervals do not overlap
-(DESIGN.md, "Honest measurement").
+(docs/measurement.md, "Timing").
 
 Records written before the harness named its suite tag carry only their layout, and two
 configs may share one (loader workers 1 vs 0). Those are assigned to configs in the

@@ -20,7 +20,7 @@ proposals). Two analyses, because each answers a different question:
   as additivity holds. Effects are percent changes, exp(b) - 1.
 
 A knob has "no measurable effect" when every level's interval contains 0
-(DESIGN.md: compare settings only where intervals do not overlap). The top
+(docs/measurement.md: compare settings only where intervals do not overlap). The top
 knobs are ranked by the largest effect whose interval excludes 0, then by
 importance: PED-ANOVA asks what distinguishes the top few trials, and with a
 few dozen noisy trials it can rank a knob with no effect first (seen on a

@@ -16,7 +16,7 @@ On disk, one directory per step, shared by every rank:
     DIR/events.jsonl            one JSON line per save, failure, resume, fault and digest
 
 Why a manifest on top of DCP: DCP writes .metadata last, so its absence marks
-an unfinished save, but it has no content checksums (FACTS.md), so a
+an unfinished save, but it has no content checksums (PyTorch DCP documentation), so a
 truncated or bit-flipped shard would load silently or fail deep inside a
 collective. The manifest is the commit record: written to a temporary name,
 fsynced, renamed, directory fsynced, only after every rank's shards and DCP's

@@ -1,14 +1,14 @@
 """The rival: Hugging Face `LlamaForCausalLM` trained by our own loop, configured at its best.
 
-Issue 3 item 6 asks for the speed-up over what a user would otherwise run,
-measured side by side, so the baseline gets everything a careful user would
-give it and nothing of ours that they could not have:
+The side-by-side run measures the speed-up over what a user would otherwise
+run, so the baseline gets everything a careful user would give it and nothing
+of ours that they could not have:
 
 - the same model, built from the same `ModelSpec` (hidden, layers, heads, key/
   value heads, FFN, vocabulary, RoPE base 10000, RMSNorm eps 1e-5, untied):
   exactly `trainplan.cost.params.total_params` parameters, like ours;
 - `use_cache=False` (with the cache on, per-layer compile recompiles until it
-  gives up: FACTS.md) and `attn_implementation="sdpa"`;
+  gives up) and `attn_implementation="sdpa"`;
 - the same layout code: `parallelize.apply_compile` (per decoder layer,
   fullgraph) and `parallelize.apply_fsdp` (FSDP2 per decoder layer then the
   root, bf16 parameters with fp32 reduction, ZeRO-2 or ZeRO-3), DDP with

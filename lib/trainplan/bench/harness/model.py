@@ -216,7 +216,7 @@ def count_params(model: nn.Module) -> int:
 def flop_params(model: Transformer) -> int:
     """N of the 6N FLOPs rule: every parameter but the input embedding table(s).
 
-    A lookup is no matmul (FACTS.md, "Formulas"); a tied output layer still
+    A lookup is no matmul (Chowdhery et al. 2022 (PaLM), app. B); a tied output layer still
     multiplies by the table, so with tied embeddings it is counted once.
     """
     n = count_params(model) - model.tok_embeddings.weight.numel()

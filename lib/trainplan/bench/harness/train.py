@@ -4,10 +4,10 @@
 One code path for CPU (gloo) and GPU (NCCL). It builds the plain model,
 applies the layout (parallelize.py), trains `--steps` steps and measures:
 whole synchronised steps timed (the slowest rank's time per step), the first
-`--warmup` steps (compile, allocator warm-up) dropped and counted,
-tokens/s/GPU as total tokens over total time, MFU = tokens/s/GPU x (6 N +
-12 l h s) / peak (FACTS.md; `trainplan.cost.compute.model_flops_per_token`), peak
-memory allocated and reserved (max over ranks), and the loss of every step.
+`--warmup` steps (compile, allocator warm-up) dropped and counted, tokens/s/GPU
+as total tokens over total time, MFU = tokens/s/GPU x (6 N + 12 l h s) / peak
+(docs/measurement.md, "MFU"; `trainplan.cost.compute.model_flops_per_token`),
+peak memory allocated and reserved (max over ranks), and the loss of every step.
 Rank 0 prints the summary as one JSON line and, with `--records`, appends a
 measurement record through `trainplan.records.schema` (GPU runs only).
 
@@ -36,7 +36,7 @@ from trainplan.bench.harness.model import Transformer, count_params, slice_spec
 from trainplan.errors import TrainplanError
 from trainplan.specs import ModelSpec, ParallelConfig, load_model, slice_name
 
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, FACTS.md
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, vendor datasheets
 GiB = 1024**3
 PINNED: dict = {}  # what init_distributed did to this process's CPU affinity
 

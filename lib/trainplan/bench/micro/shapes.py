@@ -72,7 +72,7 @@ def gemm_shapes(spec: ModelSpec | str, tp: int = 1, tokens: int = 16384) -> list
 
 def attention_flops(batch: int, heads: int, seq: int, head_dim: int, causal: bool = True,
                     backward: bool = True) -> float:
-    """FLOPs of attention's two matmuls (Q K^T and P V), as FACTS.md counts them.
+    """FLOPs of attention's two matmuls (Q K^T and P V), as the MFU convention counts them.
 
     Forward 4 b a s^2 d (2 matmuls of 2 b a s^2 d); backward twice that, so
     forward + backward 12 b a s^2 d: per token and layer 12 s h with h = a d,

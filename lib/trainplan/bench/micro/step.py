@@ -4,9 +4,8 @@
 where a fwd + bwd is the host's issue time (`host_block_s`, `trainplan.calibrate.host`).
 A step issues more than its blocks, once: the embedding, the compiled head and loss,
 `clip_grad_norm_` and fused AdamW's `step()` and `zero_grad()` over (DTensor) parameters,
-FSDP2's root hooks, the data feed. None of that is timed per block. On 4 x H100 the
-host-bound layouts ran slower than the block floor: FSDP2 ZeRO-2 at micro-batch 1 on 2
-GPUs 0.164-0.168 s a step against 0.132 s priced, TP 4 mb 8 0.19-0.24 s against 0.193.
+FSDP2's root hooks, the data feed. None of that is timed per block, and on host-bound
+layouts it shows as a step slower than the block floor.
 
 `--benches host-step` (run after `host` in the same launch, records marked top-level
 `"purpose": "host-step"`) times the whole thing: the WHOLE proxy model (all its layers,

@@ -5,10 +5,8 @@ collectives: DTensor's hooks around the block's input and output, the waits
 between its collectives and their consumers, and (with FSDP2 on the other mesh
 dimension) FSDP2's hooks over DTensor parameters. At small shards the host
 work that issues all this can outlast the GPU work, and the block becomes
-host-bound. Profiles of the 1.3B proxy on 4 x H100 showed compute kernels
-filling under half of a TP 4 step, collective kernels (much of them waiting on
-other ranks) the rest (data/measurements/profiles/). No analytic term prices
-that, so it is measured here, on the block alone, and
+host-bound (see the committed profiles, data/measurements/profiles/). No
+analytic term prices that, so it is measured here, on the block alone, and
 `trainplan.calibrate.tp` turns it into `tp_block_scales`.
 
 The block is the harness's own (`BlockNet`, one `TransformerBlock`),
@@ -27,8 +25,7 @@ init checks, the root's pre-forward hooks and stream syncs, the post-backward
 final callback that waits for the last reduce-scatter) and DTensor's hooks on
 the net's input and output run once per call, so once per block here but once
 per step in the 24-block model. Timed alone, one block carries all of that
-(the tp+fsdp2 block on 4 x H100 came out far too slow: TP 2 x FSDP 2 was
-over-predicted by 43%). So the same layout is timed with one block and with
+and comes out too slow. So the same layout is timed with one block and with
 two blocks in sequence (same wrappers, warm-up, iterations and repeats) and
 the per-block time is the difference, two_blocks_s - one_block_s; what does
 not repeat per block is `root_s` = one_block_s - time_s. Were the difference

@@ -4,7 +4,7 @@
         --profile-out prof.json [--impl trainplan|hf-baseline] [--sdpa cudnn] \
         [--active 3] [train.py flags]
 
-Issue 3: "profile before optimising". The run is train.py's own (its loop,
+Profile before optimising. The run is train.py's own (its loop,
 data, loss, optimizer and layout: nothing copied); this entry only counts
 `step.train_step` calls to drive the profiler's schedule (skip the warm-up
 steps, record `--active` steps) and, on rank 0, writes a JSON file with GPU

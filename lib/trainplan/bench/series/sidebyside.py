@@ -1,11 +1,11 @@
 """Side by side: trainplan's layouts against the Hugging Face baseline from one suite run.
 
-Issue 3 wants the speed-up as a ratio measured in the same run, not against
-figures from another day. From the per-launch summaries of a suite run
-(`suite.run_suite`'s rows) this pools each config's launches (total tokens
-over total time of all kept steps, DESIGN.md, with a bootstrap 95% interval
-over the steps, `stats.rate_ci`) and reports, at the GPU count of the
-baseline configs:
+The speed-up is a ratio measured in the same run, not against figures from
+another day. From the per-launch summaries of a suite run (`suite.run_suite`'s
+rows) this pools each config's launches (total tokens over total time of all
+kept steps, docs/measurement.md "Timing", with a bootstrap 95% interval over
+the steps, `stats.rate_ci`) and reports, at the GPU count of the baseline
+configs:
 
 - the best trainplan config against the best baseline config (bar: >= 1.05,
   goal 1.15), and whether their intervals overlap (then neither is better);
@@ -82,7 +82,7 @@ def compare(configs: list[dict], rows: list) -> dict:
 
 
 def format_comparison(out: dict) -> str:
-    """Two lines: the ratios issue 3 sets bars for, or why one is missing."""
+    """Two lines: the side-by-side ratios against their bars, or why one is missing."""
     if out["speedup_vs_best_baseline"] is None:
         return "side by side: no trainplan and baseline configs measured at the same GPU count"
     lines = [f"on {out['gpus']} GPUs: best trainplan {out['best_trainplan']} / best baseline "

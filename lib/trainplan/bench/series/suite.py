@@ -4,8 +4,8 @@
 1. Predictions: for every config of the suite, the planner prices exactly that
    layout (`trainplan.plan.planner.plan`, every dimension pinned: the `trainplan plan`
    code path) and a prediction record is appended to DIR/predictions.jsonl,
-   stamped before any measurement of the series starts (DESIGN.md, "Honest
-   measurement").
+   stamped before any measurement of the series starts (docs/measurement.md,
+   "Predictions first").
 2. Measurements: each config is launched `--launches` times, each a fresh
    `torchrun` of `trainplan.bench.harness.train` appending a measurement record to
    DIR/measurements.jsonl; configs run in the suite's order, all launches of
@@ -188,9 +188,8 @@ FIRST_LAUNCH_GUESS_S = 40.0  # before any launch has been timed (H200 x 2: 23-42
 def time_needed(took: list[float], launches_left: int) -> float:
     """Seconds `launches_left` more launches of a config should take, from the launches timed
     so far: the slowest once and the median for the rest (FIRST_LAUNCH_GUESS_S each before
-    any). One slow launch (a config's first compiles and warms its loader; on 4 x H100 a PP 4
-    first launch took 71 s against a 36 s median) no longer counts for every launch: pricing
-    all three at the slowest stopped a validate call with 180 s left, room for a config."""
+    any). A config's first launch compiles and warms its loader and can take about twice
+    the median, so the slowest launch is counted once, not for every launch left."""
     if not took:
         return FIRST_LAUNCH_GUESS_S * launches_left
     return max(took) + statistics.median(took) * (launches_left - 1)
@@ -280,8 +279,8 @@ def gpu_processes(csv_text: str) -> list[tuple[int, int]]:
 
 def check_gpus_idle() -> None:
     """Refuse to measure on GPUs that other processes are using: their kernels would be timed
-    with ours. (A launch left running by an earlier kill spun 4 H200s at 100%.) No
-    nvidia-smi, no check."""
+    with ours (a launch left running by a killed one, for instance). No nvidia-smi, no
+    check."""
     try:
         text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
                                "--format=csv,noheader,nounits"], capture_output=True, text=True,

@@ -82,8 +82,8 @@ def lost_work_distribution(sims: dict, plans: dict) -> plt.Figure:
 # ---------------------------------------------------------------- GPU checkpoint benchmark
 
 MODE_COLOURS = {"sync": "#c44e52", "async": "#4c72b0", "raw": "#8c8c8c"}
-ASYNC_STALL_TARGET_S = 1.0  # issue 5: asynchronous stall at most 1 s
-PERSIST_TARGET = 0.8  # issue 5: persist at least 80% of the disk's raw write bandwidth
+ASYNC_STALL_TARGET_S = 1.0  # checkpoint target: asynchronous stall at most 1 s
+PERSIST_TARGET = 0.8  # checkpoint target: persist at least 80% of the disk's raw write bandwidth
 
 
 def checkpoint_records(paths) -> list[dict]:
@@ -130,7 +130,7 @@ def checkpoint_cards(recs: list[dict]) -> str:
 
 @dataclass(frozen=True)
 class TargetCheck:
-    """One target of issue 5 against one launch's measured figure."""
+    """One checkpoint target against one launch's measured figure."""
 
     what: str  # the measured quantity
     target: str  # the target, in words
@@ -139,7 +139,7 @@ class TargetCheck:
 
 
 def checkpoint_targets(r: dict) -> list[TargetCheck]:
-    """Issue 5's targets for one launch: the asynchronous stall against its 1 s target, then
+    """The checkpoint targets for one launch: the asynchronous stall against its 1 s target, then
     the asynchronous and the synchronous persist throughput against 80% of the raw write
     bandwidth of the same disk, measured in the same launch."""
     s = r["summary"]
