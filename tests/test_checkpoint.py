@@ -24,7 +24,8 @@ def test_checkpoint_bytes_is_12_or_14_per_param():
 
 
 def test_13b_checkpoint_matches_facts():
-    """FACTS.md: 13B is 156-182 GB, about 40-46 GB per node on 4 nodes."""
+    """Mixed-precision Adam (Rajbhandari et al. 2020):
+    13B is 156-182 GB, about 40-46 GB per node on 4 nodes."""
     n = total_params(load_model("llama-13b"))
     assert n == N13
     assert ck.checkpoint_bytes(n) / ck.GB == pytest.approx(156.2, abs=0.1)
@@ -64,7 +65,7 @@ def test_young_by_hand():
 @pytest.mark.parametrize(("mtbf_min", "published_min", "tol"), [
     (24 * 60, 117, 0.5), (6 * 60, 57, 0.5), (15, 9.1, 0.05)])
 def test_daly_eq37_published_vectors(mtbf_min, published_min, tol):
-    """Daly 2006 (R = 10 min, delta = 5 min), FACTS.md."""
+    """Daly 2006 (R = 10 min, delta = 5 min)."""
     assert ck.daly_interval(5.0, mtbf_min) == pytest.approx(published_min, abs=tol)
 
 

@@ -1,4 +1,5 @@
-"""The command-line contract (DESIGN.md), through a real subprocess as a user runs it."""
+"""The command-line contract (README, "Command line"), through a real subprocess, as a user
+runs it."""
 
 from __future__ import annotations
 
@@ -324,7 +325,7 @@ def assert_clean_refusal(r, cwd, fragment):
     assert list(cwd.iterdir()) == []  # nothing written
 
 
-# the kinds of bad input the issue and DESIGN.md name run as real subprocesses; the rest run
+# the kinds of bad input the README names run as real subprocesses; the rest run
 # in-process through `cli.main` (same code path, milliseconds instead of a pandas import each)
 SUBPROCESS_CASES = {
     "unknown-model", "unknown-gpu", "unknown-cluster", "malformed-yaml", "yaml-is-a-list",

@@ -1,4 +1,4 @@
-"""`trainplan checkpoint`: the DESIGN.md contract, the done-when command, clean refusals."""
+"""`trainplan checkpoint`: the README contract, the 30-minute requirement, clean refusals."""
 
 from __future__ import annotations
 

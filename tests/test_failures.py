@@ -20,7 +20,8 @@ def _plan(mode="async", mtbf=2000.0, **kw):
 
 
 def test_published_node_mtbf():
-    """FACTS.md: Llama 3 about 264 node-days per failure, OPT-175B about 64."""
+    """Llama 3 (Dubey et al. 2024) about 264 node-days per failure, OPT-175B (Zhang et al. 2022)
+    about 64."""
     assert failures.llama3_node_mtbf_hours() / 24 == pytest.approx(264, abs=0.5)
     assert failures.opt175b_node_mtbf_hours() == 64 * 24
     both = failures.published_node_mtbf_hours()

@@ -1,4 +1,4 @@
-"""`trainplan suggest`: the DESIGN.md command answers with config and reasons; bad input exits 2."""
+"""`trainplan suggest`: the command answers with config and reasons; bad input exits 2."""
 
 from __future__ import annotations
 
