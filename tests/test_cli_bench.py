@@ -110,7 +110,7 @@ def test_tiny_cpu_run_through_the_verb(tiny, tmp_path):
 
 def test_suite_prints_the_table_and_the_ratios(tmp_path, capsys, monkeypatch):
     """The suite runner mocked: the verb's job is the plumbing and the side-by-side figures."""
-    from trainplan.bench.series import suite
+    from trainplan.bench.series import run as series_run
 
     def launch(seconds):
         return {"tokens_per_step": 32768, "ranks": 2, "step_times_s": [seconds] * 10,
@@ -123,7 +123,7 @@ def test_suite_prints_the_table_and_the_ratios(tmp_path, capsys, monkeypatch):
         times = {"hf-z2-mb12-c": 0.4, "tp-z2-mb16-c": 0.25, "hf-z3-mb8": 0.4}
         return [(tag, pred, [launch(times[tag])] * launches) for tag in only]
 
-    monkeypatch.setattr(suite, "run_suite", fake_run)
+    monkeypatch.setattr(series_run, "run_suite", fake_run)
     tags = ["hf-z2-mb12-c", "tp-z2-mb16-c", "hf-z3-mb8"]
     assert cli.main(["bench", "--suite", SUITE, "--out", str(tmp_path), "--only", *tags,
                      "--json"]) == 0

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from trainplan.bench.micro import run as micro
+from trainplan.bench.micro import timing
 from trainplan.bench.micro import tp as micro_tp
 from trainplan.calibrate import tp as calibrate_tp
 from trainplan.calibrate.store import load_gpu
@@ -36,8 +37,8 @@ def test_bad_tp_modes_give_one_line_and_exit_2(tmp_path, capsys):
 
 def test_per_block_is_two_blocks_minus_one_with_a_fallback():
     one, two = [3.0, 3.2, 2.9, 3.1, 3.0, 3.4], [4.0, 4.1, 4.0, 4.3, 3.9, 4.2]
-    got = micro_tp.per_block(one, two, tokens=128)
-    assert got["per_block_from"] == micro_tp.FROM_DIFFERENCE
+    got = timing.per_block(one, two, tokens=128)
+    assert got["per_block_from"] == timing.FROM_DIFFERENCE
     assert got["one_block_s"] == pytest.approx(3.05) and got["two_blocks_s"] == pytest.approx(4.05)
     assert got["time_s"] == pytest.approx(1.0) and got["root_s"] == pytest.approx(2.05)
     assert got["times_s"] == pytest.approx([1.0, 0.9, 1.1, 1.2, 0.9, 0.8])
@@ -45,11 +46,11 @@ def test_per_block_is_two_blocks_minus_one_with_a_fallback():
     assert low < got["time_s"] < high and low == pytest.approx(3.9 - 3.4)  # min(two) - max(one)
     assert got["tokens_per_s"] == pytest.approx(128.0)
     assert got["one_block_times_s"] == one and got["two_blocks_times_s"] == two
-    noisy = micro_tp.per_block(one, [2.9, 3.0, 3.1, 3.0, 2.8, 3.0], tokens=128)
-    assert noisy["per_block_from"] == micro_tp.FROM_ONE_BLOCK
+    noisy = timing.per_block(one, [2.9, 3.0, 3.1, 3.0, 2.8, 3.0], tokens=128)
+    assert noisy["per_block_from"] == timing.FROM_ONE_BLOCK
     assert noisy["time_s"] == noisy["one_block_s"] == pytest.approx(3.05)
     assert noisy["root_s"] == 0.0 and noisy["times_s"] == one
-    wide = micro_tp.per_block([1.0] * 5 + [3.0], [1.5] * 6, tokens=10)  # interval reaches 0
+    wide = timing.per_block([1.0] * 5 + [3.0], [1.5] * 6, tokens=10)  # interval reaches 0
     assert wide["time_s"] == pytest.approx(0.5) and wide["tokens_per_s_ci"][1] is None
 
 
@@ -74,7 +75,7 @@ def test_four_rank_tp_blocks_record_and_calibrate(tmp_path):
         assert len(r["results"]["times_s"]) == 6
         res = r["results"]
         assert c["blocks"] == [1, 2] and res["one_block_s"] > 0 and res["two_blocks_s"] > 0
-        assert res["per_block_from"] in (micro_tp.FROM_DIFFERENCE, micro_tp.FROM_ONE_BLOCK)
+        assert res["per_block_from"] in (timing.FROM_DIFFERENCE, timing.FROM_ONE_BLOCK)
         assert res["per_block_from"] in ("two blocks - one block",
                                          "one block (difference not positive)")
         assert res["root_s"] == pytest.approx(res["one_block_s"] - res["time_s"])
