@@ -1,5 +1,5 @@
 """No number is typed into a notebook's code: every number on a page comes from the library
-or a committed record (markdown is checked by tests/test_book.py, which allows digits only
+or a committed record (markdown is checked by tests/runbook/test_book.py, which allows digits only
 inside roles, code spans and labels).
 
 A code cell may hold numbers only from a short allow-list: indexes and counts (0, 1, 2),

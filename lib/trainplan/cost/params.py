@@ -4,7 +4,7 @@ Formulas for a Llama-style decoder: embeddings V h (twice if untied), per layer
 attention h (h + 2 h_kv) + h h, SwiGLU MLP 3 h f (GELU MLP 2 h f), two norms 2 h
 (LayerNorm 4 h with its biases), final norm.
 Checked against the published counts of Llama 2 7B/13B/70B, Mixtral 8x7B and
-GPT-2 XL in tests/test_params.py.
+GPT-2 XL in tests/cost/test_params.py.
 
 Functions taking a layout accept numpy arrays for the degrees (tp, pp, ep)
 so that the search evaluates thousands of layouts at once.

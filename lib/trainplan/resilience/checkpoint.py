@@ -138,7 +138,7 @@ def daly_interval(delta: float, mtbf: float) -> float:
     for delta < 2M, else tau = M. J. T. Daly, "A higher order estimate of the
     optimum checkpoint interval for restart dumps", FGCS 22(3), 2006. Published
     vectors (R = 10 min, delta = 5 min): M = 24 h -> 117 min, 6 h -> 57 min,
-    15 min -> 9.1 min (tests/test_checkpoint.py).
+    15 min -> 9.1 min (tests/resilience/test_checkpoint.py).
     """
     if delta >= 2.0 * mtbf:
         return mtbf
@@ -179,7 +179,7 @@ def ettr(interval: float, stall: float, persist: float, restart: float, mtbf: fl
     under way began, so it holds one stall fewer than its share: useful time
     M - (L - R) + delta, of which 1 - delta / I trains. The simulation
     (`failures.simulate`) agrees within its standard error while M >> I
-    (tests/test_failures.py). Llama 3 reports above 0.90 (Dubey et al. 2024, sec. 3.3.4).
+    (tests/resilience/test_failures.py). Llama 3 reports above 0.90 (Dubey et al. 2024, sec. 3.3.4).
     """
     lost_running = expected_lost(interval, persist, restart) - restart
     return (1.0 - stall / interval) * (mtbf - lost_running + stall) / (mtbf + restart)

@@ -8,7 +8,7 @@ test, the scenario in plain words, the guarantee it checks, its pytest node
 id, outcome and duration, with the date, commit and versions of the run. The
 words live in SCENARIOS below, next to nothing else, so that a new test under
 tests/faults/ without its words shows up as `described: false` (and fails
-tests/test_fault_matrix.py). Exit 0 when every test passed, 1 when one did
+tests/resilience/test_fault_matrix.py). Exit 0 when every test passed, 1 when one did
 not (the table is written either way), 2 for bad flags.
 """
 

@@ -24,7 +24,7 @@ A knob has "no measurable effect" when every level's interval contains 0
 knobs are ranked by the largest effect whose interval excludes 0, then by
 importance: PED-ANOVA asks what distinguishes the top few trials, and with a
 few dozen noisy trials it can rank a knob with no effect first (seen on a
-simulated study in tests/test_tune.py), so it is reported beside the
+simulated study in tests/tune/test_tune.py), so it is reported beside the
 effects, not instead of them. Integer knobs are grouped into the levels of
 `knobs.BINS`.
 """

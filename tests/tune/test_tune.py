@@ -30,7 +30,7 @@ from trainplan.tune import study as tune
 from trainplan.tune import trial as tune_launch
 from trainplan.tune.trial import HEARTBEAT_S
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = {"n_layers": 2, "hidden": 32, "n_heads": 2, "n_kv_heads": 2, "ffn": 64, "vocab": 256}
 SPACE = {"micro_batch": [1, 2], "grad_accum": [1, 2], "recompute": ["none", "full"],
          "compile": [False]}

@@ -10,7 +10,7 @@ import pytest
 
 from trainplan.resilience import fault_matrix as fm
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 XML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.faults.test_storage"
   name="test_corruption_is_detected_reported_in_one_line_and_the_previous_is_chosen[flipped byte]"

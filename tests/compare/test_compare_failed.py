@@ -13,7 +13,7 @@ from trainplan.compare import failed as compare_failed
 from trainplan.errors import RecordError
 from trainplan.records import schema as records
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAILED = ROOT / "data/measurements/proxy-h100x2-20261126-failed.jsonl"
 PRED = ROOT / "data/measurements/proxy-h100x2-20261126-predictions.jsonl"
 OOM = ("out of memory (rc=1): torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "

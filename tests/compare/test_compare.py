@@ -14,7 +14,7 @@ from trainplan.compare import matching
 from trainplan.compare import views as compare_views
 from trainplan.specs import SLICE
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRED = ROOT / "data/measurements/proxy-h200x2-20261126-predictions.jsonl"
 MEAS = ROOT / "data/measurements/proxy-h200x2-20261126-measurements.jsonl"
 ROW_KEYS = {"config", "predicted_step_time_s", "measured_step_time_s", "measured_step_time_ci",

@@ -15,7 +15,7 @@ from trainplan.cost.step_time import evaluate
 from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import Layouts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 M = load_model("llama-1.3b")
 
 

@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-from tests.test_calibrate_host import assert_wait_as_before
 
 from trainplan.calibrate import fit as calibrate
 from trainplan.calibrate import host as calibrate_host
@@ -18,6 +17,8 @@ from trainplan.cost.step_time import evaluate
 from trainplan.errors import SpecError
 from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import Layouts
+
+from .test_calibrate_host import assert_wait_as_before
 
 M = load_model("llama-1.3b")  # 24 layers
 

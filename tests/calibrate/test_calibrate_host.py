@@ -214,7 +214,7 @@ def test_host_step_s_is_the_median_step_less_its_blocks_clamped_at_0():
     steps = [_step(0.09), _step(0.10), _step(0.12),  # plain: 0.018, 0.028, 0.048 over blocks
              _step(0.10, wrapper="fsdp2"),  # below 24 x 0.005 = 0.12: clamped at 0
              _step(0.5, wrapper="tp", tp=2)]  # no tp2 block timed: nothing to subtract
-    # one depth each (two: tests/test_host_step_depth.py): all of it once a step
+    # one depth each (two: tests/calibrate/test_host_step_depth.py): all of it once a step
     got = calibrate_host.host_scales(blocks + steps)
     assert got["host_block_s"] == [["fsdp2", 0.005], ["plain", 0.003]]
     assert got["host_step_s"] == [["fsdp2", 0.0], ["plain", pytest.approx(0.028)]]

@@ -8,12 +8,13 @@ import math
 import pytest
 
 from conftest import ROOT, trainplan_cli
-from test_tune import fake_study
 from trainplan import cli
 from trainplan.cost import params
 from trainplan.specs import load_model
 from trainplan.tune import report as tune_report
 from trainplan.tune import suggest
+
+from .test_tune import fake_study
 
 DESIGN = ["suggest", "--model-size", "7B", "--gpus", "16", "--dataset-tokens", "2e9"]
 

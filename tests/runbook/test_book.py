@@ -26,7 +26,7 @@ from trainplan.runbook.build import (
 from trainplan.runbook.pages import DEFAULT_SCENARIO, ParameterError, resolve_inputs
 from trainplan.specs import Scenario, preset_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = notebook_paths(ROOT / "notebooks")
 EXPECTED_PARAMETERS = ["scenario", "model", "gpu", "cluster", "gpus", "gpus_per_node", "seq_len",
                        "global_batch_tokens", "token_budget"]
