@@ -71,7 +71,7 @@ def test_out_of_memory_where_fits_was_predicted_on_the_headline_host_misses_the_
     """A compared config predicted exactly meets the targets; an out-of-memory launch on the
     same host of a config predicted to fit turns that, one predicted not to fit does not."""
     fail, pred = committed_pair()
-    from tests.test_compare import tp2_records
+    from .test_compare import tp2_records
     tp2, meas = tp2_records()  # a config compared on 2 x H200
     tp2["predicted"]["step_time_s"] = records.combine_launches(meas)["step_time_s"]
     tp2["predicted"]["memory_gib"]["total"] = max(m["peak_mem_reserved_gib"] for m in meas)
