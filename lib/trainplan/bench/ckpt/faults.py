@@ -1,47 +1,12 @@
 """What happens to a run from outside: injected faults and preemption signals.
 
-Injected faults prove the checkpointing guarantees (tests/faults/). They are
-read from one place, the environment variable TRAINPLAN_FAULT, once per
-process, so a production run without it takes none of these paths. A spec is
-one or more clauses separated by ';':
-
-    ACTION@POINT[:KEY:VALUE]...
-
-    kill@step:7:rank:1             SIGKILL rank 1 as step 7 begins
-    kill@save:writing:step:6       SIGKILL during the save of step 6, after the
-                                   shards are written, before DCP's .metadata
-    hang@step:8:rank:1             rank 1 stops in a sleep (until SIGTERM)
-    oserror@save:writing:step:6    the writer raises ENOSPC (works with async)
-    full@save:staging:step:6       RLIMIT_FSIZE = 0 for that save: the kernel
-                                   refuses the shard writes (EFBIG), a real
-                                   "disk full" even as root
-    term@step:8:rank:0             SIGTERM to the torchrun agent (preemption:
-                                   the agent forwards it to every worker)
-    usr1@step:4:rank:1             SIGUSR1 to this rank (Slurm's warning)
-    sleep@step:*:s:0.4:restart:*   every step takes 0.4 s longer (a soak
-                                   needs steps long enough to be killed in)
-    kill@random:mtbf:10:seed:7:max:3
-                                   one SIGKILL per attempt after an
-                                   exponential delay (mean 10 s from the first
-                                   step), on a rank drawn from the seed; at
-                                   most 3 attempts are killed
-
-POINTs: `step` (start of a step) and the save phases `save:staging` (directory
-made, per-rank state written, DCP not started), `save:writing` (this rank's
-shards written, no .metadata yet), `save:metadata` (DCP finished, manifest
-not written), `save:manifest` (manifest written to its temporary name, not
-renamed), `save:committed` (manifest renamed, older checkpoints not pruned).
-KEYs: `step` (N or *), `rank` (R or *; default *), `restart` (the torchrun
-attempt, TORCHELASTIC_RESTART_COUNT; default 0, so a restarted group does not
-fault again), `s` (sleep seconds), `mtbf`, `seed`, `max` (random kills).
-
-TRAINPLAN_DIGEST (also read here): a hash of the whole model and optimizer
-state is logged after a resume, at the end of the run, and after each step
-listed ("6,12"); tests compare it with an uninterrupted run's.
-
-Preemption: `Signals` turns SIGTERM (preemption; torchrun forwards it) and
-SIGUSR1 (Slurm's `--signal=USR1@T` warning) into a flag that the training loop
-reads between steps, so the emergency checkpoint is taken at a step boundary
+Injected faults prove the checkpointing guarantees (tests/faults/). They are read from one
+place, $TRAINPLAN_FAULT, once per process, so a run without it takes none of these paths;
+its grammar (ACTION@POINT[:KEY:VALUE]..., e.g. `kill@save:writing:step:6`) is in
+bench/README.md, "Injected faults". $TRAINPLAN_DIGEST lists steps after which a hash of
+the whole model and optimizer state is logged, for tests to compare with an uninterrupted
+run. `Signals` turns SIGTERM (preemption) and SIGUSR1 (Slurm's warning) into a flag the
+training loop reads between steps, so the emergency checkpoint is taken at a step boundary
 where every rank agrees, not inside a collective.
 """
 

@@ -1,42 +1,13 @@
 """Distributed checkpoints of the proxy run: save, verify, keep the last k, resume.
 
-(Saving and committing are in `ckpt_save.py`, DCP plumbing in `dcp_io.py`,
-files and hashes in `manifest.py`; injected faults and preemption signals in
-`faults.py`.)
-
-On disk, one directory per step, shared by every rank:
-
-    DIR/step-000012/
-        __0_0.distcp ...        DCP shards: model and optimizer state, one file per rank
-        .metadata               DCP's index (a pickle: read only after its checksum matched)
-        rank-00000.json         that rank's RNG states (torch, CUDA, numpy, python) and
-                                data position (steps consumed)
-        rank-00000.files.json   sha256 and size of the shards that rank wrote
-        manifest.json           written last: step, world size, every file's sha256 and size
-    DIR/events.jsonl            one JSON line per save, failure, resume, fault and digest
-
-Why a manifest on top of DCP: DCP writes .metadata last, so its absence marks
-an unfinished save, but it has no content checksums (PyTorch DCP documentation), so a
-truncated or bit-flipped shard would load silently or fail deep inside a
-collective. The manifest is the commit record: written to a temporary name,
-fsynced, renamed, directory fsynced, only after every rank's shards and DCP's
-.metadata are on disk. A directory without it is incomplete and ignored.
-Each rank hashes its own shards (in the writer, on the background thread
-when saving asynchronously), so hashing scales with the ranks; rank 0 only
-hashes the small files and gathers the rest.
-
-Resume: rank 0 verifies the newest checkpoint (manifest present, every
-file's size and sha256 match), falls back to the one before, and so on, and
-says which it took and why in one line; every rank then loads it with
-`dcp.load`, which reshards to the current layout and world size.
-`get_state_dict`/`set_state_dict` translate between DDP, FSDP2, TP and a
-plain module, so FQNs are the plain model's in every layout. Only tensors
-are stored in DCP (optimizer hyper-parameters come from the command line and
-are recorded in the manifest), and the loader refuses any non-tensor entry,
-so nothing is unpickled beyond DCP's own verified index.
-
-Retention keeps the last k >= 2 complete checkpoints: with k = 1 the only good
-checkpoint would be deleted before its successor is known to be good.
+One directory per step (DCP shards, per-rank RNG and data position, per-rank file hashes)
+committed by `manifest.json`, written last: DCP has no content checksums (PyTorch DCP
+documentation), so the manifest (every file's sha256 and size, renamed into place after
+every rank's shards and DCP's .metadata are on disk) is the commit record, and a directory
+without it is ignored. Resume takes the newest checkpoint that verifies, says in one line
+which and why, and `dcp.load` reshards it to the current layout; only tensors are stored,
+so nothing is unpickled beyond DCP's verified index. Retention keeps the last k >= 2
+complete checkpoints. The layout on disk is in bench/README.md, "Checkpoints on disk".
 """
 
 from __future__ import annotations

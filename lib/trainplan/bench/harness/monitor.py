@@ -1,46 +1,13 @@
 """Per-step monitoring of the proxy run: what the operations page (runbook page 6) reads.
 
-With `--metrics PATH`, rank 0 appends one JSON line per step to PATH:
-
-    {"step": 12, "t": 1764130000.1, "warmup": false, "step_time_s": 0.41,
-     "step_s": [0.41, 0.12], "host_s": [0.01, 0.30], "tokens_per_s_per_gpu": 312.0,
-     "mfu": null, "mem_allocated_gib": null, "mem_reserved_gib": null, "stragglers": [1]}
-
-and, when throughput drops, an alert line (also one line on rank 0's stderr):
-
-    {"alert": "throughput", "step": 14, "t": ..., "tokens_per_s_per_gpu": 250.0,
-     "threshold": 400.0, "window": 5}
-
-One file, written by rank 0: every rank's numbers reach it through one
-all_gather of four floats per step, so an operator tails one file per job
-instead of one per GPU, and a rank that has died shows as a step that never
-comes. The gather is only made when --metrics or an alert threshold is set.
-
-Step time and rates follow train.py's summary: a step ends when its slowest
-rank does (`step_time_s` is the max over ranks), tokens/s/GPU is the step's
-tokens over that time over the world size, MFU is that rate times
-`trainplan.cost.compute.model_flops_per_token` over the card's bf16 peak (None on
-CPU). Memory is the current allocation and reservation (GiB) per rank; None
-on CPU.
-
-Stragglers. In a synchronous step every rank waits in the gradient
-collective for the slowest, so each rank's timed step ends at the same
-moment, and the late rank's timer, started late, reads the *shortest*. The
-time a rank spends between steps (`host_s`: data, hooks, a slow host) and
-its timed step (`step_s`) separate the two: a rank's own time is estimated
-as `host_s + min(step_s)` (what it would have taken had nobody waited for
-it), and a rank whose own time, as the median over the last
-`--straggler-window` measured steps, exceeds the median over ranks by more
-than `--straggler-tolerance` is listed. Slowness inside the compute before
-the first collective (a throttled GPU) is hidden in the others' wait and not
-attributed to a rank here; it shows as a throughput alert.
-
-Alerts. Once `--alert-window` measured steps are in (the first `--warmup`
-steps of this process, compile and allocator warm-up, are never alerted on),
-the rate over the last window is compared with `--alert-tokens-per-s-per-gpu`;
-an alert is written when it falls below and again only after it has
-recovered, so a slow hour is one line, not thousands. `trainplan launch`
-takes the threshold from the plan (`trainplan.launch.artefacts.watch`).
+With `--metrics PATH`, rank 0 appends one JSON line per step (format: bench/README.md,
+"Per-step metrics"), every rank's numbers gathered in one all_gather of four floats, so an
+operator tails one file per job. Step time is the slowest rank's; tokens/s/GPU and MFU
+follow train.py's summary. Stragglers: a rank's own time is `host_s + min(step_s)` (the
+others wait for it in the gradient collective), and one whose median over the last
+`--straggler-window` steps exceeds the median over ranks by `--straggler-tolerance` is
+listed. Alerts: after `--alert-window` measured steps, a rate below
+`--alert-tokens-per-s-per-gpu` writes one alert line, and again only after it recovered.
 """
 
 from __future__ import annotations

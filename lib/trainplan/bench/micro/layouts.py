@@ -1,35 +1,13 @@
 """Microbenchmarks of a compiled block under a data-parallel wrapper (DDP, FSDP2); variant lists.
 
-- ddp block: one block, compiled per block as the harness does, wrapped in
-  `DistributedDataParallel` on every rank of the world, forward + backward
-  at (micro-batch, seq) in the precision DDP runs use (fp32 weights under
-  autocast, `micro_model.PRECISIONS`), with Dynamo's DDPOptimizer
-  (`torch._dynamo.config.optimize_ddp`) on or off. On, Dynamo splits the
-  compiled graph at DDP's bucket boundaries so each bucket's all-reduce can
-  start during backward; off, the compiled backward runs whole and every
-  all-reduce comes after it. Recorded as bench "block" with config
-  `wrapper: "ddp"`: time per call (the slowest rank's), the activation bytes
-  kept after the forward, the peak bytes above the start of the step
-  (`torch.cuda.max_memory_allocated` delta; gradients already allocated by
-  the warm-up calls), and an all-reduce of all the block's gradient bytes
-  alone on the same ranks, the collective time the exposure is measured
-  against.
-- fsdp block: the same block, compiled per block, wrapped as the harness wraps
-  FSDP2 layouts (`parallelize.apply_fsdp`: `fully_shard` on the block, then
-  on its holder as the root, on a 1-D mesh of every rank, its bf16
-  `MixedPrecisionPolicy`, reshard after forward for ZeRO-3 only), timed
-  forward + backward; beside it, on the same ranks and in the same process,
-  the block alone in the dtype FSDP2 computes in (bf16 weights, "pure") and
-  the all-gather (bf16) and reduce-scatter (fp32) of the block's parameter
-  bytes alone. Recorded as bench "block" with `wrapper: "fsdp2"` and `zero`.
-  Gradients are set to None before every call, wrapped or not, as a step
-  of one micro-batch finds them: no accumulating add is timed.
-- the parsing of the variant lists of `micro.py`'s command line: block modes
-  (compiled|eager:recompute[:precision]), head modes, DDPOptimizer modes, FSDP2
-  ZeRO stages, and
-  the extra GEMM shapes (`--matmul-tp`, `--matmul-tokens`) at which the
-  matmul efficiency is measured beside the model's own (the tp shards and the
-  pipeline's smaller micro-batches run GEMMs of other sizes).
+- ddp block: one compiled block in `DistributedDataParallel` on every rank (fp32 weights
+  under autocast), Dynamo's DDPOptimizer on or off, beside an all-reduce of the block's
+  gradient bytes alone: time per call (slowest rank), activation bytes kept, peak bytes.
+- fsdp block: the same block wrapped as `parallelize.apply_fsdp` wraps it (ZeRO-2 or 3),
+  beside the block alone in bf16 and the all-gather and reduce-scatter of its bytes alone.
+- the parsing of `micro.run`'s variant lists (block, head, DDPOptimizer and FSDP2 modes)
+  and the extra GEMM shapes (`--matmul-tp`, `--matmul-tokens`).
+Gradients are set to None before every call: no accumulating add is timed.
 """
 
 from __future__ import annotations

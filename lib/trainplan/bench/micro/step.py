@@ -1,36 +1,13 @@
 """The host bench's tasks, and its whole-step bench: the host's work outside the blocks.
 
-`bench.micro --benches host` times one block at micro-batch 1 and `HOST_SEQ` tokens,
-where a fwd + bwd is the host's issue time (`host_block_s`, `trainplan.calibrate.host`).
-A step issues more than its blocks, once: the embedding, the compiled head and loss,
-`clip_grad_norm_` and fused AdamW's `step()` and `zero_grad()` over (DTensor) parameters,
-FSDP2's root hooks, the data feed. None of that is timed per block, and on host-bound
-layouts it shows as a step slower than the block floor.
-
-`--benches host-step` (run after `host` in the same launch, records marked top-level
-`"purpose": "host-step"`) times the whole thing: the WHOLE proxy model (all its layers,
-`--model`), built as the harness builds it (`Transformer.from_spec`, on the meta device
-and materialised after wrapping where parameters are sharded on GPU), wrapped by
-`bench.parallelize`'s own steps in its order (tensor parallel with sequence parallel,
-compile per block, FSDP2 per block then root), the harness's optimizer (AdamW, fused on
-GPU), compiled loss (`step.loss_function`), synthetic feed (`bench.feed`) and step
-(`bench.step.train_step`, gradient clipping included), at micro-batch 1 and --host-seq
-tokens, at two depths: the model's full depth and its first --host-step-layers blocks (4;
-`config["layers"]` says which), so that `calibrate_host` can split the host's work outside
-the blocks into a constant and a part per layer (the optimizer, clipping and zero_grad run
-per parameter tensor, so per layer). The wrappers are the host bench's: "plain" (rank 0's own
-model, no wrapper),
-"fsdp2" (ZeRO-2 on every rank) and each runnable tp mode, alone or with FSDP2 on the
-other mesh dimension. Not `parallelize()` itself: it insists the layout spans every
-rank, and the host bench runs TP alone on a (world / tp, tp) mesh, each tp group its
-own model (as `bench.micro_tp` does), and the plain model on rank 0 alone.
-
-Timing (as train.py times a step): after `warmup` steps (the first compiles), each of
-`repeats` steps starts from a synchronised device; `time_s` is the host's time to issue
-it (until `train_step` returns), `wall_s` the step to the next synchronise. They differ
-by the device work the host does not wait for: the optimizer's update of every parameter
-(milliseconds at 1.3B, priced apart by the planner as `optimizer_s`) and the last
-collectives. The slowest rank's time per step (element-wise max over the ranks).
+`--benches host` times one block at micro-batch 1 and `HOST_SEQ` tokens, where forward +
+backward is the host's issue time (`host_block_s`). `--benches host-step` times the whole
+proxy step built as the harness builds it (wrappers, fused AdamW, compiled loss, clipping,
+synthetic feed) at micro-batch 1, at the full depth and at its first --host-step-layers
+blocks, per wrapper ("plain" on rank 0, "fsdp2", each runnable tp mode), so that
+`trainplan.calibrate.host` splits the host's work outside the blocks into a constant and a
+part per layer. `time_s` is the host's time to issue a step (the slowest rank's),
+`wall_s` the step to the next synchronise.
 """
 
 from __future__ import annotations
