@@ -75,19 +75,49 @@ def test_the_planner_slows_tp_layouts_by_their_scale_and_no_other():
 def test_a_host_bound_tp_block_sets_no_scale_and_its_wrapper_takes_the_others():
     gpu = _gpu()
     recs = [_tp_record(gpu, 1.1, tp=2), _tp_record(gpu, 2.7, tp=2, fsdp=True)]
-    t_compute, rest = calibrate_tp.priced(M, gpu, recs[1]["config"])
-    host = [["tp2", 1e-4], ["tp2+fsdp2", 1.01 * (t_compute + rest)]]
+    t_hybrid = recs[1]["results"]["time_s"]
+    host = [["tp2", 1e-4], ["tp2+fsdp2", t_hybrid / 1.1]]  # measured within 1.25 x the host
     got = calibrate_tp.tp_scales(recs, gpu, lambda r: M, host)
-    assert got["tp_block_scales"] == [[2, 0, pytest.approx(1.1)]]
-    # a host time below the block's priced GPU time leaves the record in
-    host[1][1] = 0.99 * (t_compute + rest)
+    assert got["tp_block_scales"] == [[2, 0, pytest.approx(1.1, rel=1e-3)]]
+    # well above its host time (and k = 0, the plain maximum) the record is in, unchanged
+    host[1][1] = t_hybrid / 2.0
     got = calibrate_tp.tp_scales(recs, gpu, lambda r: M, host)
-    assert got["tp_block_scales"][1] == [2, 1, pytest.approx(2.7)]
+    assert got["tp_block_scales"][1] == [2, 1, pytest.approx(2.7, rel=1e-3)]
     # fit() measures the host first and hands it on: the same exclusion end to end
-    scales, _ = calibrate_pieces.fit({"block": recs + [_host_record(host[1][1] * 1.03)]}, gpu)
+    scales, _ = calibrate_pieces.fit({"block": recs + [_host_record(t_hybrid / 1.1)]}, gpu)
     assert [row[:2] for row in scales["tp_block_scales"]] == [[2, 0]]
     spec = calibrate_pieces.apply(gpu, scales)
-    assert overheads.tp_block_scale(spec, 2, True) == pytest.approx(1.1)
+    assert overheads.tp_block_scale(spec, 2, True) == pytest.approx(1.1, rel=1e-3)
+
+
+def test_the_host_share_is_taken_out_as_the_planner_puts_it_in():
+    """A block whose GPU time d and host time h combine as the planner combines them
+    (the smooth maximum of exponent k) gives back the scale of d, not of the sum."""
+    gpu = _gpu()
+    rec = _tp_record(gpu, 1.3, tp=2)
+    d = rec["results"]["time_s"]
+    for k, h in ((3.5, 0.6 * d), (2.0, 0.3 * d), (0.0, 0.7 * d)):
+        rec["results"]["time_s"] = float(overheads.interleaved(d, h, k))
+        got = calibrate_tp.tp_scales([rec], gpu, lambda r: M, [["tp2", h]], k)
+        assert got["tp_block_scales"] == [[2, 0, pytest.approx(1.3, rel=1e-6)]]
+    assert calibrate_tp.device_part(1.0, 0.9, 3.5) is None  # host-bound: no GPU time to read
+    assert calibrate_tp.device_part(1.0, 0.0, 3.5) == 1.0  # no host time measured
+
+
+def test_tp_scale_is_fitted_at_the_element_wise_scale_the_planner_prices_with():
+    """The plain blocks' element-wise scale is fitted first and the TP block is priced with
+    it, as `compute.microbatch_compute_time` prices it: the scale comes back unchanged."""
+    gpu = _gpu()
+    t = calibrate_pieces.block_terms(M, gpu, tokens=4096, seq=2048, recompute="none")
+    amp = {"config": {"model": M.name, "model_spec": dataclasses.asdict(M), "tokens": 4096,
+                      "seq": 2048, "micro_batch": 2, "compile": True, "recompute": "none",
+                      "precision": "autocast-fp32"},
+           "results": {"time_s": t["matmul"] + t["attention"] + 3.0 * t["elementwise"],
+                       "activation_bytes": 0}}
+    priced_at = dataclasses.replace(gpu, autocast_elementwise_scale=3.0)
+    scales, _ = calibrate_pieces.fit({"block": [amp, _tp_record(priced_at, 1.2, tp=2)]}, gpu)
+    assert scales["autocast_elementwise_scale"] == pytest.approx(3.0, rel=1e-3)
+    assert scales["tp_block_scales"] == [[2, 0, pytest.approx(1.2, rel=1e-3)]]
 
 
 def _host_record(seconds):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -158,6 +160,19 @@ def test_enumerate_bad_pp_virtual_names_the_flag(specs13):
     with pytest.raises(LayoutError, match="--pp-virtual 3"):
         enumerate_layouts(specs13[0], gpus=32, gpus_per_node=8, seq_len=4096,
                           global_batch_tokens=4 * 2**20, pins=dict(pp_virtual=3))
+
+
+def test_enumerate_any_virtual_count_dividing_the_stage_is_a_valid_pin(specs13):
+    """Megatron runs 96 layers as PP 8 x 3 virtual stages: not one of the searched (2, 4)."""
+    m = dataclasses.replace(specs13[0], n_layers=96)
+    L = enumerate_layouts(m, gpus=64, gpus_per_node=8, seq_len=4096,
+                          global_batch_tokens=4 * 2**20,
+                          pins=dict(pp=8, pp_virtual=3, pp_schedule="interleaved"))
+    assert len(L) > 0
+    assert np.all(L.pp_virtual == 3) and np.all(L.pp == 8)
+    with pytest.raises(LayoutError, match="--pp-virtual 5 is not valid"):
+        enumerate_layouts(m, gpus=64, gpus_per_node=8, seq_len=4096,
+                          global_batch_tokens=4 * 2**20, pins=dict(pp=8, pp_virtual=5))
 
 
 # ---------------------------------------------------------------- search and rank

@@ -207,11 +207,15 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     out.update(_ddp_scales(every, gpu))
     out.update(_fsdp_scales(every, gpu))
     out.update(calibrate_host.host_scales(host))
-    out.update(calibrate_tp.tp_scales(every, gpu, _spec, out.get("host_block_s")))
     now = apply(gpu, out)
-    out.update(calibrate_memory.fragmentation_scales(stacks, now, _spec))
     out.update(calibrate_host.overlap_k(host, lambda r: block_predicted_s(r, now),
                                         out.get("host_block_s")))
+    # priced at the element-wise and head scales and the host overlap just fitted, as the
+    # planner prices a TP block
+    out.update(calibrate_tp.tp_scales(every, now, _spec, out.get("host_block_s"),
+                                      out.get("host_overlap_k", 0.0)))
+    now = apply(gpu, out)
+    out.update(calibrate_memory.fragmentation_scales(stacks, now, _spec))
     if by_bench.get("optimizer"):
         per_param = 32.0 / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
         out["optimizer_scale"] = round(_median(

@@ -39,6 +39,7 @@ from trainplan.cost import comms, compute
 from trainplan.specs import SUITE_CLUSTER, GPUSpec, ModelSpec, load_cluster
 
 MIN_TP_SCALE = 0.5  # below this a residual is the comm model's error, not a faster block
+HOST_BOUND = 1.25  # a block measured below this x its host time is host-bound (no GPU scale)
 
 
 def priced(spec: ModelSpec, gpu: GPUSpec, config: dict) -> tuple[float, float]:
@@ -70,22 +71,44 @@ def priced(spec: ModelSpec, gpu: GPUSpec, config: dict) -> tuple[float, float]:
     return t_compute, float(rest)
 
 
-def tp_scales(blocks: list[dict], gpu: GPUSpec, spec_of, host_block_s=()) -> dict:
+def device_part(measured_s: float, host_s: float, k: float) -> float | None:
+    """Seconds of GPU work d inside a block measured at t = `measured_s` whose host issue
+    time is h = `host_s`: the inverse of `cost.measured.interleaved`, (t^k - h^k)^(1/k),
+    and t itself where k = 0 (the plain maximum) or nothing was measured for the host.
+    None where t < HOST_BOUND x h: near the host's time the inverse amplifies the noise
+    of t (its slope is (t/d)^(k-1)), and the block says little about the GPU."""
+    if host_s <= 0.0:
+        return measured_s
+    if measured_s < HOST_BOUND * host_s:
+        return None
+    if not k:
+        return measured_s
+    return float((measured_s ** k - host_s ** k) ** (1.0 / k))
+
+
+def tp_scales(blocks: list[dict], gpu: GPUSpec, spec_of, host_block_s=(), k: float = 0.0) -> dict:
     """{"tp_block_scales": [[tp, fsdp 0|1, s], ...]} (medians per degree and wrapper) from the
-    TP block records among `blocks` that are not host-bound against `host_block_s` (rows
-    [wrapper, s], `calibrate_host.host_scales`); {} where none is left.
-    `spec_of(record)` -> ModelSpec."""
+    TP block records among `blocks`; {} where none is left. `spec_of(record)` -> ModelSpec.
+
+    The planner prices a micro-batch as the smooth maximum of its GPU time and the host's
+    issue time (`cost.measured.interleaved`, exponent `k` = host_overlap_k), so the block's
+    GPU time is taken out of its measured time the same way (`device_part`) before the
+    priced terms are: s then holds GPU work only, and the host's share is not counted
+    twice. Host times are `host_block_s` (rows [wrapper, s], `calibrate_host.host_scales`);
+    host-bound records are left out."""
     host = {str(w): float(t) for w, t in host_block_s or ()}
     by_key: dict[tuple[int, int], list[float]] = {}
     for r in blocks:
         c = r["config"]
         if c.get("wrapper") not in ("tp", "tp+fsdp2"):
             continue
-        t_compute, rest = priced(spec_of(r), gpu, c)
-        if t_compute + rest < host.get(calibrate_host.wrapper_name(c), 0.0):
+        t_device = device_part(float(r["results"]["time_s"]),
+                               host.get(calibrate_host.wrapper_name(c), 0.0), k)
+        if t_device is None:
             continue  # host-bound: its time is the host's, which host_block_s prices
-        s = (r["results"]["time_s"] - rest) / t_compute
-        by_key.setdefault((int(c["tp"]), int(c["wrapper"] == "tp+fsdp2")), []).append(s)
+        t_compute, rest = priced(spec_of(r), gpu, c)
+        by_key.setdefault((int(c["tp"]), int(c["wrapper"] == "tp+fsdp2")), []).append(
+            (t_device - rest) / t_compute)
     if not by_key:
         return {}
     return {"tp_block_scales": [[tp, f, round(max(MIN_TP_SCALE, statistics.median(v)), 4)]

@@ -78,8 +78,9 @@ def check_pins(m: ModelSpec, pins: dict, gpus: int | None, gpn: int, seq_len: in
         "pp": pp_ok,
         "cp": [d for d in divisors(pool) if d == 1 or (seq_len % (2 * d) == 0 and d <= 64)],
         "ep": [d for d in divisors(m.n_experts) if pool % d == 0] if m.is_moe else [1],
-        "pp_virtual": [1] + [v for v in VIRTUAL_STAGES
-                             if any(p > 1 and m.n_layers % (p * v) == 0 for p in pp_ok)],
+        "pp_virtual": [1] + [v for v in divisors(m.n_layers)  # a pin may be any count
+                             if v > 1 and any(p > 1 and m.n_layers % (p * v) == 0
+                                              for p in pp_ok)],
     }
     if gpus is not None:
         rules["dp"] = divisors(gpus)
@@ -114,7 +115,8 @@ def _meshes(m: ModelSpec, gpus: int, gpn: int, seq_len: int, pins: dict):
         if pp == 1:
             schedules = [(0, 1)]
         else:
-            schedules = [(0, 1), (2, 1)] + [(1, v) for v in VIRTUAL_STAGES
+            virtual = {pins["pp_virtual"]} if pins.get("pp_virtual", 1) > 1 else VIRTUAL_STAGES
+            schedules = [(0, 1), (2, 1)] + [(1, v) for v in sorted(virtual)
                                             if m.n_layers % (pp * v) == 0]
         for ep in _choices("ep", eps, pins):
             yield dp, tp, pp, cp, ep, shards, schedules
