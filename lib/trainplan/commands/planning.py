@@ -66,10 +66,12 @@ def _specs(args):
 
 def cmd_plan(args) -> dict:
     m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
+    from trainplan.compare.trust import validation
     from trainplan.plan.planner import plan
-    return plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
-                global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args), top=args.top,
-                gpus_per_node=args.gpus_per_node)
+    out = plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
+               global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args), top=args.top,
+               gpus_per_node=args.gpus_per_node)
+    return validation(out, m, gpu)
 
 
 def cmd_memory(args) -> dict:
@@ -88,7 +90,8 @@ def format_plan(out: dict) -> str:
             f"{out['seq_len']}, {out['global_batch_tokens']:,} tokens a step: "
             f"{out['searched']:,} layouts in {out['elapsed_s']:.3f} s")
     lines = [head, f"{'#':>2}  {'strategy':<28}{'zero':>5}{'mb':>4}{'accum':>6}  {'recompute':<10}"
-                   f"{'schedule':<15}{'GiB':>7}{'fits':>6}{'step s':>9}{'tok/s/GPU':>11}{'MFU':>7}"]
+                   f"{'schedule':<15}{'GiB':>7}{'fits':>6}{'step s':>9}{'tok/s/GPU':>11}{'MFU':>7}"
+                   f"  trust"]
     for i, p in enumerate(out["plans"], 1):
         par = p["parallel"]
         sched = "-" if par["pp"] == 1 else par["pp_schedule"] + (
@@ -98,8 +101,15 @@ def format_plan(out: dict) -> str:
             f"{par['grad_accum']:>6}  {par['recompute']:<10}{sched:<15}"
             f"{p['memory_gib']['total']:>7.1f}"
             f"{'yes' if p['fits'] else 'NO':>6}{p['step_time_s']:>9.3f}"
-            f"{p['tokens_per_s_per_gpu']:>11,.0f}{p['mfu']:>7.1%}")
+            f"{p['tokens_per_s_per_gpu']:>11,.0f}{p['mfu']:>7.1%}  {_trust(p['validation'])}")
     return "\n".join(lines)
+
+
+def _trust(v: dict) -> str:
+    """A plan's validation in a few words: its family's measured band, or not validated."""
+    if not v["validated"]:
+        return "not validated"
+    return f"measured {v['low']:.2f}-{v['high']:.2f}x ({v['configs']} configs)"
 
 
 def format_memory(out: dict) -> str:

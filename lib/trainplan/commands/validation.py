@@ -73,8 +73,10 @@ def register(verbs) -> None:
 def cmd_compare(args) -> dict:
     from trainplan.compare.accuracy import compare
     from trainplan.compare.scaling import weak_scaling
+    from trainplan.compare.trust import family_bands
 
     out = compare(args.records, repredictions=args.repredict)
+    out["families"] = family_bands(out)
     out["scaling"] = weak_scaling(out["rows"])
     return out
 
@@ -171,9 +173,26 @@ def format_compare(out: dict) -> str:
                      f"({_pct(p['step_time_error'])}); memory "
                      f"{p['predicted_memory_gib']:.2f} / {p['measured_memory_gib']:.2f} GiB "
                      f"({_pct(p['memory_error'])})")
+    if out.get("families"):
+        lines.append(format_families(out["families"]))
     if out.get("scaling", {}).get("series"):
         from trainplan.compare.scaling import format_scaling
         lines.append(format_scaling(out["scaling"]))
+    return "\n".join(lines)
+
+
+def format_families(bands: list[dict]) -> str:
+    """Per layout family and card class: configs, measured / predicted throughput, |error|."""
+    lines = ["per layout family (every host of a card class; measured / predicted tokens/s):",
+             f"  {'class':<8}{'family':<22}{'n':>3}{'low':>7}{'median':>8}{'high':>7}"
+             f"{'step max':>10}{'mem max':>9}  status"]
+    for b in bands:
+        status = ("within 10%" if b["within_targets"] else "outside 10%") \
+            if b["validated"] else "not validated (1 config)"
+        lines.append(f"  {b['card_class']:<8}{b['family'][:21]:<22}{b['configs']:>3}"
+                     f"{b['low']:>7.2f}{b['median']:>8.2f}{b['high']:>7.2f}"
+                     f"{_pct(b['step_time_error']['max'])[1:]:>10}"
+                     f"{_pct(b['memory_error']['max'])[1:]:>9}  {status}")
     return "\n".join(lines)
 
 

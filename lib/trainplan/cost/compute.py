@@ -43,6 +43,14 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     return 6.0 * params.flop_params(m) + 12.0 * m.n_layers * m.hidden * seq_len
 
 
+def matmul_ceiling_tokens_per_s(m: ModelSpec, gpu: GPUSpec, seq_len: int) -> float:
+    """Tokens per second per GPU if every model FLOP ran at the card's dense-matmul rate
+    (`gpu.matmul_efficiency` of peak: microbenchmarked where the card is calibrated): an
+    MFU no run reaches, since attention and element-wise work run slower. The physical
+    ceiling a band around a prediction is capped at."""
+    return gpu.bf16_tflops * 1e12 * gpu.matmul_efficiency / model_flops_per_token(m, seq_len)
+
+
 def matmul_flops_per_token_per_layer(m: ModelSpec, tp):
     """Forward matmul FLOPs per token of one block on one rank: 2 x active matrix params / tp."""
     matrices = (params.attention_params(m) + m.top_k * params.expert_params(m)

@@ -357,8 +357,8 @@ class Assumptions:
 
     SOURCES = {  # short: pandas truncates table cells past 50 characters
         "write_gbps_per_node": "published 1-3 GB/s a node (BLOOM, Llama 3)",
-        "restart_minutes": "ASSUMPTION (Daly 2006's example; issue 5)",
-        "max_lost_minutes": "requirement (issue 5)",
+        "restart_minutes": "ASSUMPTION (Daly 2006's worked example)",
+        "max_lost_minutes": "requirement: lose under 30 minutes",
         "host_copy_gbps": "ASSUMPTION (PCIe Gen5 x16 peaks near 64)",
         "keep": "the fewest torchtitan allows (it refuses 1)",
         "mode": "PyTorch DCP async_save",

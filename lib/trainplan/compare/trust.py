@@ -1,0 +1,155 @@
+"""Trust per layout family: how far each family's runs landed from their predictions, by
+card class, and the band a plan of that family carries (`validation` in `plan --json`).
+
+A family is a layout without its degrees (`specs.layouts.strategy_family`: "FSDP",
+"TP + FSDP", "PP + ZeRO-2", ...). Its band is measured over predicted tokens per second,
+1 + step-time error (tokens a step are fixed), over every compared config of the family:
+the proxy's and the layer slices', on every host of the card class, each series superseded
+by a later one of its config left out (`compare.accuracy`). A card class pools cards the
+planner prices alike and calibrates per card (Hopper: H100 and H200); the band names the
+cards it came from.
+
+The bands a plan carries come from the generalisation suite's runs (`SUITE_RECORDS`,
+data/measurements/general/, one file per run and host: every family, on shapes the planner
+was not tuned on, predicted by the planner of the day before the launches); the latest
+series of each config counts. The project's older proxy runs, predicted by planners that
+were refitted since, stay in `trainplan compare` and on page 4, in no band. A family is
+validated on a class when at least `MIN_CONFIGS` of its configs were compared there; a
+plan of another family says `validated: false`: the planner prices it from the same
+terms, but nothing has checked how they combine.
+"""
+
+from __future__ import annotations
+
+import glob
+import statistics
+from collections import defaultdict
+
+from trainplan.compare.accuracy import compare
+from trainplan.compare.matching import TARGETS, error_summary
+from trainplan.specs import DATA_DIR
+from trainplan.specs.layouts import strategy_family
+
+SUITE_RECORDS = str(DATA_DIR / "measurements" / "general" / "*.jsonl")
+
+MIN_CONFIGS = 2  # one config is an anecdote: its error may be its shape's, not its family's
+CARD_CLASSES = {"H100": "Hopper", "H200": "Hopper", "h100": "Hopper", "h200": "Hopper",
+                "A100": "Ampere", "a100": "Ampere"}  # a card or preset name holds the key
+
+
+def card_class(card: str) -> str:
+    """The class of a card name (nvidia-smi's "NVIDIA H200") or GPU preset ("h100-sxm");
+    the name itself where no class is known."""
+    return next((c for key, c in CARD_CLASSES.items() if key in card), card)
+
+
+def family_of(layout: dict) -> str:
+    """The strategy family of a record's or a plan's layout (degrees and ZeRO stage)."""
+    return strategy_family(layout["tp"], layout["pp"], layout["cp"], layout["ep"],
+                           layout["zero"], layout["dp"],
+                           layout.get("dp_shard") or (layout["dp"] if layout["zero"] else 1))
+
+
+def family_bands(out: dict) -> list[dict]:
+    """One band per (card class, family) compared in `out` (`compare.accuracy.compare`),
+    the best-measured first: factors low / median / high of measured over predicted
+    throughput, the |error| summaries of step time and memory, what it pools, and whether
+    it is validated (`MIN_CONFIGS`) and within the planner's targets (`TARGETS` max)."""
+    groups = defaultdict(list)
+    for r in out["rows"]:
+        if r["step_time_error"] is None or "superseded_by" in r:
+            continue
+        groups[(card_class(r["card"]), family_of(r["layout"]))].append(r)
+    bands = []
+    for (cls, family), rows in groups.items():
+        f = sorted(1.0 + r["step_time_error"] for r in rows)
+        step = error_summary(r["step_time_error"] for r in rows)
+        mem = error_summary(r["memory_error"] for r in rows if r["memory_error"] is not None)
+        bands.append({
+            "family": family, "card_class": cls, "configs": len(rows),
+            "low": f[0], "median": statistics.median(f), "high": f[-1],
+            "step_time_error": step, "memory_error": mem,
+            "validated": len(rows) >= MIN_CONFIGS,
+            "within_targets": step["max"] <= TARGETS["max"]
+            and (mem["max"] is None or mem["max"] <= TARGETS["max"]),
+            "cards": sorted({r["card"] for r in rows}),
+            "hosts": sorted({r["host"] for r in rows}),
+            "models": sorted({r["model"] for r in rows}),
+            "configs_compared": sorted(r["config"] for r in rows)})
+    return sorted(bands, key=lambda b: (b["card_class"], -b["configs"], b["family"]))
+
+
+def band_for(bands: list[dict], family: str, gpu: str) -> dict:
+    """What a plan of `family` on card or preset `gpu` carries: its family's band on the
+    card class with `validated`, or `validated: false` with why (never measured there, or
+    fewer than `MIN_CONFIGS` configs)."""
+    cls = card_class(gpu)
+    band = next((b for b in bands if b["family"] == family and b["card_class"] == cls), None)
+    if band is None:
+        return {"family": family, "card_class": cls, "validated": False, "configs": 0,
+                "why": f"no {family} layout has been measured on {cls} GPUs"}
+    out = {k: band[k] for k in ("family", "card_class", "validated", "configs", "low",
+                                "median", "high", "step_time_error", "memory_error",
+                                "within_targets", "cards")}
+    if not band["validated"]:
+        out["why"] = (f"{band['configs']} {family} config measured on {cls} GPUs; "
+                      f"a band needs {MIN_CONFIGS}")
+    return out
+
+
+def capped(tokens_per_s: float, factor: float, ceiling: float) -> float:
+    """`tokens_per_s` times a band's factor, never above the physical `ceiling` (tokens/s
+    at the card's measured dense-matmul rate, `cost.compute.matmul_ceiling_tokens_per_s`)."""
+    return min(tokens_per_s * factor, ceiling)
+
+
+def suite_bands(paths=None) -> list[dict]:
+    """`family_bands` of the generalisation suite's committed runs (or of `paths`); [] where
+    there are none."""
+    files = list(paths) if paths else sorted(glob.glob(SUITE_RECORDS))
+    return family_bands(compare(files, repredictions=False)) if files else []
+
+
+def validation(out: dict, m, gpu, paths=None) -> dict:
+    """`out` (`plan.planner.plan`'s answer for model `m` on GPUSpec `gpu`) with each plan's
+    `validation`: its family's band from the suite's records (`suite_bands`, `band_for`)
+    and, where validated, the throughput range it implies, capped at the physical
+    ceiling."""
+    from trainplan.cost.compute import matmul_ceiling_tokens_per_s
+
+    bands = suite_bands(paths)
+    ceiling = matmul_ceiling_tokens_per_s(m, gpu, out["seq_len"])
+    for p in out["plans"]:
+        v = band_for(bands, family_of(p["parallel"]), gpu.name)
+        if v["validated"]:
+            v["tokens_per_s_per_gpu"] = {
+                "low": capped(p["tokens_per_s_per_gpu"], v["low"], ceiling),
+                "high": capped(p["tokens_per_s_per_gpu"], v["high"], ceiling),
+                "ceiling": ceiling}
+        p["validation"] = v
+    return out
+
+
+def plan_band(bands: list[dict], family: str, gpu, tokens_per_s_per_gpu: float,
+              ceiling: float) -> dict:
+    """The band a page carries over to one plan: its family's where validated on the card
+    class of `gpu` (a GPUSpec or preset name), else every family measured on that class
+    pooled (marked `validated: False`, `source: "pooled"`); and the plan's tokens/s/GPU
+    times its low and high factors, capped at `ceiling` (`capped`). Factors None and no
+    rates where nothing at all was measured on the class."""
+    name = getattr(gpu, "name", gpu)
+    own = band_for(bands, family, name)
+    out = {**own, "source": "family", "ceiling": ceiling}
+    if not own["validated"]:
+        same = [b for b in bands if b["card_class"] == own["card_class"]]
+        out.update(source="pooled", configs_pooled=sum(b["configs"] for b in same),
+                   families_pooled=len(same),
+                   low=min((b["low"] for b in same), default=None),
+                   high=max((b["high"] for b in same), default=None),
+                   median=statistics.median([b["median"] for b in same]) if same else None)
+    if out.get("low") is None:
+        return {**out, "rate_low": None, "rate_high": None, "capped": False}
+    high = tokens_per_s_per_gpu * out["high"]
+    return {**out, "rate_low": capped(tokens_per_s_per_gpu, out["low"], ceiling),
+            "rate_high": capped(tokens_per_s_per_gpu, out["high"], ceiling),
+            "capped": high > ceiling}

@@ -1,0 +1,112 @@
+"""Trust per layout family: bands from the records, what a plan carries, the physical cap."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from tests.compare.test_compare import _on_host, _write, tp2_records
+
+from trainplan.calibrate.store import load_gpu
+from trainplan.cli import main
+from trainplan.compare import accuracy as compare
+from trainplan.compare import trust
+from trainplan.cost.compute import matmul_ceiling_tokens_per_s, model_flops_per_token
+from trainplan.plan.planner import plan
+from trainplan.specs import load_cluster, load_model
+
+
+def _row(family_layout: dict, error: float, card="NVIDIA H200", mem=0.01, **extra) -> dict:
+    layout = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "dp": 1, **family_layout}
+    return {"config": extra.get("config", f"c{error}"), "model": "llama-1.3b", "card": card,
+            "host": f"4 x {card}", "layout": layout, "step_time_error": error,
+            "memory_error": mem}
+
+
+def test_a_family_band_spans_its_configs_and_needs_two_to_be_validated():
+    fsdp = {"dp": 4, "zero": 3, "dp_shard": 4}
+    rows = [_row(fsdp, -0.04, config="a"), _row(fsdp, 0.02, config="b"),
+            _row(fsdp, 0.08, card="NVIDIA H100 80GB HBM3", config="c"),
+            _row({"tp": 2}, 0.15, config="d"),
+            {**_row(fsdp, 0.5, config="old"), "superseded_by": {"config": "a"}},
+            {**_row(fsdp, 0.0, config="none"), "step_time_error": None}]
+    bands = trust.family_bands({"rows": rows})
+    fs = next(b for b in bands if b["family"] == "FSDP")
+    assert fs["card_class"] == "Hopper" and fs["configs"] == 3  # H100 and H200 pooled
+    assert (fs["low"], fs["high"]) == (pytest.approx(0.96), pytest.approx(1.08))
+    assert fs["validated"] and fs["within_targets"]
+    assert fs["cards"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    tp = next(b for b in bands if b["family"] == "TP")
+    assert not tp["validated"] and not tp["within_targets"]  # one config, 15% off
+
+    got = trust.band_for(bands, "FSDP", "h100-sxm")
+    assert got["validated"] and got["configs"] == 3 and "why" not in got
+    one = trust.band_for(bands, "TP", "h200-sxm")
+    assert not one["validated"] and "1 TP config" in one["why"]
+    never = trust.band_for(bands, "PP + CP + ZeRO-1", "h100-sxm")
+    assert never == {"family": "PP + CP + ZeRO-1", "card_class": "Hopper", "validated": False,
+                     "configs": 0, "why": "no PP + CP + ZeRO-1 layout has been measured on "
+                                          "Hopper GPUs"}
+    assert not trust.band_for(bands, "FSDP", "a100-80gb")["validated"]  # another class
+
+
+def test_memory_outside_the_targets_leaves_a_family_validated_but_not_within():
+    dp = {"dp": 4}
+    bands = trust.family_bands({"rows": [_row(dp, 0.01, config="a"),
+                                         _row(dp, -0.02, mem=-0.15, config="b")]})
+    assert bands[0]["validated"] and not bands[0]["within_targets"]
+
+
+def test_the_ceiling_is_the_dense_matmul_rate_and_caps_the_band():
+    m, gpu = load_model("llama-13b"), load_gpu("h100-sxm")
+    ceiling = matmul_ceiling_tokens_per_s(m, gpu, 4096)
+    assert ceiling * model_flops_per_token(m, 4096) == pytest.approx(
+        gpu.bf16_tflops * 1e12 * gpu.matmul_efficiency)
+    assert trust.capped(1000.0, 1.5, 1200.0) == 1200.0
+    assert trust.capped(1000.0, 0.9, 1200.0) == 900.0
+
+
+def test_plans_carry_their_familys_band_from_the_suites_records(tmp_path):
+    """A records file with the committed TP 2 series measured on two 4-GPU days: a TP plan
+    of the 1.3B model on H200 is validated with that band, capped; an FSDP plan is not."""
+    pred, meas = tp2_records()
+    pred2 = copy.deepcopy(pred)
+    pred2["config"]["tag"] = "tp2-again"
+    again = [{**m, "tag": "tp2-again"} for m in _on_host(meas, 2, 0.9, "2026-11-28")]
+    path = _write(tmp_path / "general-x.jsonl", [pred, *meas, pred2, *again])
+    m, gpu = load_model("llama-1.3b"), load_gpu("h200-sxm")
+
+    def planned(**pins):
+        out = plan(m, gpu, load_cluster("dgx-h100"), gpus=2, seq_len=2048,
+                   global_batch_tokens=16 * 2048, pins=pins, top=1)
+        return trust.validation(out, m, gpu, paths=[path])["plans"][0]
+
+    tp = planned(tp=2)
+    v = tp["validation"]
+    assert v["validated"] and v["family"] == "TP" and v["configs"] == 2
+    rate = v["tokens_per_s_per_gpu"]
+    assert rate["high"] <= rate["ceiling"]
+    assert rate["low"] == pytest.approx(min(tp["tokens_per_s_per_gpu"] * v["low"],
+                                            rate["ceiling"]))
+    fsdp = planned(dp=2, zero=3)["validation"]
+    assert fsdp["validated"] is False and "tokens_per_s_per_gpu" not in fsdp
+
+
+def test_compare_reports_families_and_the_cli_prints_them(tmp_path, capsys):
+    pred, meas = tp2_records()
+    path = _write(tmp_path / "r.jsonl", [pred, *meas])
+    bands = trust.family_bands(compare.compare([path], repredictions=False))
+    assert [(b["family"], b["configs"]) for b in bands] == [("TP", 1)]
+    assert main(["compare", "--records", path, "--no-repredict", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["families"] == json.loads(json.dumps(bands))
+    assert main(["compare", "--records", path, "--no-repredict"]) == 0
+    text = capsys.readouterr().out
+    assert "per layout family" in text and "not validated (1 config)" in text
+
+
+def test_plan_names_each_plans_trust(capsys):
+    assert main(["plan", "--model", "llama-13b", "--gpu", "h100-sxm", "--gpus", "32",
+                 "--top", "3", "--cp", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "trust" in text.splitlines()[1] and "not validated" in text  # no CP run anywhere
