@@ -1,6 +1,7 @@
 """`trainplan plan --json` answers every scenario as it did when tests/golden/plan-outputs.json
-was captured (bceaca9, before the library was split into packages): a restructuring that
-changes a number fails here. A deliberate change of the planner rewrites the file with
+was captured (bceaca9, before the library was split into packages; rewritten since only for
+deliberate changes of the planner, each named in its commit): a restructuring that changes
+a number fails here. A deliberate change rewrites the file with
 `python tools/plan_outputs.py --write tests/golden/plan-outputs.json` and says why."""
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ once a step, so within a step host and GPU overlap and the slower sets the pace
 (host-bound vs device-bound, as a roofline); the wait shows as `host_wait_s`, a part
 of `compute_s`. The pipeline bubble of 1F1B is
 (p - 1) / v micro-batch slots (Narayanan et al. 2021, eq. for interleaved
-1F1B: bubble fraction (p - 1) / (v m + p - 1)).
+1F1B: bubble fraction (p - 1) / (v m + p - 1)), each a micro-batch of a stage
+without the output layer and loss: the last stage, which has them, sets the pace
+of the m steady slots, and the other p - 1 stages fill and drain the pipe.
 
 The layout decides the precision the harness runs (`compute.autocast_layout`):
 without FSDP2 the fp32 weights run under autocast, so the residual stream,
@@ -87,10 +89,12 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         compiled_loss=compiled, gpu=gpu)
 
     # compute of one micro-batch on the slowest (last) stage
-    compute_mb = compute.microbatch_compute_time(
-        m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
-        sequence_parallel=sp, compiled=compiled, autocast=autocast,
-        ddp=compute.ddp_layout(dp, L.zero, tp, pp), fsdp=~autocast)
+    per_stage = dict(m=m, gpu=gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp,
+                     recompute=L.recompute, sequence_parallel=sp, compiled=compiled,
+                     autocast=autocast, ddp=compute.ddp_layout(dp, L.zero, tp, pp), fsdp=~autocast)
+    compute_mb = compute.microbatch_compute_time(**per_stage)
+    # the output layer and loss run on the last stage only: the others fill and drain the pipe
+    head_mb = compute_mb - compute.microbatch_compute_time(**per_stage, last_stage=False)
     stage_params = params.stage_params_per_rank(m, tp, pp, ep)
     # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
     compute_mb = compute_mb + compute.grad_accum_time(
@@ -135,7 +139,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     t_mb = t_dev + host_wait / ga  # 0 wait where device-bound or nothing measured
 
     # once per step
-    bubble = np.where(pp > 1, (pp - 1) / v * t_mb, 0.0)
+    bubble = np.where(pp > 1, (pp - 1) / v * (t_mb - head_mb), 0.0)
     boundary = stream * compute.BF16 * tokens_mb * m.hidden / np.where(sp, tp, 1)
     pp_sends = comms.pp_exposed_time(cluster, boundary_bytes=boundary, pp=pp,
                                      n_transfers=ga * v + pp - 1, stage_span=tp * cp * dp)
