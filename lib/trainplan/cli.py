@@ -17,7 +17,8 @@ from trainplan.commands.args import Parser
 from trainplan.errors import TrainplanError
 
 EXIT_USAGE = 2
-VERB_MODULES = ("planning", "validation", "resilience", "tuning", "launching", "benchmarking")
+VERB_MODULES = ("planning", "validation", "resilience", "tuning", "launching", "benchmarking",
+                "data")
 
 
 def build_parser() -> Parser:

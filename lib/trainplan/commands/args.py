@@ -41,3 +41,14 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not valid: it must be a number > 0")
     return value
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1): a share of something, e.g. of documents held out."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1)")
+    return value
