@@ -39,6 +39,9 @@ import sys
 import time
 from pathlib import Path
 
+from trainplan.compare.accuracy import compare
+from trainplan.compare.matching import error_summary
+from trainplan.compare.scaling import weak_scaling
 from trainplan.errors import TrainplanError, UsageError
 
 COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the report
@@ -79,7 +82,7 @@ class Clock:
 
 def select_jobs(paths: list[str], only: list[str], gpus: int) -> list[tuple[dict, dict]]:
     """(suite, config) pairs to run, in the order given; bad input raises one line."""
-    from trainplan.bench.series import suite as suite_mod
+    from trainplan.bench.series import suite as suite_mod  # pandas: not loaded at import
 
     jobs, seen = [], {}
     for path in paths:
@@ -142,7 +145,7 @@ def gpu_count_check(gpus: int, cuda: bool) -> None:
 
 def run_micro(out: Path, gpus: int, model: str, cuda: bool, clock: Clock) -> Path:
     """Stage 1: microbenchmarks under torchrun with `gpus` processes -> DIR/micro.jsonl."""
-    from trainplan.bench.series.suite import NO_MULTICAST, run_group
+    from trainplan.bench.series.suite import NO_MULTICAST, run_group  # pandas: not loaded at import
 
     path = out / "micro.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -181,7 +184,7 @@ def micro_kinds(path: Path) -> set[str]:
 
 def calibration_file(args, preset: str, prev: dict) -> str | None:
     """The calibration file to take instead of measuring one (checked), or None."""
-    from trainplan.calibrate import store as cal_store
+    from trainplan.calibrate import store as cal_store  # pandas: not loaded at import
 
     given = args.calibration
     if given is None and prev:
@@ -201,8 +204,8 @@ def calibration_file(args, preset: str, prev: dict) -> str | None:
 def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
                 clock: Clock) -> dict:
     """Stage 2: the calibration of `gpu` (a GPUSpec) this run uses: {"source", "path", "label"}."""
-    from trainplan.calibrate import fit as calibrate
-    from trainplan.calibrate import store as cal_store
+    from trainplan.calibrate import fit as calibrate  # pandas: not loaded at import
+    from trainplan.calibrate import store as cal_store  # pandas: not loaded at import
 
     preset = gpu.name
     target = out / "calibration" / f"{preset}.yaml"
@@ -235,7 +238,7 @@ def calibration_in(cal: dict, out: Path):
     at DIR/calibration (where the measured or given file was put), so the
     repository's committed calibrations are neither used nor overwritten.
     """
-    from trainplan.calibrate import store as cal_store
+    from trainplan.calibrate import store as cal_store  # pandas: not loaded at import
 
     if cal["path"] is None or cal["source"] == "committed":
         yield
@@ -253,10 +256,6 @@ def compare_records(out: Path, repredict: bool) -> dict:
 
     Re-predictions look the GPU up by preset name, so a GPU given as a YAML
     file (CPU tests) goes without them."""
-    from trainplan.compare.accuracy import compare
-    from trainplan.compare.matching import error_summary
-    from trainplan.compare.scaling import weak_scaling
-
     files = [out / f for f in ("predictions.jsonl", "measurements.jsonl", "failed.jsonl")
              if (out / f).is_file()]
     if files:
@@ -279,9 +278,9 @@ def compare_records(out: Path, repredict: bool) -> dict:
 
 
 def validate(args) -> dict:
-    from trainplan.bench.series import run as series_run
-    from trainplan.bench.series import suite as suite_mod
-    from trainplan.calibrate.store import load_gpu
+    from trainplan.bench.series import run as series_run  # pandas: not loaded at import
+    from trainplan.bench.series import suite as suite_mod  # pandas: not loaded at import
+    from trainplan.calibrate.store import load_gpu  # pandas: not loaded at import
 
     out = Path(args.out)
     jobs = select_jobs(args.suite, args.only or [], args.gpus)

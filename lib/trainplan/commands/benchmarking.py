@@ -140,8 +140,8 @@ def _check_rendezvous(args) -> None:
 
 def _check_harness(args, argv: list[str]) -> None:
     """Parse and check the harness arguments as train.py will, before anything starts."""
-    from trainplan.bench.harness import parallelize as par_mod
-    from trainplan.bench.harness import train
+    from trainplan.bench.harness import parallelize as par_mod  # torch: not loaded for --help
+    from trainplan.bench.harness import train  # torch: not loaded for --help
 
     err = io.StringIO()
     try:
@@ -162,7 +162,7 @@ def _check_harness(args, argv: list[str]) -> None:
         raise UsageError(f"--nproc-per-node = {args.nproc_per_node} but this node has {gpus} "
                          f"GPUs; use at most {gpus} (or --cpu)")
     if args.impl == "hf-baseline":
-        from trainplan.bench.harness import hf_baseline
+        from trainplan.bench.harness import hf_baseline  # torch: not loaded for --help
 
         hf_baseline.check(spec, cfg)
         hf_baseline.require_transformers()
@@ -201,7 +201,7 @@ def cmd_bench(args) -> dict:
     cmd = torchrun_command(args, argv)
     if args.dry_run:
         return {"command": cmd, "dry_run": True, "summary": None}
-    from trainplan.bench.series.suite import NO_MULTICAST
+    from trainplan.bench.series.suite import NO_MULTICAST  # pandas: not loaded for --help
 
     env = {**NO_MULTICAST, **os.environ, "PYTHONUNBUFFERED": "1"}  # the user's setting wins
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
@@ -218,7 +218,7 @@ def cmd_bench(args) -> dict:
 
 
 def _run_suite(args) -> dict:
-    from trainplan.bench.series import run, sidebyside, suite
+    from trainplan.bench.series import run, sidebyside, suite  # pandas: not loaded for --help
 
     for flag in ("model", "records", "rdzv_endpoint", "master_addr", "node_rank"):
         if getattr(args, flag) is not None:
@@ -246,7 +246,7 @@ def _run_suite(args) -> dict:
 
 def format_bench(out: dict) -> str:
     if "suite" in out:
-        from trainplan.bench.series.sidebyside import format_comparison
+        from trainplan.bench.series.sidebyside import format_comparison  # numpy: not for --help
 
         return out["table"] + format_comparison(out)
     if out["dry_run"]:

@@ -6,6 +6,14 @@ from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_float, positive_int
 from trainplan.commands.planning import add_common, add_layout, layout_pins
+from trainplan.launch.artefacts import (
+    TARGETS,
+    LaunchSettings,
+    check_out_dir,
+    plan_and_generate,
+    write,
+)
+from trainplan.specs import load_cluster, load_model
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -61,8 +69,6 @@ def register(verbs) -> None:
 
 
 def cmd_launch(args) -> dict:
-    from trainplan.launch.artefacts import TARGETS, LaunchSettings, check_out_dir
-
     if args.target not in TARGETS:  # before any planning: a typo answers at once
         raise UsageError(f"--target {args.target!r} is not valid; use one of {list(TARGETS)}")
     out = Path(args.out)
@@ -75,11 +81,9 @@ def cmd_launch(args) -> dict:
         warn_s=args.warn_s, save_grace_s=args.save_grace_s, rdzv_port=args.rdzv_port,
         cpu=args.cpu, synthetic=args.synthetic, compile=not args.no_compile, image=args.image,
         job_name=args.job_name, env=dict(args.env))
-    from trainplan.calibrate.store import load_gpu
-    from trainplan.specs import load_cluster, load_model
+    from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
 
     m, gpu, cluster = load_model(args.model), load_gpu(args.gpu), load_cluster(args.cluster)
-    from trainplan.launch.artefacts import plan_and_generate, write
 
     launch = plan_and_generate(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                                global_batch_tokens=args.global_batch_tokens, settings=settings,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from trainplan.commands.args import positive_int
+from trainplan.specs import ParallelConfig, load_cluster, load_model
 
 LAYOUT_FLAGS = {  # flag -> (type, choices, help)
     "dp": (positive_int, None, "data-parallel degree"),
@@ -59,15 +60,14 @@ def layout_pins(args) -> dict:
 
 
 def _specs(args):
-    from trainplan.calibrate.store import load_gpu
-    from trainplan.specs import load_cluster, load_model
+    from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
     return load_model(args.model), load_gpu(args.gpu), load_cluster(args.cluster)
 
 
 def cmd_plan(args) -> dict:
     m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
-    from trainplan.compare.trust import validation
-    from trainplan.plan.planner import plan
+    from trainplan.compare.trust import validation  # pandas: not loaded for --help
+    from trainplan.plan.planner import plan  # pandas: not loaded for --help
     out = plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args), top=args.top,
                gpus_per_node=args.gpus_per_node)
@@ -75,12 +75,11 @@ def cmd_plan(args) -> dict:
 
 
 def cmd_memory(args) -> dict:
-    from trainplan.specs import ParallelConfig
     m, gpu, cluster = _specs(args)
     pins = layout_pins(args)
     cfg = ParallelConfig(**pins)
-    from trainplan.plan.planner import memory
-    from trainplan.plan.search import check_pins
+    from trainplan.plan.planner import memory  # pandas: not loaded for --help
+    from trainplan.plan.search import check_pins  # pandas: not loaded for --help
     check_pins(m, pins, None, cluster.gpus_per_node, args.seq_len)
     return memory(m, gpu, cluster, cfg, args.seq_len)
 

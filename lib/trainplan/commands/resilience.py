@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from trainplan.commands.args import positive_float, positive_int
+from trainplan.resilience.checkpoint import plan_checkpoints
+from trainplan.specs import load_model
 
 KEYS = ("interval_min", "checkpoint_gb", "stall_s", "expected_lost_min", "worst_lost_min", "ettr",
         "meets_requirement")  # README, "Command line"; `as_dict` adds the terms behind them
@@ -38,10 +40,8 @@ def register(verbs) -> None:
 
 
 def cmd_checkpoint(args) -> dict:
-    from trainplan.specs import load_model
     model = load_model(args.model)
-    from trainplan.cost.params import total_params
-    from trainplan.resilience.checkpoint import plan_checkpoints
+    from trainplan.cost.params import total_params  # numpy: not loaded for --help
     plan = plan_checkpoints(
         total_params(model), args.gpus, args.node_mtbf_hours, args.write_gbps_per_node,
         args.restart_minutes, args.max_lost_minutes, gpus_per_node=args.gpus_per_node,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_float, positive_int
+from trainplan.tune.study import make_suite
 
 
 def register(verbs) -> None:
@@ -51,7 +52,7 @@ def register(verbs) -> None:
 
 def cmd_tune(args) -> dict:
     if args.report:
-        from trainplan.tune.report import COMMITTED, report
+        from trainplan.tune.report import COMMITTED, report  # pandas: not loaded for --help
         if args.storage is None and not COMMITTED.is_file():
             raise UsageError(f"no committed study at {COMMITTED}; pass --storage PATH")
         return report(args.storage or str(COMMITTED), args.study_name)
@@ -62,8 +63,7 @@ def cmd_tune(args) -> dict:
         raise UsageError("--gpu-hours is required to run a study (or pass --report)")
     if bool(args.suite) == bool(args.model):
         raise UsageError("give exactly one of --suite FILE or --model M")
-    from trainplan.tune.loop import run_study
-    from trainplan.tune.study import make_suite
+    from trainplan.tune.loop import run_study  # numpy: not loaded for --help
     suite = make_suite(suite_path=args.suite, model=args.model, gpus=args.gpus,
                        seq_len=args.seq_len)
     if args.cpu and "compile" not in suite["space"]:
@@ -79,7 +79,7 @@ def cmd_tune(args) -> dict:
 
 def format_tune(out: dict) -> str:
     if "top_knobs" in out:
-        from trainplan.tune.report import format_report
+        from trainplan.tune.report import format_report  # pandas: not loaded for --help
         return format_report(out)
     lines = [f"study {out['study']} ({out['storage']}) on {out['card']}: {out['message']}",
              f"  {out['trials']} configurations measured ({out['new_trials']} in this run), "
@@ -92,12 +92,12 @@ def format_tune(out: dict) -> str:
 
 
 def cmd_suggest(args) -> dict:
-    from trainplan.tune.suggest import suggest
+    from trainplan.tune.suggest import suggest  # numpy: not loaded for --help
     return suggest(args.model_size, gpus=args.gpus, dataset_tokens=args.dataset_tokens,
                    gpu=args.gpu, cluster=args.cluster, seq_len=args.seq_len,
                    global_batch_tokens=args.global_batch_tokens, study=args.study)
 
 
 def format_suggest(out: dict) -> str:
-    from trainplan.tune.suggest import format_text
+    from trainplan.tune.suggest import format_text  # numpy: not loaded for --help
     return format_text(out)

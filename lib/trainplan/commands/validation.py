@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainplan.commands.args import positive_float, positive_int
+from trainplan.compare.scaling import format_scaling, weak_scaling
 
 
 def register(verbs) -> None:
@@ -71,9 +72,8 @@ def register(verbs) -> None:
 
 
 def cmd_compare(args) -> dict:
-    from trainplan.compare.accuracy import compare
-    from trainplan.compare.scaling import weak_scaling
-    from trainplan.compare.trust import family_bands
+    from trainplan.compare.accuracy import compare  # numpy: not loaded for --help
+    from trainplan.compare.trust import family_bands  # pandas: not loaded for --help
 
     out = compare(args.records, repredictions=args.repredict)
     out["families"] = family_bands(out)
@@ -82,7 +82,7 @@ def cmd_compare(args) -> dict:
 
 
 def cmd_validate(args) -> dict:
-    from trainplan.validate import validate
+    from trainplan.validate import validate  # numpy: not loaded for --help
     return validate(args)
 
 
@@ -100,9 +100,9 @@ def format_validate(report: dict) -> str:
 
 
 def cmd_calibrate(args) -> dict:
-    from trainplan.calibrate import fit as calibrate
-    from trainplan.calibrate import store as calibration
-    from trainplan.calibrate.store import load_gpu
+    from trainplan.calibrate import fit as calibrate  # pandas: not loaded for --help
+    from trainplan.calibrate import store as calibration  # pandas: not loaded for --help
+    from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
 
     gpu = load_gpu(args.gpu, calibrated=False)
     cal = calibrate.build(args.records, gpu)  # raises before anything is written
@@ -176,7 +176,6 @@ def format_compare(out: dict) -> str:
     if out.get("families"):
         lines.append(format_families(out["families"]))
     if out.get("scaling", {}).get("series"):
-        from trainplan.compare.scaling import format_scaling
         lines.append(format_scaling(out["scaling"]))
     return "\n".join(lines)
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from trainplan.compare.after import leave_one_out_scale, repredicted
+from trainplan.compare.failed import failed_rows
 from trainplan.compare.matching import (
     HEADLINE_RULE,
     TARGETS,
@@ -47,6 +49,7 @@ from trainplan.compare.matching import (
     stamp,
     superseded_by,
 )
+from trainplan.compare.views import per_layer
 from trainplan.specs import SLICE
 
 # ---------------------------------------------------------------- the comparison
@@ -102,19 +105,16 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         "predicted_not_measured": not_measured(kinds, used),
         "targets": TARGETS, "files": [str(f) for f in files],
     }
-    from trainplan.compare.failed import failed_rows
     out["failed"] = failed_rows(kinds["failed_launch"], kinds["prediction"])
     out["meets_targets"] = bool(head_rows) and not any(
         f["host"] == head and f["out_of_memory"] and f["predicted_fits"] for f in out["failed"]
     ) and all(
         out[k][q] <= TARGETS[q] for k in ("step_time_error", "memory_error") for q in TARGETS
         if out[k][q] is not None)
-    from trainplan.compare.after import leave_one_out_scale, repredicted
     if repredictions and head_rows:
         out["repredicted"] = repredicted(head_rows, kinds["prediction"])
     if repredictions and slices:
         out["width_check"]["repredicted"] = repredicted(slices, kinds["prediction"])
-    from trainplan.compare.views import per_layer
     out["width_check"]["per_layer"] = per_layer(slices)
     out["end_to_end_fit"] = leave_one_out_scale(head_rows)
     return out

@@ -8,13 +8,13 @@ from __future__ import annotations
 import statistics
 
 from trainplan.compare.matching import PLAN_KEYS, error_summary, extras, rel
+from trainplan.specs import SUITE_CLUSTER, load_cluster, load_model
 
 
 def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
     """Today's planner on the row's config: one fully pinned `plan` (the `trainplan plan` path)."""
-    from trainplan.calibrate.store import card_preset, load_gpu
-    from trainplan.plan.planner import plan
-    from trainplan.specs import SUITE_CLUSTER, load_cluster, load_model
+    from trainplan.calibrate.store import card_preset, load_gpu  # pandas: not loaded at import
+    from trainplan.plan.planner import plan  # pandas: not loaded at import
 
     cfg = (pred or {}).get("config") or {}
     lay = dict(cfg.get("full_layout") or {}) or {k: row["layout"][k] for k in PLAN_KEYS

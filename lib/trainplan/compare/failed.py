@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from trainplan.compare.matching import host, pick_prediction, stamp
+
 HELD = re.compile(r"this process has ([0-9.]+) GiB")
 ASKED = re.compile(r"Tried to allocate ([0-9.]+) (GiB|MiB)")
 
@@ -34,8 +36,6 @@ def failed_rows(failures: list[dict], predictions: list[dict]) -> list[dict]:
     {"config", "model", "gpus", "card", "host", "launches_failed", "failed_at", "reason",
     "out_of_memory", "predicted_at", "predicted_fits", "predicted_memory_gib",
     "needed_gib", "memory_error_at_most"} (None where unknown)."""
-    from trainplan.compare.matching import host, pick_prediction, stamp
-
     groups = defaultdict(list)
     for f in failures:
         groups[(f["tag"], host(f), f["model"], f["gpus"])].append({**f, "impl": "trainplan"})

@@ -27,6 +27,7 @@ from collections import defaultdict
 
 from trainplan.compare.accuracy import compare
 from trainplan.compare.matching import TARGETS, error_summary
+from trainplan.cost.compute import matmul_ceiling_tokens_per_s
 from trainplan.specs import DATA_DIR
 from trainplan.specs.layouts import strategy_family
 
@@ -115,8 +116,6 @@ def validation(out: dict, m, gpu, paths=None) -> dict:
     `validation`: its family's band from the suite's records (`suite_bands`, `band_for`)
     and, where validated, the throughput range it implies, capped at the physical
     ceiling."""
-    from trainplan.cost.compute import matmul_ceiling_tokens_per_s
-
     bands = suite_bands(paths)
     ceiling = matmul_ceiling_tokens_per_s(m, gpu, out["seq_len"])
     for p in out["plans"]:

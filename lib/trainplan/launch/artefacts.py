@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainplan.errors import TrainplanError
+from trainplan.launch.render import readme, render_k8s, render_shell
 
 TARGETS = ("torchrun", "slurm", "k8s")
 FILES = {"torchrun": "torchrun.sh", "slurm": "train.sbatch", "k8s": "pytorchjob.yaml"}
@@ -161,7 +162,7 @@ def harness_args(par: dict, model: str, seq_len: int, s: LaunchSettings) -> list
 
 def harness_accepts(args: list[str]) -> bool:
     """Whether the harness's parser knows these flags (imports torch: slow once)."""
-    from trainplan.bench.harness import train
+    from trainplan.bench.harness import train  # torch: not loaded at import
 
     with contextlib.redirect_stderr(io.StringIO()):
         try:
@@ -173,7 +174,7 @@ def harness_accepts(args: list[str]) -> bool:
 
 def check_harness(args: list[str]) -> None:
     """Refuse a command the harness would refuse at its first line, with its own reason."""
-    from trainplan.bench.harness import train
+    from trainplan.bench.harness import train  # torch: not loaded at import
 
     if not harness_accepts(args):
         raise LaunchError(f"the harness refuses {' '.join(args)!r}; see "
@@ -229,7 +230,6 @@ def generate(plan_out: dict, *, model_arg: str, gpus_per_node: int, settings: La
         "title": title or f"{plan_out['model']} on {gpus} x {plan_out['gpu']}",
         "extra": lambda ckpt_dir: [ckpt_dir if a == "CKPT" else a for a in extra],
     }
-    from trainplan.launch.render import readme, render_k8s, render_shell
 
     body = (render_k8s(ctx) if settings.target == "k8s"
             else render_shell(FILES[settings.target], ctx))
@@ -249,7 +249,7 @@ def plan_and_generate(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_
     Context and expert parallel are pinned to 1 unless asked for: the harness
     runs neither yet, so the best plan it can run is the one to launch.
     """
-    from trainplan.plan.planner import plan
+    from trainplan.plan.planner import plan  # pandas: not loaded at import
 
     gpn = gpus_per_node or cluster.gpus_per_node
     planned = plan(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
@@ -276,7 +276,7 @@ def monitor_args(p: dict, path: str = METRICS_PATH) -> list[str]:
     The alert line and straggler tolerance are the ones `watch` gives the
     operator, so the metrics file and the runbook's table agree.
     """
-    from trainplan.bench.harness.monitor import launch_flags
+    from trainplan.bench.harness.monitor import launch_flags  # torch: not loaded at import
 
     return launch_flags({"step_time_s": p["step_time_s"],
                          "straggler_step_time_s": STRAGGLER_RATIO * p["step_time_s"],

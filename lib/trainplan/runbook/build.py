@@ -34,7 +34,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import trainplan.errors as errors
 from trainplan.errors import TrainplanError
+from trainplan.plan.search import search
 from trainplan.runbook.pages import DEFAULT_SCENARIO, Inputs, ParameterError, resolve_inputs
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -171,8 +173,6 @@ class NotebookFailed(Exception):
 
 
 def _error_names() -> set[str]:
-    import trainplan.errors as errors
-
     return {n for n, v in vars(errors).items()
             if isinstance(v, type) and issubclass(v, TrainplanError)} | {"ParameterError"}
 
@@ -234,8 +234,6 @@ def execute_all(paths: list[Path], dest: Path, parameters: dict, in_place: bool 
 def check_searchable(inputs: Inputs) -> None:
     """Run the strategy search once, so that a scenario where no layout reaches the batch
     or nothing fits is refused in one line before any notebook runs."""
-    from trainplan.plan.search import search
-
     search(inputs.model, inputs.gpu, inputs.cluster, gpus=inputs.gpus, seq_len=inputs.seq_len,
            global_batch_tokens=inputs.global_batch_tokens)
 

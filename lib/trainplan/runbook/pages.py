@@ -12,9 +12,24 @@ import dataclasses
 import io
 from dataclasses import dataclass
 
-from trainplan.calibrate.store import load_gpu
+from trainplan.calibrate.store import card_preset, load_gpu
+from trainplan.compare import accuracy as compare
+from trainplan.compare import views as compare_views
+from trainplan.cost.memory import NON_ALLOCATOR_GIB
+from trainplan.cost.step_time import time_to_train
 from trainplan.errors import TrainplanError
-from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec, load_cluster, load_model, load_scenario
+from trainplan.plan.search import search
+from trainplan.specs import (
+    ClusterSpec,
+    GPUSpec,
+    ModelSpec,
+    Scenario,
+    load_cluster,
+    load_model,
+    load_scenario,
+    preset_names,
+)
+from trainplan.specs.layouts import RECOMPUTE  # none < selective < full
 
 DEFAULT_SCENARIO = "llama-13b-32xh100"
 
@@ -239,8 +254,6 @@ def describe_batch(row, inputs: Inputs) -> str:
 
 def compare_sentence(chosen, alt, card_gib: float) -> str:
     """Why `alt` ranks below `chosen`: it does not fit, or the time term that costs it most."""
-    from trainplan.specs.layouts import RECOMPUTE  # none < selective < full
-
     name = f"**{alt['strategy']}**"
     if not alt["fits"]:
         return (f"{name} does not fit: even its smallest layout needs "
@@ -271,8 +284,6 @@ def why_not(alternatives, card_gib: float) -> str:
 
 def decide(inputs: Inputs):
     """Page 1's decision for `inputs`: the search table, best first, and its first row."""
-    from trainplan.plan.search import search
-
     table = search(inputs.model, inputs.gpu, inputs.cluster, gpus=inputs.gpus,
                    seq_len=inputs.seq_len, global_batch_tokens=inputs.global_batch_tokens).table
     return table, table.iloc[0]
@@ -286,9 +297,6 @@ def gallery(current: Inputs):
     DataFrame; a markdown list of the decisions in plain words).
     """
     import pandas as pd
-
-    from trainplan.cost.step_time import time_to_train
-    from trainplan.specs import Scenario, preset_names
 
     rows, lines = [], []
     names = preset_names(Scenario)
@@ -334,8 +342,6 @@ def gallery_table(rows):
 
 def records_note(inputs: Inputs, record_cards: list[str], record_gpus: int) -> str:
     """Page 4 in plain words: how far the proxy records speak for this scenario (markdown)."""
-    from trainplan.calibrate.store import card_preset
-
     cards = ", ".join(sorted(set(record_cards))) or "no card"
     if inputs.gpu.name not in {card_preset(c) for c in record_cards}:
         return (f"The proxy records were measured on {cards}, not on this scenario's "
@@ -359,10 +365,6 @@ def memory_check(total_gib: float, card_gib: float) -> str:
     """Plain sentences for a page's risk: the plan's predicted peak memory times how far peak
     memory ran above its prediction at a model's real width (page 4's width check,
     `compare_views.memory_band`), against what the allocator can use of the card."""
-    from trainplan.compare import accuracy as compare
-    from trainplan.compare import views as compare_views
-    from trainplan.cost.memory import NON_ALLOCATOR_GIB
-
     over = compare_views.memory_band(compare.compare(repredictions=False))
     if over["factor"] is None:
         return "No layer slice of a model at its real width has been measured yet to check it."

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 from trainplan.errors import SpecError
+from trainplan.specs import ParallelConfig, load_cluster, load_model
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}  # never on this project's GPU machines
@@ -150,9 +151,8 @@ def windows(cfg: dict, suite: dict) -> int:
 
 def predicted(cfgs: list[dict], suite: dict, gpu) -> list[dict]:
     """The planner's memory and step time of each config on the suite's base layout (one pass)."""
-    from trainplan.cost.step_time import evaluate
-    from trainplan.specs import ParallelConfig, load_cluster, load_model
-    from trainplan.specs.layouts import Layouts
+    from trainplan.cost.step_time import evaluate  # pandas: not loaded at import
+    from trainplan.specs.layouts import Layouts  # pandas: not loaded at import
 
     lays = [ParallelConfig(**{**suite["layout"], "zero": c["zero"],
                               "micro_batch": c["micro_batch"], "grad_accum": c["grad_accum"],

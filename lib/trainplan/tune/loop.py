@@ -28,6 +28,7 @@ from pathlib import Path
 
 from trainplan.tune import knobs
 from trainplan.tune import study as tn
+from trainplan.tune import trial as tl
 
 
 class Spend:
@@ -64,8 +65,6 @@ def run_study(suite: dict, *, storage: str, name: str, gpu_hours: float, trials:
               workers: int = 1) -> dict:
     """Run (or resume) the study until `trials` configs are measured or a limit stops it."""
     from tqdm import tqdm
-
-    from trainplan.tune import trial as tl
 
     card = tl.card_name(cpu)  # before the storage: a bad request writes nothing
     gpu = tl.gpu_for(card, suite)

@@ -37,6 +37,14 @@ import numpy as np
 import pandas as pd
 
 from trainplan.tune import knobs
+from trainplan.tune.study import (
+    StudyError,
+    gpu_seconds,
+    import_optuna,
+    load_study,
+    measured,
+    open_storage,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "data" / "measurements" / "tune-2gpu" / "study.journal"
@@ -47,8 +55,6 @@ RIDGE = 1e-3
 
 def load(storage: str, name: str | None = None):
     """The study (the only one in the storage unless `name` says which)."""
-    from trainplan.tune.study import StudyError, load_study, open_storage
-
     store, path = open_storage(storage, must_exist=True)
     names = [s.study_name for s in store.get_all_studies()]
     if not names:
@@ -80,8 +86,6 @@ def importance(trials, direction, caveats: list | None = None) -> dict[str, floa
     if len(trials) < MIN_IMPORTANCE:
         return None
     import warnings
-
-    from trainplan.tune.study import import_optuna
 
     optuna = import_optuna()
     from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
@@ -163,8 +167,6 @@ def _counts(study) -> dict:
 
 def analyse(study) -> dict:
     """The report of one loaded study (see the module docstring)."""
-    from trainplan.tune.study import gpu_seconds, measured
-
     trials = measured(study)
     df = frame(trials)
     caveats: list[str] = []

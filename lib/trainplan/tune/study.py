@@ -78,6 +78,7 @@ from pathlib import Path
 import yaml
 
 from trainplan.errors import SpecError, TrainplanError
+from trainplan.specs import load_cluster, load_model
 from trainplan.tune import knobs
 
 SUITE_DEFAULTS = {"cluster": "dgx-h100", "gpu": "h100-sxm", "seq_len": 2048, "warmup": 3,
@@ -127,7 +128,6 @@ def make_suite(*, suite_path: str | None = None, model: str | None = None, gpus:
             suite["layout"].get("pp", 1) != suite["gpus"]:
         raise SpecError(f"suite layout {suite['layout']} must give dp x tp x pp = gpus "
                         f"{suite['gpus']} (keys dp, tp, pp)")
-    from trainplan.specs import load_cluster, load_model
     load_model(suite["model"]), load_cluster(suite["cluster"])  # a bad preset fails here
     knobs.space(suite["space"])
     return suite

@@ -31,7 +31,10 @@ from __future__ import annotations
 import math
 import re
 
+from trainplan.cost import params
 from trainplan.errors import LayoutError, SpecError, TrainplanError
+from trainplan.specs import ModelSpec, load_cluster, load_model
+from trainplan.tune.knobs import NCCL_ALGO_ENV, NCCL_PROTO_ENV
 
 PRESETS = ("llama-1.3b", "llama-7b", "llama-13b", "llama-70b")
 PRESET_TOLERANCE = 0.15  # a size within 15% of a preset's count means that preset
@@ -72,9 +75,6 @@ def _row(n: float):
 
 def build_model(n: float):
     """A Llama-style spec of about `n` parameters from the nearest standard shape."""
-    from trainplan.cost import params
-    from trainplan.specs import ModelSpec
-
     _, _, hidden, _, _ = _row(n)
     heads = hidden // 128
     ffn = 256 * math.ceil(8 * hidden / 3 / 256)
@@ -90,9 +90,6 @@ def build_model(n: float):
 
 def model_for(text: str):
     """(ModelSpec, reason) for a --model-size."""
-    from trainplan.cost import params
-    from trainplan.specs import load_model
-
     n, moe = parse_size(text)
     if moe:
         m = load_model(moe)
@@ -111,8 +108,6 @@ def model_for(text: str):
 
 
 def global_batch(m, gpus: int, seq_len: int) -> tuple[int, str]:
-    from trainplan.cost import params
-
     n = params.total_params(m)
     row = _row(n)
     seqs = math.ceil(row[4] / seq_len / gpus) * gpus
@@ -130,8 +125,7 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
     `spec`, `gpu_spec`, `cluster_spec`: loaded specs that replace `model_size`,
     `gpu` and `cluster` (the runbook page passes its scenario's).
     """
-    from trainplan.calibrate.store import load_gpu
-    from trainplan.specs import load_cluster
+    from trainplan.calibrate.store import load_gpu  # pandas: not loaded at import
 
     if spec is None:
         m, model_reason = model_for(model_size)
@@ -148,8 +142,8 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
         raise SuggestError(f"--dataset-tokens {dataset_tokens:g} is smaller than one global "
                            f"batch ({global_batch_tokens:,} tokens); use more data or "
                            f"--global-batch-tokens <= {int(dataset_tokens):,}")
-    from trainplan.cost.step_time import time_to_train
-    from trainplan.plan.planner import plan
+    from trainplan.cost.step_time import time_to_train  # pandas: not loaded at import
+    from trainplan.plan.planner import plan  # pandas: not loaded at import
 
     try:
         out = plan(m, g, cl, gpus=gpus, seq_len=seq_len, global_batch_tokens=global_batch_tokens,
@@ -206,7 +200,6 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
 
 
 def _params(m) -> int:
-    from trainplan.cost import params
     return int(params.total_params(m))
 
 
@@ -214,7 +207,7 @@ def knob_settings(study: str | None) -> tuple[dict, dict, dict | None]:
     """NCCL and loader settings, their reasons, and the study cited (None: no study yet)."""
     from pathlib import Path
 
-    from trainplan.tune import report as tune_report
+    from trainplan.tune import report as tune_report  # pandas: not loaded at import
 
     rep = None
     if study is not None:
@@ -239,7 +232,6 @@ def knob_settings(study: str | None) -> tuple[dict, dict, dict | None]:
         notes[knob] = _finding(by.get(knob), knob)
         gain = _gain(by.get(knob))
         if gain:
-            from trainplan.tune.knobs import NCCL_ALGO_ENV, NCCL_PROTO_ENV
             nccl[env] = (NCCL_ALGO_ENV if knob == "nccl_algo" else NCCL_PROTO_ENV)[gain["level"]]
     for knob in ("num_workers", "prefetch_factor"):
         notes[knob] = _finding(by.get(knob), knob)

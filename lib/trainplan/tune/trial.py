@@ -22,6 +22,8 @@ from pathlib import Path
 
 from trainplan.errors import TrainplanError
 from trainplan.proctree import stop_tree
+from trainplan.records.provenance import nvidia_smi
+from trainplan.records.stats import rate_ci
 from trainplan.tune import knobs
 
 HEARTBEAT_S = 2.0  # seconds between spend updates: what a killed study can leave uncounted
@@ -93,8 +95,6 @@ def run_launch(cmd, env, *, tick, deadline_s: float) -> tuple[dict | None, str, 
 
 def pooled(summaries: list[dict]) -> dict:
     """Tokens/s/GPU over every kept step of every launch, with its bootstrap 95% interval."""
-    from trainplan.records.stats import rate_ci
-
     amounts, times = [], []
     for s in summaries:
         per_gpu = s["tokens_per_step"] / s["ranks"]
@@ -113,7 +113,6 @@ def card_name(cpu: bool) -> str:
     process holds no CUDA context on a card its launches measure."""
     if cpu:
         return "cpu"
-    from trainplan.records.provenance import nvidia_smi
 
     names = nvidia_smi()[0]
     if not names:
@@ -130,8 +129,6 @@ def device_groups(workers: int, gpus: int, cpu: bool) -> list[str | None]:
     if visible:
         ids = [d.strip() for d in visible.split(",") if d.strip()]
     else:
-        from trainplan.records.provenance import nvidia_smi
-
         ids = [str(i) for i in range(len(nvidia_smi()[0]))]
     if workers * gpus > len(ids):
         raise TrainplanError(f"--workers {workers}: {workers} x {gpus} GPUs needed, this machine "
@@ -142,6 +139,6 @@ def device_groups(workers: int, gpus: int, cpu: bool) -> list[str | None]:
 def gpu_for(card: str, suite: dict):
     """The card's preset with its committed calibration applied where one exists (as the
     planner and `validate` use it), else the suite's fallback preset's datasheet figures."""
-    from trainplan.calibrate.store import card_preset, load_gpu
-    from trainplan.calibrate.store import with_calibration as calibrated
+    from trainplan.calibrate.store import card_preset, load_gpu  # pandas: not loaded at import
+    from trainplan.calibrate.store import with_calibration as calibrated  # pandas: not at import
     return calibrated(load_gpu(card_preset(card) or suite["gpu"]))

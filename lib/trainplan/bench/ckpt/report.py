@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from trainplan.bench.ckpt.store import EVENTS
+from trainplan.records import schema as records
 
 MODES = ("sync", "async")
 _VERDICT = {True: "matches", False: "DIFFERS", None: "not compared (last save failed)"}
@@ -109,8 +110,6 @@ def summarise(raw: dict, saves: list[dict], steps: list[dict], restart: dict) ->
 def record(bench, targs, b, *, raw: dict, restart: dict, async_options, state_bytes: float
            ) -> dict:
     """The `checkpoint` record of one launch (rank 0; `b` is the finished `ckpt_bench.Bench`)."""
-    from trainplan.records import schema as records
-
     saved = {e["step"]: e for e in events(b.root, "saved")}
     saves = []
     for s in b.saves:

@@ -66,7 +66,7 @@ class LoaderBatches:
 
     def __init__(self, grad_accum: int, start: int = 0, **loader_kwargs):
         try:
-            from trainplan.bench.harness import data
+            from trainplan.bench.harness import data  # local: optional (--synthetic needs none)
         except ImportError as err:
             raise LayoutError(
                 f"the data pipeline (trainplan.bench.harness.data) cannot be imported ({err}); "
@@ -76,7 +76,7 @@ class LoaderBatches:
         self.loader = data.build_loader(**loader_kwargs)  # SpecError for bad knobs
 
     def __iter__(self) -> Iterator[list[Batch]]:
-        from trainplan.bench.harness import data
+        from trainplan.bench.harness import data  # local: optional (--synthetic needs none)
 
         epoch, offset = divmod(self.start * self.grad_accum, len(self.loader))
         it = data.infinite(self.loader, epoch)  # epoch after epoch, reshuffled by set_epoch

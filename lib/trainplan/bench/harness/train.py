@@ -34,6 +34,7 @@ from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness.model import Transformer, count_params, slice_spec
 from trainplan.errors import TrainplanError
+from trainplan.records import schema as records
 from trainplan.specs import ModelSpec, ParallelConfig, load_model, slice_name
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, vendor datasheets
@@ -210,7 +211,7 @@ def run(args) -> dict:
 
     from tqdm import tqdm
 
-    from trainplan.cost.compute import model_flops_per_token
+    from trainplan.cost.compute import model_flops_per_token  # pandas: not loaded at harness start
 
     mon = monitor.Monitor(args, tokens_per_step=_tokens_per_step(cfg, args),
                           flops_per_token=model_flops_per_token(spec, args.seq_len),
@@ -282,7 +283,7 @@ def _max_over_ranks(values: list[float], device) -> list[float]:
 
 def summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
     """The numbers of one run; rates as total tokens over total measured time."""
-    from trainplan.cost.compute import model_flops_per_token
+    from trainplan.cost.compute import model_flops_per_token  # pandas: not loaded at harness start
 
     times = _max_over_ranks(times, device)  # a step ends when its slowest rank does
     measured = times[min(args.warmup, len(times) - 1):] if times else []  # resumed: >= 1 kept
@@ -352,8 +353,6 @@ def pools_by_stream(segments: list[dict], device_index: int) -> dict[str, dict]:
 def write_record(path: str, summary: dict, run_id: str | None) -> None:
     """Append the run as a measurement record (`trainplan.records.schema`, which derives the
     median step time, the rate with its interval and MFU from the kept step times)."""
-    from trainplan.records import schema as records
-
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
     extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "cpu_affinity",

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.harness.model import TransformerBlock, rope_tables
+from trainplan.bench.harness.parallelize import apply_compile, apply_fsdp
 from trainplan.bench.micro.model import PRECISIONS, RECOMPUTE_MODES, OneBlock, block_precision
 from trainplan.bench.micro.shapes import gemm_shapes
 from trainplan.bench.micro.timing import (
@@ -84,8 +85,6 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
     """Seconds and bytes of one DDP-wrapped (compiled) block, fwd + bwd; all ranks call it."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from trainplan.bench.harness.parallelize import apply_compile
-
     n = dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
         else torch.device("cpu")
@@ -147,8 +146,6 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
     per-call work runs once per step in the model. The host bench asks for it; the
     `fsdp_block_scale` records keep the one-block time that `_fsdp_scales` reads."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from trainplan.bench.harness.parallelize import apply_compile, apply_fsdp
 
     if zero not in FSDP_MODES.values():
         raise SpecError(f"zero = {zero!r} is not valid for the fsdp block; use 2 or 3")

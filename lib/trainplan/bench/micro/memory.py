@@ -39,6 +39,8 @@ import time
 
 import torch
 
+from trainplan.bench.harness.train import pools_by_stream
+from trainplan.bench.micro.layouts import whole_list
 from trainplan.bench.micro.shapes import whole
 from trainplan.bench.micro.step import harness_step, step_config, wrapper_setup
 from trainplan.bench.micro.timing import card, slowest, sync, timed_results
@@ -53,8 +55,6 @@ def stack_tasks(args, rank: int, world: int, tps: list) -> list[tuple[str, dict]
     """One task per (wrapper, depth): plain on rank 0; with world > 1 FSDP2 ZeRO-2 and ZeRO-3
     and the runnable TP modes `tps` on every rank; each at the depths of --memory-layers, at
     micro-batch --tokens / --seq-len of --seq-len tokens."""
-    from trainplan.bench.micro.layouts import whole_list
-
     depths = sorted(set(whole_list(args.memory_layers, "--memory-layers")))
     full = load_model(args.model).n_layers
     if not depths or depths[-1] > full:
@@ -90,8 +90,6 @@ def _stack_peaks(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
     """(wall seconds of each measured step, [peak reserved, peak allocated, side pools] bytes
     or None off CUDA, rank 0's pools by stream or None) of `steps` steps after `warmup`,
     the model built and stepped as `micro_step._timed_steps` does."""
-    from trainplan.bench.harness.train import pools_by_stream
-
     step = harness_step(spec, micro_batch, seq, tp=tp, zero=zero, dev=dev, low=low,
                         compile=compile, mesh=mesh, max_norm=max_norm)
     for _ in range(warmup):

@@ -41,6 +41,8 @@ from trainplan.bench.harness.model import (
     rope_tables,
     slice_spec,
 )
+from trainplan.bench.harness.parallelize import apply_ac, apply_compile
+from trainplan.bench.harness.step import cross_entropy
 from trainplan.bench.micro.timing import card, dtype_of, sync, time_blocks, timed_results
 from trainplan.errors import SpecError
 from trainplan.records.schema import microbenchmark_record
@@ -93,8 +95,6 @@ def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recomp
                 warmup: int = 3, iters: int = 5, repeats: int = 6, run_id: str | None = None,
                 extra: dict | None = None) -> dict:
     """Seconds and kept activation bytes of one block, forward + backward."""
-    from trainplan.bench.harness.parallelize import apply_ac, apply_compile
-
     if recompute not in RECOMPUTE_MODES:
         raise SpecError(f"recompute {recompute!r} is not valid; use one of {RECOMPUTE_MODES}")
     spec, dev = load_model(model), _device(device)
@@ -144,8 +144,6 @@ def bench_head(model: str, micro_batch: int, seq: int, *, compile: bool = False,
     `compile` compiles the loss only, as `bench.harness.step.loss_function` does (the
     norm and output projection stay eager there, outside the compiled blocks).
     """
-    from trainplan.bench.harness.step import cross_entropy
-
     spec, dev = load_model(model), _device(device)
     dt, amp, amp_dtype = block_precision(precision, dtype_of(dtype), dev)
     head = nn.Sequential(norm_layer(spec), nn.Linear(spec.hidden, spec.vocab, bias=False))

@@ -46,7 +46,7 @@ from trainplan.bench.micro.shapes import (
 )
 from trainplan.bench.micro.timing import card, dtype_of, time_blocks, timed_results
 from trainplan.errors import SpecError, TrainplanError
-from trainplan.records.schema import microbenchmark_record
+from trainplan.records.schema import append, microbenchmark_record
 from trainplan.specs import ModelSpec, load_model
 
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
@@ -299,8 +299,6 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from tqdm import tqdm
-
-    from trainplan.records.schema import append
 
     args = _parser().parse_args(argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))

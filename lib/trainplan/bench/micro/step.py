@@ -19,8 +19,15 @@ import time
 import torch
 import torch.distributed as dist
 
+from trainplan.bench.harness import feed
+from trainplan.bench.harness import step as step_mod
+from trainplan.bench.harness.model import Transformer
+from trainplan.bench.harness.parallelize import Parallelized, apply_compile, apply_fsdp, apply_tp
+from trainplan.bench.harness.step import loss_function
+from trainplan.bench.harness.train import make_optimizer
 from trainplan.bench.micro.shapes import SWEEP_MICRO_BATCHES, whole
 from trainplan.bench.micro.timing import card, dtype_of, slowest, sync, timed_results
+from trainplan.bench.micro.tp import runnable
 from trainplan.errors import SpecError
 from trainplan.records.schema import microbenchmark_record
 from trainplan.records.stats import median_ci
@@ -82,14 +89,6 @@ def _build(spec, seq: int, *, tp: int, zero: int, dev, low: bool, compile: bool,
     """The whole model wrapped as `parallelize` wraps it (steps 1, 3, 4; no pipeline, no
     recompute), materialised after wrapping where parameters are sharded on GPU (as
     `train.build`); a `Parallelized` of it."""
-    from trainplan.bench.harness.model import Transformer
-    from trainplan.bench.harness.parallelize import (
-        Parallelized,
-        apply_compile,
-        apply_fsdp,
-        apply_tp,
-    )
-
     meta = dev.type == "cuda" and mesh is not None
     torch._dynamo.reset()  # a fresh compile per wrapper: no recompile limit reached
     torch.manual_seed(0)
@@ -113,11 +112,6 @@ def harness_step(spec, micro_batch: int, seq: int, *, tp: int, zero: int, dev, l
     (`_build`), AdamW (fused on GPU), the loss (`step.loss_function`), synthetic
     micro-batches moved to the device, `train_step`. The host-step and memory-stack
     benches time and measure it."""
-    from trainplan.bench.harness import feed
-    from trainplan.bench.harness import step as step_mod
-    from trainplan.bench.harness.step import loss_function
-    from trainplan.bench.harness.train import make_optimizer
-
     par = _build(spec, seq, tp=tp, zero=zero, dev=dev, low=low, compile=compile, mesh=mesh)
     optimizer = make_optimizer(par, 3e-4, dev)  # as train.run builds it
     loss_fn = loss_function(compile)
@@ -157,8 +151,6 @@ def wrapper_setup(tp: int, zero: int, seq: int, dtype: str, bench: str):
     """(alone, ranks, low precision, device, mesh) for a whole-model bench under the wrapper
     (tp, zero): "plain" (tp 1, zero 0) is this rank's own model and no mesh; else a
     (world / tp, tp) mesh over every rank. Bad (tp, zero, seq) raise one SpecError line."""
-    from trainplan.bench.micro.tp import runnable
-
     alone = tp == 1 and zero == 0
     n = dist.get_world_size() if dist.is_initialized() else 1
     if zero not in ZERO or not (alone or (tp, zero) in runnable([(tp, zero)], n)):

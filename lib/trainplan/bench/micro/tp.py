@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.harness.model import rope_tables
+from trainplan.bench.harness.parallelize import apply_compile, apply_fsdp, apply_tp
 from trainplan.bench.micro.layouts import BlockNet, comma_items, kept_and_peak
 from trainplan.bench.micro.timing import (
     card,
@@ -94,8 +95,6 @@ def bench_tp_block(model: str, micro_batch: int, seq: int, *, tp: int, zero: int
     """Seconds of one tensor-parallel (compiled) block, fwd + bwd, on a (world / tp, tp) mesh,
     FSDP2-wrapped over the first dimension when `zero` is 2 or 3; all ranks call it."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from trainplan.bench.harness.parallelize import apply_compile, apply_fsdp, apply_tp
 
     n = dist.get_world_size()
     if (tp, zero) not in runnable([(tp, zero)], n) or zero not in TP_ZERO.values():

@@ -38,6 +38,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor.debug import CommDebugMode
 
+from trainplan.bench.harness import parallelize as par_mod
+from trainplan.bench.harness import step as step_mod
+from trainplan.bench.harness import train
+from trainplan.bench.harness.model import TransformerBlock
+from trainplan.errors import TrainplanError
+
 KINDS = ("reduce_scatter", "all_gather", "all_reduce", "all_to_all", "broadcast")
 
 
@@ -145,8 +151,6 @@ def dynamo_numbers(recompiles: _Records, limits: _Records) -> dict:
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
 
-    from trainplan.bench.harness.model import TransformerBlock
-
     reasons = []  # first line, and the first failed guard, of each recompile
     for message in recompiles.messages:
         lines = [x.strip() for x in message.splitlines()]
@@ -171,11 +175,6 @@ def parse(argv):
 
 
 def main(argv=None) -> int:
-    from trainplan.bench.harness import parallelize as par_mod
-    from trainplan.bench.harness import step as step_mod
-    from trainplan.bench.harness import train
-    from trainplan.errors import TrainplanError
-
     mine, rest = parse(list(sys.argv[1:] if argv is None else argv))
     targs = train.parse_args([*rest, "--json"])
     count = max(1, min(mine.count_steps, targs.steps - targs.warmup - 1))

@@ -29,7 +29,10 @@ import sys
 
 import torch
 
+from trainplan.bench.harness import step as step_mod
+from trainplan.bench.harness import train
 from trainplan.compare.trace_split import is_annotation  # one rule, shared with the JSON reader
+from trainplan.records.provenance import provenance
 
 BUCKETS = (  # first match wins; names of CUDA kernels as the profiler reports them
     ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
@@ -95,9 +98,6 @@ def parse(argv):
 def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from trainplan.bench.harness import step as step_mod
-    from trainplan.bench.harness import train
-
     mine, rest = parse(list(sys.argv[1:] if argv is None else argv))
     targs = train.parse_args([*rest, "--impl", mine.impl])
     set_sdpa_backend(mine.sdpa)
@@ -132,7 +132,6 @@ def main(argv=None) -> int:
     # the profiler's active steps; the last one also runs the profiler's stop and trace
     # collection (0.4-0.9 s on 4 x H100), so the step is their median, not their mean
     recorded = summary.get("step_times_s", [])[1:1 + active]
-    from trainplan.records.provenance import provenance
 
     out = {"impl": mine.impl, "sdpa": mine.sdpa, "layout": summary.get("layout"),
            "card": summary.get("card"), "active_steps": active,

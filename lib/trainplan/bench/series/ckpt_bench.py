@@ -50,6 +50,7 @@ from trainplan.bench.harness import feed, train
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.errors import TrainplanError
+from trainplan.records import schema as records
 
 SUBDIR = "trainplan-ckpt-bench"
 RECORDS = "ckpt-records.jsonl"
@@ -306,8 +307,6 @@ def main(argv=None) -> int:
         bench, targs = parse_args(argv)
         record = run(bench, targs)
         if record is not None:
-            from trainplan.records import schema as records
-
             out = Path(bench.out) / RECORDS
             records.append(out, record)
             print(ckpt_report.table(record))

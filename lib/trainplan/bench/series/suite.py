@@ -37,11 +37,12 @@ from pathlib import Path
 
 import yaml
 
-from trainplan.calibrate.store import card_preset
+from trainplan.calibrate.store import card_preset, load_gpu
 from trainplan.errors import SpecError, TrainplanError
+from trainplan.plan.planner import plan
 from trainplan.proctree import stop_tree
 from trainplan.records import schema as records
-from trainplan.specs import LAYOUT_FIELDS, slice_name
+from trainplan.specs import LAYOUT_FIELDS, load_cluster, load_model, slice_name
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
@@ -110,10 +111,6 @@ def full_layout(cfg: dict) -> dict:
 
 def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     """The planner's figures for exactly this layout, as a prediction record."""
-    from trainplan.calibrate.store import load_gpu
-    from trainplan.plan.planner import plan
-    from trainplan.specs import load_cluster, load_model
-
     lay = full_layout(cfg)
     seq = seq_len(suite, cfg)
     gpu = load_gpu(gpu_preset(card, suite))

@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
+from trainplan.records import schema as records
+
 CASE_COLOURS = {"conservative": "#c44e52", "nominal": "#4c72b0"}
 
 
@@ -90,8 +92,6 @@ def checkpoint_records(paths) -> list[dict]:
     """`checkpoint` records (trainplan.bench.series.ckpt_bench) of the files that exist, validated;
     a malformed file raises RecordError naming it."""
     from pathlib import Path
-
-    from trainplan.records import schema as records
 
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     return [r for p in paths if Path(p).is_file() for r in records.load(p)
