@@ -41,8 +41,10 @@ import yaml
 
 from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.calibrate.store import COLLECTIVES, CalibrationError, card_preset
+from trainplan.cost import comms
 from trainplan.errors import SpecError
-from trainplan.specs import GPUSpec
+from trainplan.records import schema as records
+from trainplan.specs import GPUSpec, load_model
 
 GEMM_COUNT = {"q": 1, "kv": 2, "out": 1, "gate_up": 2, "up": 1, "down": 1}  # per layer
 
@@ -95,7 +97,6 @@ def attention_fraction(recs: list[dict], peak_tflops: float) -> dict:
 
 def ring_bytes(op: str, size_bytes, n) -> np.ndarray:
     """Bytes a rank sends: 2 (n-1)/n S (all-reduce), (n-1)/n S (others); as `comms.ring_bytes`."""
-    from trainplan.cost import comms
     return np.asarray(comms.ring_bytes(op, size_bytes, n), dtype=float)
 
 
@@ -150,9 +151,6 @@ def _source(path: Path, recs: list[dict]) -> dict:
 
 def build(paths, gpu: GPUSpec) -> dict:
     """A calibration of preset `gpu` from the microbenchmark records in `paths`."""
-    from trainplan.records import schema as records
-    from trainplan.specs import load_model
-
     by_bench, sources = defaultdict(list), []
     for path in map(Path, paths):
         recs = [r for r in records.load(path) if r["kind"] == "microbenchmark"]

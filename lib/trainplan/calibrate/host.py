@@ -49,6 +49,8 @@ import statistics
 
 import numpy as np
 
+from trainplan.cost.measured import interleaved
+
 PURPOSE = "host"
 SWEEP = "interleave"  # the plain block at micro-batches where host and GPU time are close
 STEP = "host-step"  # the whole model's step at the host bench's size (bench.micro_step)
@@ -148,8 +150,6 @@ def overlap_k(host_records: list[dict], device_time, host_block_s) -> dict:
     of (d^k + h^k)^(1/k) against the measured time over K_GRID (`overheads.interleaved`);
     microbenchmarks only, no end-to-end run.
     """
-    from trainplan.cost.measured import interleaved
-
     h = dict((str(w), float(t)) for w, t in host_block_s or ()).get("plain")
     sweep = [r for r in host_records if r.get("purpose") == SWEEP
              and wrapper_name(r["config"]) == "plain"]

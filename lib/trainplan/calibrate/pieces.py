@@ -75,7 +75,7 @@ from trainplan.calibrate import memory as calibrate_memory
 from trainplan.calibrate import tp as calibrate_tp
 from trainplan.cost import compute, memory
 from trainplan.cost.measured import activation_scale  # noqa: F401  (read here and by perf)
-from trainplan.specs import GPUSpec, ModelSpec
+from trainplan.specs import GPUSpec, ModelSpec, load_model
 from trainplan.specs.layouts import RECOMPUTE
 
 PIECES = ("hbm", "head", "block", "optimizer", "overlap")
@@ -105,8 +105,6 @@ MIN_SCALE = 0.05  # a residual below this is noise, not a speed-up
 
 
 def _spec(record: dict) -> ModelSpec:
-    from trainplan.specs import load_model
-
     cfg = record["config"]
     if isinstance(cfg.get("model_spec"), dict):
         return ModelSpec(**cfg["model_spec"])

@@ -32,7 +32,7 @@ def register(verbs) -> None:
 
 
 def cmd_prepare(args) -> dict:
-    from trainplan.data.shards import prepare
+    from trainplan.data.shards import prepare  # numpy: not loaded for --help
 
     t0 = time.monotonic()
 

@@ -89,12 +89,13 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         compiled_loss=compiled, gpu=gpu)
 
     # compute of one micro-batch on the slowest (last) stage
-    per_stage = dict(m=m, gpu=gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp,
-                     recompute=L.recompute, sequence_parallel=sp, compiled=compiled,
-                     autocast=autocast, ddp=compute.ddp_layout(dp, L.zero, tp, pp), fsdp=~autocast)
-    compute_mb = compute.microbatch_compute_time(**per_stage)
+    compute_mb = compute.microbatch_compute_time(
+        m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
+        sequence_parallel=sp, compiled=compiled, autocast=autocast,
+        ddp=compute.ddp_layout(dp, L.zero, tp, pp), fsdp=~autocast)
     # the output layer and loss run on the last stage only: the others fill and drain the pipe
-    head_mb = compute_mb - compute.microbatch_compute_time(**per_stage, last_stage=False)
+    head_mb = mb * seq_len / cp * compute.head_time_per_token(m, gpu, tokens=mb * seq_len / cp,
+                                                               tp=tp, compiled=compiled)
     stage_params = params.stage_params_per_rank(m, tp, pp, ep)
     # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
     compute_mb = compute_mb + compute.grad_accum_time(
