@@ -8,18 +8,11 @@
     tensor-parallel = block collectives + embedding/norm/logits collectives
                       + DTensor's layout copies around sequence-parallel collectives
 
-with m = grad_accum micro-batches per step; a micro-batch takes at least the host's
-time to issue it, layers x `GPUSpec.host_block_s` of the layout's block wrapper, the
-last one also the step's host work outside the blocks, `GPUSpec.host_step_s` plus
-the stage's layers x `GPUSpec.host_step_layer_s` (`overheads.host_step_time`,
-`overheads.host_wait_per_step`, `trainplan.calibrate.host`): the harness syncs
-once a step, so within a step host and GPU overlap and the slower sets the pace
-(host-bound vs device-bound, as a roofline); the wait shows as `host_wait_s`, a part
-of `compute_s`. The pipeline bubble of 1F1B is
-(p - 1) / v micro-batch slots (Narayanan et al. 2021, eq. for interleaved
-1F1B: bubble fraction (p - 1) / (v m + p - 1)), each a micro-batch of a stage
-without the output layer and loss: the last stage, which has them, sets the pace
-of the m steady slots, and the other p - 1 stages fill and drain the pipe.
+with m = grad_accum micro-batches per step. A micro-batch takes at least the host's time
+to issue it (`overheads.host_wait_per_step`, `trainplan.calibrate.host`): host and GPU
+overlap within a step and the slower sets the pace; the wait is a part of `compute_s`.
+The 1F1B bubble is (p - 1) / v micro-batch slots (Narayanan et al. 2021) of a stage
+without the output layer and loss, which only the last stage runs.
 
 The layout decides the precision the harness runs (`compute.autocast_layout`):
 without FSDP2 the fp32 weights run under autocast, so the residual stream,
@@ -27,15 +20,11 @@ the tensors TP gathers and the pipeline sends are fp32, and the blocks take
 the autocast element-wise scale; DDP-wrapped blocks take `ddp_block_scale`,
 FSDP2-wrapped ones `fsdp_block_scale`.
 
-Data-parallel traffic includes the copy kernels its collectives need
-(`compute.dp_copy_time`: FSDP2's copy-in/copy-out, DDP's bucket copies),
-memory-bound work on the critical path.
-
-Overlap: data-parallel traffic hides under the compute of the pass it runs
-in, except the first block's gather (or last block's reduce), which has no
-compute to hide under (Zhao et al. 2023, PyTorch FSDP, sec. 3.4). Tensor- and
-expert-parallel collectives sit on the critical path. Ring-attention sends
-hide under the attention kernel of the same block.
+Data-parallel traffic (with the copy kernels around it, `compute.dp_copy_time`) hides
+under the compute of the pass it runs in, except the first block's gather (or the last
+block's reduce), which has no compute to hide under (Zhao et al. 2023, PyTorch FSDP,
+sec. 3.4). Tensor- and expert-parallel collectives sit on the critical path; ring-attention
+sends hide under the attention kernel of the same block.
 """
 
 from __future__ import annotations
