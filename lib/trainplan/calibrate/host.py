@@ -5,42 +5,16 @@
 
 Source: microbenchmark records only (`"purpose"` host, interleave or host-step), which
 `trainplan.calibrate.pieces.fit` keeps away from every other scale and hands here. Times
-are seconds, per block wrapper: "plain" (one GPU, DDP, PP alone), "fsdp2", "tpN" or
-"tpN+fsdp2" (`wrapper_name`).
+are seconds, per block wrapper (`wrapper_name`): "plain" (one GPU, DDP, PP alone), "fsdp2",
+"tpN" or "tpN+fsdp2"; a wrapper whose block was not timed has no row. The harness syncs
+once a step, so host and GPU overlap, and the planner (`trainplan.cost.measured`) prices a
+micro-batch as a roofline with the host as the second roof:
 
-- host_block_s: the median fwd + bwd of one block (`bench.micro.model.bench_block`,
-  `bench.micro.layouts.bench_fsdp_block`, `bench.micro.tp.bench_tp_block`) at
-  micro-batch 1 and `bench.micro.run.HOST_SEQ` tokens, where every GPU kernel takes
-  microseconds: the host's time to issue the block (Python, guards and launches of the
-  compiled graphs, FSDP2's and DTensor's hooks, the collectives' calls). The harness syncs
-  once a step, so host and GPU overlap and the planner (`trainplan.cost.measured`) prices
-  a micro-batch as a roofline with the host as the second roof:
+    t_mb = max(t_device, layers x host_block_s[wrapper])
 
-      t_mb = max(t_device, layers x host_block_s[wrapper])
-
-- host_overlap_k (`overlap_k`): the exponent k of the smooth maximum (d^k + h^k)^(1/k)
-  (`cost.measured.interleaved`) that replaces the max where the two are close, fitted to
-  the plain compiled block timed at micro-batches 1, 2 and 4 of the full sequence
-  ("interleave"), where its GPU time crosses its host time. k = 0 keeps the max.
-- host_step_s, host_step_layer_s (`_step_scales`): the host's work outside the blocks
-  (embedding, compiled head and loss, `clip_grad_norm_`, fused AdamW's `step()` and
-  `zero_grad()`, FSDP2's root hooks, the data feed), from whole steps of the model at
-  micro-batch 1 and HOST_SEQ tokens (`bench.micro.step`, "host-step"; time_s the host's
-  time to issue the step). With steps timed at two depths or more
-  (`bench.micro.step.step_depths`), a least-squares line through the medians per depth L:
-
-      time_s = a + L x b
-      host_step_s[wrapper] = max(0, a)                               once a step
-      host_step_layer_s[wrapper] = max(0, b - host_block_s[wrapper])  per layer
-
-  `cost.measured.host_wait_per_step` adds both once a step, to the last micro-batch. The
-  optimizer and clipping run per parameter tensor, so per layer, and a pipeline stage
-  pays only its own layers' share. With one depth, host_step_s = median(time_s - layers x
-  host_block_s), >= 0, and no host_step_layer_s; where other wrappers have two depths, a
-  one-depth wrapper's host_step_layer_s is 0, so that the planner's fallbacks
-  (`measured.per_wrapper`) do not lend it another wrapper's per-layer work. A wrapper
-  whose block was not timed has no row. The plain step runs fp32 weights under autocast
-  while the plain block runs pure bf16, so autocast's casts land in the plain row.
+smoothed where the two are close by host_overlap_k (`overlap_k`), plus the host's work
+outside the blocks, once a step and per layer (host_step_s, host_step_layer_s:
+`_step_scales`). Each key's measurement and fit: `host_scales`, `overlap_k`, `_step_scales`.
 """
 
 from __future__ import annotations
@@ -53,7 +27,7 @@ from trainplan.cost.measured import interleaved
 
 PURPOSE = "host"
 SWEEP = "interleave"  # the plain block at micro-batches where host and GPU time are close
-STEP = "host-step"  # the whole model's step at the host bench's size (bench.micro_step)
+STEP = "host-step"  # the whole model's step at the host bench's size (bench.micro.step)
 K_GRID = np.round(np.arange(1.0, 12.01, 0.1), 2)  # past 12 the smooth max is the max within 1%
 
 
@@ -88,8 +62,8 @@ def _by_wrapper(records: list[dict], purpose: str, value) -> dict[str, list[floa
 def step_line(times_by_depth: dict[int, list[float]]) -> tuple[float, float]:
     """(a, b) of the line time_s = a + L x b through the median step time at each depth L,
     by least squares (exact through two depths); two or more depths. The host's work a
-    step as a constant a and a part b per layer (the module docstring; measured on the
-    host-step bench's records, `bench.micro_step`)."""
+    step as a constant a and a part b per layer (`_step_scales`; measured on the
+    host-step bench's records, `bench.micro.step`)."""
     depth = np.array(sorted(times_by_depth), dtype=float)
     t = np.array([statistics.median(times_by_depth[int(n)]) for n in depth], dtype=float)
     dx = depth - depth.mean()
@@ -99,7 +73,26 @@ def step_line(times_by_depth: dict[int, list[float]]) -> tuple[float, float]:
 
 def _step_scales(host_records: list[dict], blocks: dict[str, float]) -> dict:
     """host_step_s (and host_step_layer_s where a wrapper was timed at two depths or more)
-    from the step records of the wrappers in `blocks` (the module docstring's rules)."""
+    from the step records of the wrappers in `blocks` (host_block_s by wrapper).
+
+    The records are whole steps of the model at micro-batch 1 and HOST_SEQ tokens
+    (`bench.micro.step`, "host-step"; time_s the host's time to issue the step), at the
+    depths of `bench.micro.step.step_depths`: the host's work outside the blocks (embedding,
+    compiled head and loss, `clip_grad_norm_`, fused AdamW's `step()` and `zero_grad()`,
+    FSDP2's root hooks, the data feed). Through the medians per depth L (`step_line`):
+
+        time_s = a + L x b
+        host_step_s[wrapper] = max(0, a)                               once a step
+        host_step_layer_s[wrapper] = max(0, b - host_block_s[wrapper])  per layer
+
+    `cost.measured.host_wait_per_step` adds both once a step, to the last micro-batch; the
+    optimizer and clipping run per parameter tensor, so per layer, and a pipeline stage pays
+    only its own layers' share. With one depth, host_step_s = median(time_s - layers x
+    host_block_s), >= 0, and no host_step_layer_s; where other wrappers have two depths, a
+    one-depth wrapper's host_step_layer_s is 0, so that the planner's fallbacks
+    (`measured.per_wrapper`) do not lend it another wrapper's per-layer work. The plain step
+    runs fp32 weights under autocast while the plain block runs pure bf16, so autocast's
+    casts land in the plain row."""
     steps: dict[str, dict[int, list[float]]] = {}
     for r in (r for r in host_records if r.get("purpose") == STEP):
         name = wrapper_name(r["config"])
@@ -111,7 +104,7 @@ def _step_scales(host_records: list[dict], blocks: dict[str, float]) -> dict:
         if len(by_depth) > 1:
             const[w], b = step_line(by_depth)
             per_layer[w] = b - blocks[w]
-        else:  # one depth: everything outside the blocks is the constant (as before)
+        else:  # one depth: everything outside the blocks is the constant
             const[w] = float(statistics.median(t - n * blocks[w] for n, ts in by_depth.items()
                                                for t in ts))
     out = {}
@@ -128,11 +121,13 @@ def host_scales(host_records: list[dict]) -> dict:
     seconds], ...], "host_step_layer_s": [[wrapper, seconds], ...]} sorted by wrapper; a
     key without records is left out ({} if none).
 
-    host_block_s: time_s is one block's fwd + bwd (the TP bench's per-block time included).
-    host_step_s: a wrapper's step at one depth: the median over its step records of
-    time_s - layers x its host_block_s, clamped at 0; at two depths or more: the intercept
-    of `step_line`, clamped at 0, and host_step_layer_s its slope less host_block_s,
-    clamped at 0: the step's host work outside the blocks, once a step and per layer."""
+    host_block_s: the median fwd + bwd (time_s) of one block (`bench.micro.model.bench_block`,
+    `bench.micro.layouts.bench_fsdp_block`, the per-block time of
+    `bench.micro.tp.bench_tp_block`) at micro-batch 1 and `bench.micro.run.HOST_SEQ` tokens,
+    where every GPU kernel takes microseconds: the host's time to issue the block (Python,
+    guards and launches of the compiled graphs, FSDP2's and DTensor's hooks, the
+    collectives' calls). host_step_s, host_step_layer_s: the step's host work outside the
+    blocks, once a step and per layer (`_step_scales`)."""
     blocks = {w: round(float(statistics.median(v)), 7)
               for w, v in _by_wrapper(host_records, PURPOSE, lambda r: r["results"]["time_s"])
               .items()}
@@ -144,11 +139,13 @@ def host_scales(host_records: list[dict]) -> dict:
 def overlap_k(host_records: list[dict], device_time, host_block_s) -> dict:
     """{"host_overlap_k": k} fitted to the sweep's blocks; {} without them or a plain host time.
 
-    Each sweep record is one plain compiled block (fwd + bwd) at a micro-batch where its GPU
-    time d (`device_time(record)`: the calibrated analytic terms, as `block_checks` prices
-    the block) is near the host's h (host_block_s "plain"). k minimises the squared log error
-    of (d^k + h^k)^(1/k) against the measured time over K_GRID (`overheads.interleaved`);
-    microbenchmarks only, no end-to-end run.
+    k is the exponent of the smooth maximum (d^k + h^k)^(1/k) (`cost.measured.interleaved`)
+    that replaces max(d, h) where the two are close; k = 0 keeps the max. Each sweep record
+    ("interleave") is the plain compiled block (fwd + bwd) at micro-batch 1, 2 or 4 of the
+    full sequence, where its GPU time d (`device_time(record)`: the calibrated analytic
+    terms, as `block_checks` prices the block) crosses the host's h (host_block_s "plain").
+    k minimises the squared log error of the smooth maximum against the measured time over
+    K_GRID; microbenchmarks only, no end-to-end run.
     """
     h = dict((str(w), float(t)) for w, t in host_block_s or ()).get("plain")
     sweep = [r for r in host_records if r.get("purpose") == SWEEP

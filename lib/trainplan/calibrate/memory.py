@@ -4,36 +4,14 @@ allocated, as a share of the activations, per wrapper.
     memory-stack records (bench.micro --benches memory-stack)
         -> fragmentation_scales -> GPUSpec -> memory_runtime.fragmentation_bytes
 
-The reserve is peak reserved - peak allocated, the part of
-`torch.cuda.max_memory_reserved` no tensor holds; it grows with depth, by wrapper. Source:
-the memory-stack microbenchmark only (`bench.micro.memory`), which cuts the model to its
-first N blocks for two depths N and records the peaks of a few training steps under each
-wrapper; never the end-to-end runs the planner is checked against. Without rows the
-planner keeps the assumption `memory_runtime.FRAGMENTATION`.
-
-The fit, per record (each rank's peaks, max over ranks):
-
-    reserve(N) = peak reserved - peak allocated - side pools
-    slope[w]   = least-squares slope of reserve(N) over N (exact through two depths;
-                 `calibrate_host.step_line`, medians per depth)
-    fragmentation_scales[w] = max(0, slope[w] / kept(w)),  kept(w) = the planner's bytes
-                 one block keeps for that record's config (`memory.layer_kept_bytes`, at
-                 the calibration's own activation scale, on the wrapper's precision path)
-
-"side pools": the bytes reserved in the pools of streams other than the compute stream
-(FSDP2's all-gather copy-in and reduce-scatter streams; 0 elsewhere and in records without
-the field). `memory_runtime.stream_pool_bytes` prices those pools already, and the
-reduce-scatter pool (4 bytes a parameter over the shard degree) grows with depth too, so
-left in it would be counted twice.
-
-Wrappers (`calibrate_host.wrapper_name`): "plain", "fsdp2", "tpN", "tpN+fsdp2", with
-":z3" appended to an FSDP2 wrapper run at ZeRO-3 ("fsdp2:z3"). The stages are kept apart
-because ZeRO-3 re-gathers every block in backward, which leaves a much larger
-compute-stream reserve per layer than ZeRO-2's; `memory_runtime._stage_rows` lets a stage
-with no row of its own take the other's. Records of one wrapper at several shapes
-(micro-batch, sequence, model width) each give a scale; the row is their median. A wrapper
-measured at one depth gives no row (no slope), nor do records without bytes (CPU runs
-write None).
+The reserve is peak reserved - peak allocated (bytes), the part of
+`torch.cuda.max_memory_reserved` no tensor holds, less the side streams' pools
+(`reserve_bytes`); it grows with depth, by wrapper. Source: the memory-stack
+microbenchmark only (`bench.micro.memory`: the model cut to its first N blocks for two
+depths N, the peaks of a few training steps under each wrapper), never the end-to-end runs
+the planner is checked against. The scale is the reserve's slope over depth per byte one
+block keeps (`fragmentation_scales`); without rows the planner keeps the assumption
+`memory_runtime.FRAGMENTATION`. Wrappers: `wrapper_key`.
 """
 
 from __future__ import annotations
@@ -57,8 +35,11 @@ def is_stack(record: dict) -> bool:
 
 
 def wrapper_key(config: dict) -> str | None:
-    """`calibrate_host.wrapper_name` of a memory-stack config, ":z3" appended to an FSDP2
-    wrapper at ZeRO-3 ("fsdp2:z3", "tp2+fsdp2:z3"); None for a wrapper with no row."""
+    """`calibrate_host.wrapper_name` of a memory-stack config ("plain", "fsdp2", "tpN",
+    "tpN+fsdp2"), ":z3" appended to an FSDP2 wrapper at ZeRO-3 ("fsdp2:z3", "tp2+fsdp2:z3");
+    None for a wrapper with no row. The stages are kept apart because ZeRO-3 re-gathers every
+    block in backward, which leaves a much larger compute-stream reserve per layer than
+    ZeRO-2's; `memory_runtime._stage_rows` lets a stage with no row take the other's."""
     name = calibrate_host.wrapper_name(config)
     if name is not None and name.endswith("fsdp2") and int(config.get("zero", 0)) == 3:
         return name + ":z3"
@@ -68,7 +49,11 @@ def wrapper_key(config: dict) -> str | None:
 def reserve_bytes(record: dict) -> float | None:
     """Bytes the compute stream held reserved beyond the peak allocation: peak reserved less
     peak allocated less the side streams' pools (0 where not recorded); None without
-    bytes (a CPU run)."""
+    bytes (a CPU run). Side pools: the bytes reserved in the pools of streams other than
+    the compute stream (FSDP2's all-gather copy-in and reduce-scatter streams; 0 elsewhere).
+    `memory_runtime.stream_pool_bytes` prices them already, and the reduce-scatter pool
+    (4 bytes a parameter over the shard degree) grows with depth too, so left in the
+    reserve it would be counted twice."""
     res = record["results"]
     if res.get("peak_reserved_bytes") is None or res.get("peak_allocated_bytes") is None:
         return None
@@ -97,10 +82,19 @@ def _shape(config: dict) -> str:
 
 def fragmentation_scales(records: list[dict], gpu, spec_of) -> dict:
     """{"fragmentation_scales": [[wrapper, scale], ...], "fragmentation_fit": [[wrapper,
-    reserve GiB a layer, kept GiB a layer], ...]} sorted by wrapper (the module docstring's
-    fit; medians over a wrapper's shapes); {} where no wrapper has two depths with bytes.
-    `spec_of(record)` is the record's model as built (`calibrate_pieces._spec`); `gpu`
-    carries the activation scales the planner prices kept bytes with."""
+    reserve GiB a layer, kept GiB a layer], ...]} sorted by wrapper; {} where no wrapper has
+    two depths with bytes. Per record (each rank's peaks, max over ranks):
+
+        reserve(N) = `reserve_bytes`, the model cut to its first N blocks
+        slope[w]   = least-squares slope of reserve(N) over N (`calibrate_host.step_line`,
+                     medians per depth; exact through two depths)
+        fragmentation_scales[w] = max(0, slope[w] / kept(w)),  kept(w) = `kept_bytes`
+
+    Records of one wrapper at several shapes (micro-batch, sequence, model width) each give
+    a scale; the row is their median. A wrapper measured at one depth gives no row (no
+    slope), nor do records without bytes (CPU runs write None). `spec_of(record)` is the
+    record's model as built (`calibrate.pieces._spec`); `gpu` carries the activation scales
+    the planner prices kept bytes with (the calibration's own)."""
     lines: dict[tuple[str, str], dict[int, list[float]]] = {}
     first: dict[tuple[str, str], dict] = {}
     for r in (r for r in records if is_stack(r)):

@@ -1,68 +1,22 @@
 """Calibration from the model's own pieces: block, head, optimizer, HBM copy, overlap.
 
-    microbenchmark records (bench/micro_model.py) -> scales on analytic terms -> GPUSpec
+    microbenchmark records (`bench.micro.model`, `bench.micro.layouts`) -> scales -> GPUSpec
 
-A GEMM and an attention kernel timed alone miss what a whole block does:
-the element-wise kernels (norms, RoPE, SwiGLU, residuals; fused by
-`torch.compile` or not), the activation bytes autograd really keeps, the
-output layer's loss, the optimizer's per-tensor work and what a collective
-running beside compute costs it. Each piece's analytic time (the cost model's
-own functions, at the calibrated matmul and attention fractions) is set
-against its measured time, and the ratio is kept as a scale:
+A GEMM and an attention kernel timed alone miss what a whole block does: the element-wise
+kernels (norms, RoPE, SwiGLU, residuals; fused by `torch.compile` or not), the activation
+bytes autograd really keeps, the output layer's loss, the optimizer's per-tensor work and
+what a collective running beside compute costs it. `fit` sets each piece's analytic time
+(the cost model's own functions, at the calibrated matmul and attention fractions) against
+its measured time and keeps the ratio as a scale (dimensionless; each formula is in the
+docstring of the function that fits it). The layouts other than FSDP2 (DDP, TP, PP, one
+GPU) keep fp32 weights under `torch.autocast`, so an fp32 residual stream: their pieces are
+measured apart (`bench.micro.model.PRECISIONS`, `bench.micro.layouts`) and give the
+autocast_, compiled_ and ddp_ scales. Host, tensor-parallel and allocator scales are fitted
+in `calibrate.host`, `calibrate.tp` and `calibrate.memory` (fragmentation_scales).
 
-- memory_efficiency = copy bandwidth (2 x bytes / t) / datasheet HBM rate;
-- elementwise_scale (compiled) and eager_elementwise_scale =
-  (t_block - t_matmul - t_attention) / t_elementwise, from the blocks
-  without recompute; blocks with recompute are kept as held-out checks;
-- activation_scales = kept bytes / `memory.layer_activation_bytes`, per
-  (compiled, recompute) measured;
-- head_scale = t_head / (output GEMMs + `compute.loss_bytes_per_token`);
-- logits_scale = the head's peak bytes / `memory.logits_bytes` (GPU only);
-- optimizer_scale = t_per_param / (32 B / HBM rate), as
-  `compute.optimizer_step_time` prices it;
-- overlap_exposed = median (t_both - t_gemm) / t_allreduce, clamped to [0, 1].
-
-The layouts other than FSDP2 (DDP, TP, PP, one GPU) keep fp32 weights under
-`torch.autocast` and so an fp32 residual stream; their pieces are measured
-apart (`bench.micro_model.PRECISIONS`, `bench.micro_layouts`) and give:
-
-- autocast_elementwise_scale (compiled), eager_autocast_elementwise_scale
-  and autocast_activation_scales: as above, from the "autocast-fp32" blocks,
-  against the same analytic (bf16) terms;
-- compiled_head_scale and compiled_logits_scale: the head with its loss
-  compiled (as `--compile` runs it), the bytes against
-  `memory.compiled_logits_bytes`; head_modes lists every head variant;
-- ddp_exposed (DDPOptimizer on) and ddp_exposed_unsplit (off) =
-  (t_ddp_block - t_block - t_bucket_copies) / t_allreduce, clamped to [0, 1]:
-  the share of the block's gradient all-reduce (timed alone on the same
-  ranks) that still adds to a DDP-wrapped compiled block, t_block the same
-  block measured without DDP and t_bucket_copies `compute.dp_copy_time`'s
-  16 B per parameter; ddp_activation_scales: its kept bytes / analytic;
-- ddp_block_scale = (t_ddp_block - t_bucket_copies) / t_block, DDPOptimizer
-  on (as the harness runs), at least 1: the whole slowdown of a DDP-wrapped
-  compiled block, which the cost model applies to its blocks' compute
-  (`compute.microbatch_compute_time`); on H200 it is 1.85 x the block's
-  all-reduce, more than the all-reduce itself, so it is priced as compute
-  (graph split at bucket boundaries, NCCL kernels beside it), not as traffic;
-- fsdp_block_scale = (t_fsdp_block - t_copies - k t_allgather - t_reduce_scatter)
-  / t_block, k = 2 for ZeRO-3 and 1 for ZeRO-2, at least 1: FSDP2's own work
-  on a wrapped compiled block that no other term prices (`_fsdp_scales` says
-  why nothing is counted twice); applied to FSDP2 layouts' blocks;
-- matmul_curve: [tokens m, width n k, median fraction of peak] per GEMM
-  shape measured, for `compute.matmul_efficiency_at` (interpolated in log
-  width, then log tokens; flat outside); written only where shapes beyond
-  the model's own were measured (`bench.micro --matmul-tp/--matmul-tokens`).
-  The element-wise and head scales are fitted with the curve applied, so
-  that they and the cost model split the same measured times the same way.
-
-`apply` passes a key on only where GPUSpec has a field of that name
-(autocast_activation_scales, compiled_logits_scale, the ddp_exposed
-fractions and fsdp_block_scales, per ZeRO stage, have none: memory and
-reports read them from the file). fragmentation_scales: `trainplan.calibrate.memory`.
-
-Every scale is a ratio of measured to modelled work on a microbenchmark, so
-it carries over to other widths only as far as the work's shape does; the
-calibration names the model it was measured on.
+Every scale is a ratio of measured to modelled work on a microbenchmark, so it carries over
+to other widths only as far as the work's shape does; the calibration names the model it
+was measured on.
 """
 
 from __future__ import annotations
@@ -169,7 +123,20 @@ def _median(values) -> float:
 
 
 def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
-    """Scales from the piece records in `by_bench` (bench -> records); and held-out checks."""
+    """Scales from the piece records in `by_bench` (bench -> records); and held-out checks.
+
+        memory_efficiency = copy bandwidth (2 x bytes / t) / datasheet HBM rate
+        elementwise_scale (compiled), eager_elementwise_scale
+            = (t_block - t_matmul - t_attention) / t_elementwise   (`block_terms`)
+        activation_scales = kept bytes / `memory.layer_activation_bytes`, per (compiled,
+            recompute) measured
+        optimizer_scale = t_per_param / (32 B / HBM rate), as `compute.optimizer_step_time`
+        overlap_exposed = median (t_both - t_gemm) / t_allreduce, clamped to [0, 1]
+
+    Element-wise scales come from blocks without recompute; those with it are held-out
+    checks. The autocast_ keys are the same from the "autocast-fp32" blocks, against the same
+    analytic (bf16) terms. The element-wise and head scales are fitted with `matmul_curve`
+    applied, so that they and the cost model split the same measured times the same way."""
     given = by_bench.get("block", [])  # host-bench blocks (tiny): only calibrate_host reads them
     host = [r for r in given if calibrate_host.is_host(r)]
     stacks = [r for r in given if calibrate_memory.is_stack(r)]  # calibrate_memory's alone
@@ -231,7 +198,14 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
 
 
 def _head_scales(heads: list[dict], gpu: GPUSpec) -> dict:
-    """Time and peak-bytes scales of the head, per (compiled loss, precision) measured."""
+    """Time and peak-bytes scales of the head, per (compiled loss, precision) measured:
+
+        head_scale = t_head / (output GEMMs + `compute.loss_bytes_per_token`)  (`head_time`)
+        logits_scale = the head's peak bytes / `memory.logits_bytes`  (GPU only)
+
+    and compiled_head_scale, compiled_logits_scale the same with the loss compiled (as
+    `--compile` runs it), the bytes against `memory.compiled_logits_bytes`; from the "pure"
+    heads. head_modes lists every variant: [compiled, precision, time scale, bytes scale]."""
     out, rows = {}, []
     modes = sorted({(r["config"].get("compile", False), _precision(r)) for r in heads})
     for compiled, precision in modes:
@@ -269,7 +243,19 @@ def _alone(r: dict, blocks: list[dict]) -> float:
 
 def _ddp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
     """ddp_exposed(_unsplit), ddp_block_scale and ddp_activation_scales from DDP-wrapped
-    block records, each against the same block measured alone."""
+    compiled block records, each against the same block measured alone (`_alone`):
+
+        ddp_exposed (DDPOptimizer on), ddp_exposed_unsplit (off)
+            = (t_ddp_block - t_block - t_bucket_copies) / t_allreduce, clamped to [0, 1]
+        ddp_block_scale = (t_ddp_block - t_bucket_copies) / t_block, >= 1, DDPOptimizer on
+            (as the harness runs)
+
+    t_allreduce: the block's gradient all-reduce timed alone on the same ranks;
+    t_bucket_copies: `compute.dp_copy_time`'s 16 B per parameter. ddp_block_scale is the
+    whole slowdown, applied to DDP blocks' compute (`compute.microbatch_compute_time`): it
+    exceeds the all-reduce's own time (book/changelog.md, "Notes on measured constants"), so
+    it is priced as compute (graph split at bucket boundaries, NCCL kernels beside it), not
+    as traffic. ddp_activation_scales: the wrapped block's kept bytes / analytic."""
     out, kept, slowdowns = {}, [], []
     mem_rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
     for on, key in ((True, "ddp_exposed"), (False, "ddp_exposed_unsplit")):
@@ -296,7 +282,8 @@ def _ddp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
 
 def _fsdp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
     """fsdp_block_scale (all stages pooled) and fsdp_block_scales [[zero, scale], ...] from
-    FSDP2-wrapped block records (`bench.micro_layouts.bench_fsdp_block`):
+    FSDP2-wrapped block records (`bench.micro.layouts.bench_fsdp_block`), at least 1 and
+    applied to FSDP2 layouts' blocks:
 
         s = (t_fsdp - t_copy - k t_ag - t_rs) / t_block,  k = 2 (ZeRO-3) or 1 (ZeRO-2)
 
@@ -304,7 +291,7 @@ def _fsdp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
     compute dtype and compile, in the same process (`alone_s`; else the plain block
     records of that shape); t_ag, t_rs: an all-gather of its bf16 and a reduce-scatter
     of its fp32 parameter bytes alone on the same ranks; t_copy: `compute.dp_copy_time`
-    per micro-batch of its parameters at n = world. What `perf.evaluate` prices for an
+    per micro-batch of its parameters at n = world. What `step_time.evaluate` prices for an
     FSDP2 block besides the block itself: the copies, in full (copy_mb), and the
     gathers and reduce-scatters as traffic (dp_mb) hidden under the other blocks'
     compute bar the first/last block's floor, plus `overlap_exposed` x the hidden part.
@@ -337,7 +324,9 @@ def _fsdp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
 
 def matmul_curve(recs: list[dict], peak_tflops: float) -> list[list[float]]:
     """[[tokens m, width n k, median fraction of peak of that shape], ...] sorted, for
-    `compute.matmul_efficiency_at`; shapes of one width (q, k, v, out) pool their records."""
+    `compute.matmul_efficiency_at`; shapes of one width (q, k, v, out) pool their records.
+    `fit` writes it only where shapes beyond the model's own were measured
+    (`bench.micro --matmul-tp/--matmul-tokens`)."""
     by_shape: dict[tuple[float, float], list[float]] = {}
     for r in recs:
         c = r["config"]
@@ -382,7 +371,10 @@ def apply(gpu: GPUSpec, scales: dict) -> GPUSpec:
     """`gpu` with the piece scales of a calibration (missing ones keep the spec's).
 
     A scale is passed on only where GPUSpec has a field of its name: numbers
-    as floats, tables as tuples of tuples (activation scales typed).
+    as floats, tables as tuples of tuples (activation scales typed). Those without one
+    (autocast_activation_scales, compiled_logits_scale, the ddp_exposed fractions,
+    fsdp_block_scales per ZeRO stage) are read from the calibration file by memory and
+    the reports.
     """
     fields = {f.name for f in dataclasses.fields(GPUSpec)} - NOT_PIECES
     kw = {k: float(v) for k, v in scales.items()

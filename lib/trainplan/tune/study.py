@@ -1,71 +1,24 @@
-"""The knob study: Optuna over `trainplan.tune.knobs`, each trial a real harness launch, under
-a budget.
+"""The knob study: Optuna over `trainplan.tune.knobs` under a GPU-hour budget, each trial a
+real harness launch. This module holds the suite, the storage, the sampler and pruner
+(`load_study`) and the accounting; `trainplan.tune.loop` runs the study.
 
     trainplan tune --suite data/suites/tune-2gpu.yaml --storage PATH.journal \\
         --gpu-hours 0.5 --trials 48 [--stop-after-s 540] [--cpu]
 
-Storage: a journal file (`journal:PATH`, or any path not ending in .db /
-.sqlite) or SQLite (`sqlite:///PATH`); the study is created with
-`load_if_exists`, so rerunning the same command resumes it. `--trials` is the
-study's total of measured configurations and `--gpu-hours` its total budget,
-both counted from storage, so a resumed study goes on where it stopped.
+`--trials` (measured configurations) and `--gpu-hours` are the study's totals, counted from
+storage, so rerunning the same command resumes it. Budget: every launch's whole wall time x
+its GPUs (ranks on the CPU proxy), start-up, warm-up and compile included, written to the
+trial every `tune.trial.HEARTBEAT_S` seconds (what a killed study can lose; `recover`). A
+launch is not started when the median launch so far would overrun the budget, and is killed
+if it does overrun; the study then stops and says so. One process per storage (`exclusive`).
 
-Budget: every launch's whole wall time x its GPUs (ranks on the CPU proxy)
-counts, start-up, warm-up and compile included. The spend is written to the
-trial every few seconds (`tune_launch.HEARTBEAT_S`), so a killed study loses at most that much
-of its accounting; its RUNNING trial is marked FAIL ("interrupted") on the
-next start. A launch is not started when the median launch so far would
-overrun the budget, and is killed if it does overrun; the study then stops
-and says so. One process per storage at a time (a lock file next to it).
-
-Sampler: `TPESampler(multivariate=True, group=True)` with constraints.
-The space is small, mostly categorical, conditional (prefetch only with
-workers) and noisy. TPE models categorical and integer knobs natively
-(Bergstra et al. 2011, NeurIPS, "Algorithms for Hyper-Parameter
-Optimization"); multivariate TPE models their interactions (micro-batch x
-recompute x ZeRO share one memory budget; Falkner et al. 2018, BOHB);
-`group=True` gives the conditional prefetch knob its own subspace; TPE
-splits trials by rank quantile, not by value, so noise of a few percent moves
-it little (Watanabe 2023, arXiv:2304.11127). GP and CMA-ES samplers handle
-categorical knobs poorly. Skipped and crashed configs count as infeasible
-(`Trial.set_constraint` > 0), so TPE learns to avoid them without a made-up
-objective value.
-The first `n_startup` trials are random (a space-filling start).
-
-Pruner: successive halving over launches (Jamieson and Talwalkar 2016;
-Li et al. 2017, Hyperband). Every config gets one launch; only those in the
-top 1/`reduction_factor` at that rung get a second, fresh launch, which
-replicates the best configs (launch-to-launch noise) instead of spending the
-budget on configs that are plainly slower. A config not promoted keeps its
-one-launch figure and ends COMPLETE: nothing measured is thrown away.
-
-Objective: tokens/s/GPU, total tokens over total time of the kept steps
-(windows) of all launches, warm-up steps dropped, with a bootstrap 95%
-interval over windows (`trainplan.records.stats.rate_ci`), stored as user attrs.
-GPU launches also append a measurement record (`--records`, written by the
-harness itself, so its provenance carries the launch's own NCCL
-environment); its run_id `STUDY/trial-N/launch-K` points to the trial,
-whose user attrs hold the full knob config.
-
-The GPU study (2 GPUs a launch). On a 4-GPU host `--workers 2` runs two
-launches at once on GPUs 0-1 and 2-3 (`trainplan.tune.loop`), so one 10-minute
-device command spends the 0.5 GPU-hour budget (~25 s launches: ~35 configs
-plus replicates of the best):
-
-    mkdir -p $OUT/tune /tmp/site && cp -r .venv/lib/python3.11/site-packages/optuna \
-      .venv/lib/python3.11/site-packages/colorlog /tmp/site/ && export \
-      PYTHONPATH=$PWD/lib:/tmp/site PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
-      TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 && python3 -m trainplan.cli \
-      tune --suite data/suites/tune-2gpu.yaml --storage $OUT/tune/study.journal \
-      --records $OUT/tune/measurements.jsonl --gpu-hours 0.5 --trials 48 --workers 2 \
-      --stop-after-s 540 --json
-
-run with kind nvidia-h100-x4 (or nvidia-h200-x4), timeout_s 600, carry
-[".venv/lib/python3.11/site-packages/optuna",
-".venv/lib/python3.11/site-packages/colorlog"] (optuna and colorlog are pure
-Python and absent there; the journal storage needs no SQLAlchemy). Copy the
-returned tune/* files into data/measurements/tune-2gpu/; if it stopped at
---stop-after-s, put them back under $OUT/tune/ and call again to resume.
+Objective: tokens/s/GPU, total tokens over total time of the kept steps (windows) of all
+launches, warm-up dropped, with a bootstrap 95% interval over windows
+(`trainplan.records.stats.rate_ci`), stored as user attrs. GPU launches also append a
+measurement record (`--records`, written by the harness, so its provenance carries the
+launch's own NCCL environment) with run_id `STUDY/trial-N/launch-K`; that trial's user attrs
+hold the full knob config. The GPU study's device call: `lib/trainplan/bench/README.md`,
+"Running on the lent GPU machines".
 """
 
 from __future__ import annotations
@@ -134,7 +87,9 @@ def make_suite(*, suite_path: str | None = None, model: str | None = None, gpus:
 
 
 def storage_path(spec: str) -> tuple[str, Path]:
-    """('journal' | 'sqlite', file path) of a --storage value."""
+    """('journal' | 'sqlite', file path) of a --storage value: `sqlite:///PATH` or a path
+    ending in .db, .sqlite or .sqlite3 is SQLite; `journal:PATH` or any other path a journal
+    file."""
     if spec.startswith("sqlite:///"):
         return "sqlite", Path(spec[len("sqlite:///"):])
     path = Path(spec[len("journal:"):] if spec.startswith("journal:") else spec)
@@ -143,6 +98,7 @@ def storage_path(spec: str) -> tuple[str, Path]:
 
 
 def open_storage(spec: str, *, must_exist: bool):
+    """(Optuna storage, file path) of a --storage value; the journal needs no SQLAlchemy."""
     kind, path = storage_path(spec)
     if must_exist and not path.is_file():
         raise StudyError(f"--storage {spec}: no study there (no file {path})")
@@ -174,6 +130,26 @@ def exclusive(path: Path):
 
 
 def load_study(storage, name: str, suite: dict | None, create: bool):
+    """The study `name`: created with `load_if_exists` (a rerun resumes it) or only read; a
+    suite must match the one it was made for.
+
+    Sampler: `TPESampler(multivariate=True, group=True)`, the first `n_startup` trials random
+    (a space-filling start). The space is small, mostly categorical, conditional (prefetch
+    only with workers) and noisy. TPE models categorical and integer knobs natively (Bergstra
+    et al. 2011, NeurIPS, "Algorithms for Hyper-Parameter Optimization"); multivariate TPE
+    models their interactions (micro-batch x recompute x ZeRO share one memory budget; Falkner
+    et al. 2018, BOHB); `group=True` gives the conditional prefetch knob its own subspace; TPE
+    splits trials by rank quantile, not value, so noise of a few percent moves it little
+    (Watanabe 2023, arXiv:2304.11127). GP and CMA-ES samplers handle categorical knobs
+    poorly. Skipped and crashed configs count as infeasible (`Trial.set_constraint` > 0,
+    `trainplan.tune.loop`), so TPE learns to avoid them without a made-up objective value.
+
+    Pruner: successive halving over launches (Jamieson and Talwalkar 2016; Li et al. 2017,
+    Hyperband). Every config gets one launch; those in the top 1/`reduction_factor` at that
+    rung get a second, fresh launch, which replicates the best configs (launch-to-launch
+    noise) instead of spending the budget on plainly slower ones. A config not promoted keeps
+    its one-launch figure and ends COMPLETE: nothing measured is thrown away.
+    """
     optuna = import_optuna()
 
     with warnings.catch_warnings():  # `group` is marked experimental; it is what we need

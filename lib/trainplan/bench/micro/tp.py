@@ -1,36 +1,13 @@
 """One block under tensor parallel, as the harness lays it out: the TP layouts' block time.
 
-A TP block pays for more than its shard's GEMMs and its sequence-parallel
-collectives: DTensor's hooks around the block's input and output, the waits
-between its collectives and their consumers, and (with FSDP2 on the other mesh
-dimension) FSDP2's hooks over DTensor parameters. At small shards the host
-work that issues all this can outlast the GPU work, and the block becomes
-host-bound (see the committed profiles, data/measurements/profiles/). No
-analytic term prices that, so it is measured here, on the block alone, and
-`trainplan.calibrate.tp` turns it into `tp_block_scales`.
-
-The block is the harness's own (`BlockNet`, one `TransformerBlock`),
-parallelised by the harness's own functions in the harness's order
-(`parallelize.apply_tp` with sequence parallel, `apply_compile`, then
-`apply_fsdp` on the data-parallel mesh dimension for a `tpN-zK` mode). The
-ranks form a (world / tp, tp) mesh: without FSDP each tp group runs its own
-block (what a TP x DP layout does between its gradient syncs); with it the
-first dimension shards the block's weights. Precision follows the harness:
-FSDP2 layouts compute in bf16 weights, TP alone keeps fp32 weights under
-bf16 autocast (an fp32 residual stream). Timed fwd + bwd back to back (CUDA
-events around `iters` calls), so a host-bound block shows its host time.
-
-Why two nets. The block's net is also the root module: FSDP2's root (its lazy
-init checks, the root's pre-forward hooks and stream syncs, the post-backward
-final callback that waits for the last reduce-scatter) and DTensor's hooks on
-the net's input and output run once per call, so once per block here but once
-per step in the 24-block model. Timed alone, one block carries all of that
-and comes out too slow. So the same layout is timed with one block and with
-two blocks in sequence (same wrappers, warm-up, iterations and repeats) and
-the per-block time is the difference, two_blocks_s - one_block_s; what does
-not repeat per block is `root_s` = one_block_s - time_s. Were the difference
-not positive (noise swamping a cheap block), the one-block time stands in and
-`per_block_from` says so. Kept and peak bytes are the one-block net's.
+A TP block pays for more than its shard's GEMMs and its sequence-parallel collectives:
+DTensor's hooks around the block's input and output, the waits between its collectives and
+their consumers, and (with FSDP2 on the other mesh dimension) FSDP2's hooks over DTensor
+parameters. At small shards the host work that issues all this can outlast the GPU work,
+and the block becomes host-bound (see the committed profiles, data/measurements/profiles/).
+No analytic term prices that, so `bench_tp_block` measures it on the block alone (seconds
+of fwd + bwd per block, in the layouts `tp_modes` names), and `trainplan.calibrate.tp`
+turns it into `tp_block_scales`.
 """
 
 from __future__ import annotations
@@ -93,7 +70,26 @@ def bench_tp_block(model: str, micro_batch: int, seq: int, *, tp: int, zero: int
                    iters: int = 5, repeats: int = 6, run_id: str | None = None,
                    extra: dict | None = None) -> dict:
     """Seconds of one tensor-parallel (compiled) block, fwd + bwd, on a (world / tp, tp) mesh,
-    FSDP2-wrapped over the first dimension when `zero` is 2 or 3; all ranks call it."""
+    FSDP2-wrapped over the first dimension when `zero` is 2 or 3; all ranks call it.
+
+    The block is the harness's own (`BlockNet`, one `TransformerBlock`), parallelised by the
+    harness's functions in its order (`apply_tp` with sequence parallel, `apply_compile`,
+    then `apply_fsdp` on the data-parallel mesh dimension). Without FSDP each tp group runs
+    its own block (what a TP x DP layout does between its gradient syncs); with it the first
+    dimension shards the block's weights. Precision follows the harness: FSDP2 layouts
+    compute in bf16 weights, TP alone keeps fp32 weights under bf16 autocast (an fp32
+    residual stream). Timed fwd + bwd back to back (CUDA events around `iters` calls), so a
+    host-bound block shows its host time.
+
+    Two nets: the net is also the root module, so FSDP2's root work (lazy init checks,
+    pre-forward hooks and stream syncs, the post-backward callback that waits for the last
+    reduce-scatter) and DTensor's hooks on the net's input and output run once per call:
+    once per block here, once per step in the whole model, so one block timed alone comes
+    out too slow. The layout is timed with one block and with two in sequence (same
+    wrappers, warm-up, iterations and repeats); the per-block time is the difference and
+    root_s the rest of the one-block time (`timing.per_block`, which falls back to the
+    one-block time, saying so in `per_block_from`, where noise swamps a cheap block). Kept
+    and peak bytes are the one-block net's."""
     from torch.distributed.device_mesh import init_device_mesh
 
     n = dist.get_world_size()

@@ -2,44 +2,17 @@
 
     torchrun --standalone --nproc-per-node N -m trainplan.bench.series.sweep RUNS.json
 
-RUNS.json holds a list of `{"tag": str, "args": [train.py arguments...]}`,
-run in that order. Rank 0 prints one JSON line per run:
-`{"tag", "position", "summary", "elapsed_s"}` or `{"tag", "position", "error",
-"elapsed_s"}`. A run whose arguments hold `--records` gets its measurement
-record appended exactly as a launch of train.py writes it (`train.write_record`:
-same fields, provenance and `--run-id`), with "sweep launch: position P of N"
-added to its `notes` (also in the printed summary).
+RUNS.json lists the runs, `{"tag": str, "args": [train.py arguments...]}`, done in that
+order; rank 0 prints one JSON line per run (`run_one`), and a run with `--records` appends
+train.py's own measurement record, marked in its `notes` (`note`). Formats:
+`lib/trainplan/bench/README.md`, "Formats".
 
-Why: a GPU launch costs ~25 s, of which 3-6 s are timed steps; the rest is
-torchrun, imports, the process group, the loader and compile. A sweep pays
-the start once per world size (`python -m trainplan.bench.series.suite --sweep`,
-`trainplan validate --sweep`); the loss-parity tests use it for the same reason.
-
-Between runs: train.run keeps the model, optimizer and loader local, so they
-are gone when it returns (an exception's frames go when its handler ends);
-then a barrier, gc.collect() (loader workers and reference cycles),
-torch._dynamo.reset() and, on CUDA, empty_cache() and reset_peak_memory_stats(),
-then a barrier. So each run's peak memory is its own, and Dynamo starts as in
-a fresh process: without the reset a second layout's new shapes would make
-Dynamo recompile the shared block code with dynamic shapes, or pass its
-recompile limit and run eager, neither of which a separate launch does.
-The on-disk Inductor and Triton caches stay, as between separate launches;
-each run's warm-up steps (dropped) absorb its compile. A run that raises
-TrainplanError, or torch.OutOfMemoryError, is printed as an error line and the
-sweep goes on; an out-of-memory on one rank only leaves the others in a
-collective, and the suite stops the launch at its time limit.
-
-Not shown yet: that GPU timings of a sweep equal those of separate launches.
-What still differs is the process: a warm CUDA context, cuBLAS handles, the
-allocator after empty_cache() rather than new, and the process groups of
-earlier runs' device meshes, which stay (DeviceMesh may hand a group to a
-later mesh of the same shape, so destroying them breaks it): their NCCL
-buffers hold GPU memory outside the caching allocator, so outside the
-measured peaks but not outside the card, and a config near the limit may
-run out of memory in a sweep that fits alone.
-Until a GPU A/B (the same suite, separate launches vs `--sweep`, on one
-machine) shows their intervals overlap, separate launches are the default
-and the committed figures come from them; the records say which they are.
+Why: a GPU launch costs ~25 s, of which 3-6 s are timed steps; the rest is torchrun,
+imports, the process group, the loader and compile. A sweep pays the start once per world
+size (`python -m trainplan.bench.series.suite --sweep`, `trainplan validate --sweep`); the
+loss-parity tests use it for the same reason. Between runs `settle` clears what the last
+run left. That GPU timings of a sweep equal those of separate launches is not shown yet, so
+separate launches stay the default (docs/measurement.md, "Several configs in one launch").
 """
 
 from __future__ import annotations
@@ -63,7 +36,13 @@ def note(position: int, total: int) -> str:
 
 
 def run_one(run: dict, position: int, total: int) -> dict:
-    """One run of the sweep: its line (summary or error), its record written on rank 0."""
+    """One run of the sweep: its line (summary or error), its record written on rank 0.
+
+    The record is the one a launch of train.py writes (`train.write_record`: same fields,
+    provenance and `--run-id`), with `note` added to `notes`. A run that raises
+    TrainplanError or torch.OutOfMemoryError gives an error line and the sweep goes on; an
+    out-of-memory on one rank only leaves the others in a collective, and the suite stops
+    the launch at its time limit."""
     start = time.perf_counter()
     line: dict = {"tag": run["tag"], "position": position}
     try:
@@ -85,7 +64,17 @@ def run_one(run: dict, position: int, total: int) -> dict:
 
 
 def settle() -> None:
-    """Leave nothing of the last run behind: objects, Dynamo state, cached memory."""
+    """Leave nothing of the last run behind: objects, Dynamo state, cached memory.
+
+    train.run keeps the model, optimizer and loader local, so they are gone when it returns
+    (an exception's frames go when its handler ends); then a barrier, gc.collect() (loader
+    workers and reference cycles), torch._dynamo.reset(), on CUDA empty_cache() and
+    reset_peak_memory_stats(), and a barrier. So each run's peak memory is its own, and
+    Dynamo starts as in a fresh process: without the reset a second layout's new shapes
+    would make Dynamo recompile the shared block code with dynamic shapes, or pass its
+    recompile limit and run eager, neither of which a separate launch does. The on-disk
+    Inductor and Triton caches stay, as between separate launches; each run's warm-up steps
+    (dropped) absorb its compile."""
     if dist.is_initialized():
         dist.barrier()
     gc.collect()
