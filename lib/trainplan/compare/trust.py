@@ -34,14 +34,13 @@ from trainplan.specs.layouts import strategy_family
 SUITE_RECORDS = str(DATA_DIR / "measurements" / "general" / "*.jsonl")
 
 MIN_CONFIGS = 2  # one config is an anecdote: its error may be its shape's, not its family's
-CARD_CLASSES = {"H100": "Hopper", "H200": "Hopper", "h100": "Hopper", "h200": "Hopper",
-                "A100": "Ampere", "a100": "Ampere"}  # a card or preset name holds the key
+CARD_CLASSES = {"h100": "Hopper", "h200": "Hopper", "a100": "Ampere"}  # in a card or preset name
 
 
 def card_class(card: str) -> str:
     """The class of a card name (nvidia-smi's "NVIDIA H200") or GPU preset ("h100-sxm");
     the name itself where no class is known."""
-    return next((c for key, c in CARD_CLASSES.items() if key in card), card)
+    return next((c for key, c in CARD_CLASSES.items() if key in card.lower()), card)
 
 
 def family_of(layout: dict) -> str:

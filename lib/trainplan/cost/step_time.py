@@ -83,13 +83,13 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         sequence_parallel=sp, compiled=compiled, autocast=autocast,
         ddp=compute.ddp_layout(dp, L.zero, tp, pp), fsdp=~autocast)
     # the output layer and loss run on the last stage only: the others fill and drain the pipe
-    head_mb = mb * seq_len / cp * compute.head_time_per_token(m, gpu, tokens=mb * seq_len / cp,
-                                                               tp=tp, compiled=compiled)
+    tokens_mb = mb * seq_len / cp
+    head_mb = tokens_mb * compute.head_time_per_token(m, gpu, tokens=tokens_mb, tp=tp,
+                                                      compiled=compiled)
     stage_params = params.stage_params_per_rank(m, tp, pp, ep)
     # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
     compute_mb = compute_mb + compute.grad_accum_time(
         gpu, stage_params, ga, zero=L.zero, shard_ranks=L.dp_shard * cp, fsdp=~autocast) / ga
-    tokens_mb = mb * seq_len / cp
     attn_layer = tokens_mb * (3.0 + full) * compute.attention_flops_per_token_per_layer(
         m, seq_len, tp) / (gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
 

@@ -191,18 +191,18 @@ class Shards:
 
     def window(self, start: int, length: int) -> np.ndarray:
         """`length` consecutive ids of the split from position `start` (across shards)."""
-        out, pos = [], start
+        out, pos, need = [], start, length
         for a in self.arrays:
+            if need == 0:
+                break
             if pos >= len(a):
                 pos -= len(a)
                 continue
-            part = a[pos:pos + length - sum(map(len, out))]
-            out.append(part)
+            out.append(a[pos:pos + need])
+            need -= len(out[-1])
             pos = 0
-            if sum(map(len, out)) == length:
-                break
         got = np.concatenate(out) if out else np.empty(0, dtype=np.int64)
-        if len(got) != length:
+        if need:
             raise IndexError(f"window {start}+{length} is past the split's {self.tokens} ids")
         return got.astype(np.int64)
 
