@@ -18,7 +18,7 @@ from trainplan.errors import TrainplanError
 
 EXIT_USAGE = 2
 VERB_MODULES = ("planning", "validation", "resilience", "tuning", "launching", "benchmarking",
-                "data")
+                "data", "training")
 
 
 def build_parser() -> Parser:

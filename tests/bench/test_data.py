@@ -1,4 +1,4 @@
-"""Data pipeline: tokenizer, corpus cache, packing, sharding, loader knobs."""
+"""Data pipeline: corpus, tokenizer cache, packing, sharding, loader knobs."""
 
 from __future__ import annotations
 
@@ -10,17 +10,10 @@ import pytest
 import torch
 
 from trainplan.bench.harness import data
-from trainplan.bench.harness.tokenizer import (
-    EOT,
-    FIRST_MERGE_ID,
-    ByteBPE,
-    _merge_pair,
-    train_bpe,
-    train_bpe_reference,
-)
+from trainplan.data import tokenize
 from trainplan.errors import SpecError
 
-VOCAB = 320  # 63 merges: about a second to build, shared by the loader tests
+VOCAB = 320  # 63 merges: a few seconds to build over the stdlib, shared by the loader tests
 USER_CACHE = os.environ.get("TRAINPLAN_CACHE")
 
 
@@ -47,53 +40,14 @@ def batches(dl, n):
     return [next(it) for _ in range(n)]
 
 
-# ---------------------------------------------------------------- tokenizer
+def documents(tokens: np.ndarray, eos: int) -> list[list[int]]:
+    """The ids of each document: the runs between end-of-document ids (one ends the array)."""
+    assert tokens[-1] == eos
+    return [d[:-1].tolist() for d in np.split(tokens, np.flatnonzero(tokens == eos)[:-1] + 1)]
 
 
-def test_merge_pair_is_left_to_right_and_non_overlapping():
-    ids = np.array([5, 5, 5, 5, 5, 7, 5, 5], dtype=np.uint16)
-    assert _merge_pair(ids, 5, 5, 300).tolist() == [300, 300, 5, 7, 300]
-    assert _merge_pair(ids, 5, 7, 301).tolist() == [5, 5, 5, 5, 301, 5, 5]
-
-
-@pytest.mark.parametrize("seed", range(12))
-def test_incremental_training_equals_full_recount(seed):
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(2, 4000))
-    ids = rng.integers(0, int(rng.integers(1, 6)), size=n).astype(np.uint16)
-    ids[rng.integers(0, n, int(rng.integers(0, 30)))] = EOT
-    assert train_bpe(ids, 80) == train_bpe_reference(ids, 80)
-
-
-def test_tokenizer_round_trip_and_determinism():
-    text = ("def f(x):\n    return x + 1\n\n" * 50 + "class A:\n    pass\n" * 30).encode()
-    ids = np.frombuffer(text, dtype=np.uint8)
-    merges = train_bpe(ids, 40)
-    assert merges == train_bpe(ids.copy(), 40)  # same bytes, same merges
-    assert len(merges) == 40
-    bpe = ByteBPE(merges)
-    encoded = bpe.encode(text)
-    assert len(encoded) < len(text) / 4  # repetitive text compresses well
-    assert int(encoded.max()) < bpe.vocab_size == FIRST_MERGE_ID + 40
-    assert bpe.decode(encoded) == text
-
-
-def test_no_merge_crosses_a_document_boundary():
-    ids = np.array(list(b"abab") + [EOT] + list(b"abab") + [EOT], dtype=np.uint16)
-    merges = train_bpe(ids, 10)
-    assert all(EOT not in pair for pair in merges)
-    encoded = ByteBPE(merges).encode_ids(ids)
-    assert (encoded == EOT).sum() == 2 and encoded[-1] == EOT
-
-
-def test_chunked_encoding_equals_whole(tmp_path):
-    rng = np.random.default_rng(3)
-    ids = rng.integers(0, 4, size=20000).astype(np.uint16)
-    ids[rng.integers(0, 20000, 40)] = EOT
-    bpe = ByteBPE(train_bpe(ids, 30))
-    whole = bpe._encode_piece(ids)
-    for chunk in (1, 100, 5000, 1 << 20):
-        assert np.array_equal(bpe.encode_ids(ids, chunk), whole)
+def text(tok, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=False)
 
 
 # ---------------------------------------------------------------- corpus and cache
@@ -102,11 +56,12 @@ def test_chunked_encoding_equals_whole(tmp_path):
 @pytest.fixture
 def small_corpus(tmp_path, monkeypatch):
     root = tmp_path / "lib"
-    for rel, text in {"b.py": "print('b')\n" * 300, "a/z.py": "x = 1\n" * 400,
-                      "a/y.py": "'''doc'''\n" * 200, "test/t.py": "skip me\n",
-                      "site-packages/p.py": "skip me too\n", "notes.txt": "not python\n"}.items():
+    for rel, body in {"b.py": "print('b')  # <|endoftext|>\n" * 150,
+                      "a/z.py": "x = 1\n" * 400, "a/y.py": '"""déjà vu → 文"""\n' * 200,
+                      "test/t.py": "skip me\n", "site-packages/p.py": "skip me too\n",
+                      "notes.txt": "not python\n"}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+        (root / rel).write_text(body, encoding="utf-8")
     monkeypatch.setenv("TRAINPLAN_CACHE", str(tmp_path / "cache"))
     return root
 
@@ -116,34 +71,73 @@ def test_corpus_files_sorted_without_tests_and_packages(small_corpus):
     assert [p.relative_to(small_corpus).as_posix() for p in files] == ["a/y.py", "a/z.py", "b.py"]
 
 
-def test_corpus_tokens_decode_to_the_files_and_are_cached(small_corpus):
-    tokens, info = data.corpus_tokens(20, root=small_corpus)
+def test_corpus_texts_leave_out_files_that_are_not_utf8(small_corpus):
+    (small_corpus / "a/x.py").write_bytes(b"caf\xe9 = 1\n")  # Latin-1
     files = data.corpus_files(small_corpus)
-    expected = b"".join(p.read_bytes() for p in files)
-    assert ByteBPE(info["merges"]).decode(tokens) == expected
-    assert (tokens == EOT).sum() == len(files) == info["files"]
-    assert info["vocab_size"] == FIRST_MERGE_ID + 20 and int(tokens.max()) < info["vocab_size"]
-    cached = sorted((small_corpus.parent / "cache").glob("*.npy"))
-    assert len(cached) == 1
-    stamp = cached[0].stat().st_mtime_ns
-    again, _ = data.corpus_tokens(20, root=small_corpus)
-    assert np.array_equal(again, tokens) and cached[0].stat().st_mtime_ns == stamp
-    cached[0].unlink()  # a rebuild from scratch gives the same ids
-    rebuilt, _ = data.corpus_tokens(20, root=small_corpus)
+    assert len(files) == 4
+    assert data.corpus_texts(files) == [p.read_text("utf-8") for p in files[1:]]
+
+
+def test_training_prefix_stops_at_the_file_that_reaches_the_limit():
+    texts = ["a" * 10, "é" * 10, "c" * 10]  # 10, 20 and 10 bytes
+    assert data.training_prefix(texts, 10) == texts[:1]
+    assert data.training_prefix(texts, 11) == texts[:2]
+    assert data.training_prefix(texts, 10**6) == texts
+
+
+def test_corpus_tokens_decode_to_the_files_with_eos_between(small_corpus):
+    tokens, info = data.corpus_tokens(280, root=small_corpus)
+    files = data.corpus_files(small_corpus)
+    eos = info["eos_id"]
+    tok = tokenize.load(info["tokenizer_file"])
+    assert tokenize.eos_id(tok, info["tokenizer_file"]) == eos
+    docs = documents(tokens, eos)
+    assert len(docs) == len(files) == info["files"] == (tokens == eos).sum()
+    for ids, path in zip(docs, files, strict=True):  # b.py's "<|endoftext|>" is text
+        assert text(tok, ids) == path.read_text("utf-8")
+    assert info["vocab_size"] == tok.get_vocab_size() <= 280 and int(tokens.max()) < 280
+    assert tokens.dtype == np.uint16 and info["tokens"] == len(tokens)
+    assert info["bytes"] == sum(p.stat().st_size for p in files)
+
+
+def test_cache_hit_returns_the_same_ids_and_a_rebuild_is_deterministic(small_corpus):
+    tokens, info = data.corpus_tokens(280, root=small_corpus)
+    cache = small_corpus.parent / "cache"
+    npy = sorted(cache.glob("*.npy"))
+    assert len(npy) == 1 and not list(cache.glob(".*.tmp"))
+    tok_file = npy[0].with_name(npy[0].stem + ".tokenizer.json")  # beside the ids
+    assert info["tokenizer_file"] == str(tok_file)
+    assert tokenize.sha256(tok_file) == info["tokenizer_sha256"]
+    stamp = npy[0].stat().st_mtime_ns
+    data._corpus_tokens.cache_clear()  # read from disk, not from memory
+    again, info_again = data.corpus_tokens(280, root=small_corpus)
+    assert np.array_equal(again, tokens) and again.dtype == tokens.dtype
+    assert npy[0].stat().st_mtime_ns == stamp and info_again == info
+    assert not again.flags.writeable
+    npy[0].unlink()  # a rebuild from scratch gives the same tokenizer and ids
+    data._corpus_tokens.cache_clear()
+    rebuilt, info_rebuilt = data.corpus_tokens(280, root=small_corpus)
     assert np.array_equal(rebuilt, tokens)
+    assert info_rebuilt["tokenizer_sha256"] == info["tokenizer_sha256"]
+    other, _ = data.corpus_tokens(300, root=small_corpus)  # other settings: another entry
+    assert len(list(cache.glob("*.npy"))) == 2 and not np.array_equal(other, tokens)
 
 
 def test_corpus_stops_at_max_bytes_on_a_file_boundary(small_corpus):
-    tokens, info = data.corpus_tokens(20, root=small_corpus, max_bytes=5000)
-    assert info["files"] == 2 and info["bytes"] == 2000 + 1 + 2400 + 1  # y.py, z.py, EOTs
-    assert ByteBPE(info["merges"]).decode(tokens).endswith(b"x = 1\n")
+    y, z = (small_corpus / "a/y.py").stat().st_size, (small_corpus / "a/z.py").stat().st_size
+    tokens, info = data.corpus_tokens(280, root=small_corpus, max_bytes=y + z + 10)
+    assert info["files"] == 2 and info["bytes"] == y + z
+    tok = tokenize.load(info["tokenizer_file"])
+    assert text(tok, documents(tokens, info["eos_id"])[-1]) == "x = 1\n" * 400
 
 
-def test_tiny_corpus_is_refused(tmp_path, monkeypatch):
+def test_tiny_corpus_and_tiny_vocabulary_are_refused(tmp_path, monkeypatch):
     (tmp_path / "a.py").write_text("x = 1\n")
     monkeypatch.setenv("TRAINPLAN_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SpecError, match="synthetic=True"):
-        data.corpus_tokens(10, root=tmp_path)
+        data.corpus_tokens(300, root=tmp_path)
+    with pytest.raises(SpecError, match="vocab_size = 256"):
+        data.corpus_tokens(256, root=tmp_path)
 
 
 # ---------------------------------------------------------------- loader
@@ -160,6 +154,17 @@ def test_batches_have_shape_dtype_and_shifted_labels(shared_cache):
     first = next(iter(dl.sampler))  # the batch is the packed corpus at the sampled index
     window = dl.dataset.tokens[first * 64:first * 64 + 65].astype(np.int64)
     assert x[0].tolist() == window[:-1].tolist() and y[0].tolist() == window[1:].tolist()
+
+
+def test_stdlib_tokens_decode_to_the_stdlib_files(shared_cache):
+    dl = loader()
+    info, tokens = dl.dataset.info, dl.dataset.tokens
+    tok = tokenize.load(info["tokenizer_file"])
+    texts = data.corpus_texts(data.corpus_files())
+    docs = documents(tokens, info["eos_id"])
+    assert len(docs) == len(texts) == info["files"]
+    assert [text(tok, ids) for ids in docs] == texts  # every file: encode is lossless
+    assert info["tokens"] < 0.75 * info["bytes"]  # 63 merges shorten it by a third
 
 
 def test_same_seed_same_batches_other_seed_or_epoch_other_batches(shared_cache):
@@ -235,4 +240,4 @@ def test_default_vocab_build_keeps_ids_below_32000(monkeypatch):
     dl = data.build_loader(seq_len=2048, micro_batch=2, rank=0, world=2, seed=0)
     x, _ = next(iter(dl))
     assert x.shape == (2, 2048) and int(x.max()) < dl.dataset.info["vocab_size"] <= 32000
-    assert dl.dataset.info["vocab_size"] == FIRST_MERGE_ID + data.DEFAULT_MERGES
+    assert dl.dataset.info["vocab_size"] == data.DEFAULT_VOCAB

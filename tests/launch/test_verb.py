@@ -14,7 +14,7 @@ import pytest
 import yaml
 from tests.launch.helpers import TINY_LAYOUT, launch, launch_json, tiny_yaml
 
-SCENARIO = ["--model", "llama-13b", "--gpu", "h100-sxm", "--gpus", "32"]
+SCENARIO = ["--scenario", "llama-13b-32xh100", "--data", "shards/team"]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def artefacts(tmp_path_factory):
 
 
 def _harness_part(text: str) -> str:
-    return text[text.index("-m trainplan.bench.harness.train"):]
+    return text[text.index("-m trainplan.train"):]
 
 
 def test_the_plan_becomes_4_nodes_of_8(artefacts):
@@ -49,12 +49,13 @@ def test_torchrun_script_has_rendezvous_restarts_and_nccl_settings(artefacts):
     for part in ("--nnodes 4", "--nproc-per-node 8", "--rdzv-backend c10d",
                  '--rdzv-endpoint "$RDZV_HOST:$RDZV_PORT"', '--rdzv-id "$JOB_ID"',
                  "--max-restarts 3", "export NCCL_NVLS_ENABLE=0",
-                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3", "-m trainplan.bench.harness.train"):
+                 "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3", "-m trainplan.train",
+                 'DATA_DIR="${DATA_DIR:-shards/team}"', '--data "$DATA_DIR"'):
         assert part in text
     harness = _harness_part(text)
     for flag, value in zip(summary["harness_args"][::2], summary["harness_args"][1::2],
                            strict=False):
-        if not value.startswith("--"):
+        if not value.startswith("--") and value not in ("DATA", "LOGS"):
             assert f"{flag} {shlex.quote(value)}" in harness
 
 
@@ -142,7 +143,8 @@ def test_k8s_manifest_is_a_pytorchjob_v1_with_an_elastic_policy(artefacts):
     assert flag("--rdzv-id") == pol["rdzvId"]
     assert flag("--max-restarts") == str(pol["maxRestarts"])
     assert pod["terminationGracePeriodSeconds"] > int(flag("--shutdown-timeout"))
-    assert cmd[cmd.index("-m") + 1] == "trainplan.bench.harness.train"
+    assert cmd[cmd.index("-m") + 1] == "trainplan.train"
+    assert flag("--data") == "shards/team"
 
 
 # ---------------------------------------------------------------- the CPU proxy
@@ -151,7 +153,8 @@ def test_k8s_manifest_is_a_pytorchjob_v1_with_an_elastic_policy(artefacts):
 def test_cpu_artefacts_ask_for_no_gpus(tmp_path):
     model = tiny_yaml(tmp_path)
     summary = launch_json(["--model", model, "--gpus", "2", "--gpus-per-node", "2",
-                           *TINY_LAYOUT, "--target", "slurm", "--out", tmp_path / "s"], tmp_path)
+                           *TINY_LAYOUT, "--steps", "4", "--target", "slurm", "--out",
+                           tmp_path / "s"], tmp_path)
     text = (tmp_path / "s" / "train.sbatch").read_text()
     assert "--gpus-per-node" not in text.split("srun")[0] and "--cpu" in text
     assert summary["nodes"] == 1 and summary["procs_per_node"] == 2
@@ -180,9 +183,12 @@ BAD = [
     (["--target", "slurm", "--env", "NOEQUALS"], ["NOEQUALS", "NAME=VALUE"]),
     (["--target", "slurm", "--env", "bad name=1"], ["bad name", "NAME=VALUE"]),
     (["--target", "k8s", "--job-name", "Bad_Name"], ["Bad_Name"]),
-    (["--target", "slurm", "--steps", "0"], ["'0'"]),
+    (["--target", "slurm", "--steps", "-1"], ["'-1'"]),
+    (["--target", "slurm", "--data", "a b"], ["'a b'", "--data"]),
+    (["--target", "slurm", "--train-arg", "lr"], ["--train-arg", "FLAG=VALUE"]),
+    (["--target", "slurm", "--scenario", "nowhere"], ["nowhere"]),
     (["--target", "slurm", "--rdzv-port", "80"], ["--rdzv-port 80"]),
-    (["--target", "slurm", "--ckpt-keep", "1"], ["--ckpt-keep = 1", "at least 2"]),
+    (["--target", "slurm", "--ckpt-keep", "1"], ["--ckpt-keep 1", "at least 2"]),
 ]
 
 

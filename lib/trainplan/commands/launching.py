@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainplan.commands.args import UsageError, positive_float, positive_int
-from trainplan.commands.planning import add_common, add_layout, layout_pins
+from trainplan.commands.args import UsageError, positive_int
+from trainplan.commands.planning import add_layout, layout_pins
 from trainplan.launch.artefacts import (
     TARGETS,
     LaunchSettings,
@@ -38,20 +38,36 @@ def _non_negative_int(text: str) -> int:
 
 def register(verbs) -> None:
     p = verbs.add_parser("launch", help="write torchrun, Slurm or Kubernetes launch artefacts")
-    add_common(p, gpus=True)
-    p.add_argument("--global-batch-tokens", type=positive_int, default=4 * 2**20)
-    add_layout(p)
     a = p.add_argument
+    a("--scenario", default=None, help="data/scenarios NAME or YAML: model, GPUs, sequence, "
+                                       "batch and token budget, as the runbook has them")
+    a("--plan", default=None, metavar="FILE", help="the layout of a `trainplan plan --json` "
+                                                   "file's first plan")
+    a("--model", default=None, help="preset, YAML or Hugging Face config.json (the scenario's)")
+    a("--gpu", default=None, help="preset name or YAML file (the scenario's)")
+    a("--cluster", default=None, help="interconnect preset or YAML file (the scenario's)")
+    a("--gpus", type=positive_int, default=None, help="GPUs in the job (the scenario's)")
+    a("--gpus-per-node", type=positive_int, default=None, help="default: the cluster's")
+    a("--seq-len", type=positive_int, default=None, help="default: the scenario's, else 4096")
+    a("--global-batch-tokens", type=positive_int, default=None,
+      help="default: the scenario's, else 4M")
+    a("--json", action="store_true", help="print one JSON object on stdout")
+    add_layout(p)
+    a("--data", default="", help="shards of `trainplan data prepare`: the job runs the "
+                                 "trainer on them (without: the proxy harness)")
+    a("--train-arg", action="append", default=[], metavar="FLAG=VALUE",
+      help="a further trainer flag, e.g. --train-arg lr=2e-4 (repeatable)")
     a("--target", required=True, help="torchrun | slurm | k8s")
     a("--out", required=True, help="folder to write (must not exist, or be empty)")
     a("--force", action="store_true", help="replace a non-empty --out folder")
     a("--job-name", default="", help="default: MODEL-GPUSxGPU")
-    a("--steps", type=positive_int, default=1000, help="optimizer steps of the run")
-    a("--warmup", type=_non_negative_int, default=5, help="steps not timed")
+    a("--steps", type=_non_negative_int, default=0,
+      help="optimizer steps (default: the scenario's token budget over the global batch)")
+    a("--warmup", type=_non_negative_int, default=5, help="steps not timed (harness)")
     a("--ckpt-every", type=_non_negative_int, default=0,
-      help="steps between checkpoints (0: --ckpt-interval-min of predicted steps)")
-    a("--ckpt-interval-min", type=positive_float, default=30.0)
-    a("--ckpt-keep", type=positive_int, default=3)
+      help="steps between checkpoints (default: page 5's checkpoint plan)")
+    a("--ckpt-keep", type=_non_negative_int, default=0,
+      help="checkpoints kept (default: page 5's checkpoint plan)")
     a("--max-restarts", type=_non_negative_int, default=3)
     a("--collective-timeout-s", type=positive_int, default=1800)
     a("--join-timeout-s", type=positive_int, default=900)
@@ -63,9 +79,44 @@ def register(verbs) -> None:
     a("--env", type=_env_pair, action="append", default=[], metavar="NAME=VALUE",
       help="extra environment for every rank (repeatable), e.g. the knob study's NCCL_ALGO")
     a("--cpu", action="store_true", help="CPU processes with gloo, no GPUs (tests, proxy)")
-    a("--synthetic", action="store_true", help="synthetic tokens instead of the data pipeline")
+    a("--synthetic", action="store_true", help="synthetic tokens (harness, without --data)")
     a("--no-compile", action="store_true", help="do not torch.compile the blocks")
     p.set_defaults(run=cmd_launch, fmt=format_launch)
+
+
+def _train_args(items: list[str]) -> tuple:
+    out = []
+    for item in items:
+        flag, sep, value = item.partition("=")
+        if not sep or not flag or not value or "\n" in item or flag.startswith("-"):
+            raise UsageError(f"--train-arg {item!r} is not valid; use FLAG=VALUE without "
+                             "dashes, e.g. lr=2e-4")
+        out += [f"--{flag.replace('_', '-')}", value]
+    return tuple(out)
+
+
+def resolve(args) -> dict:
+    """Model, GPU, cluster, GPUs, sequence, batch, token budget and pins: flags first, then
+    the plan file's layout and sizes, then the scenario's; one line for what is missing."""
+    from trainplan.launch import job
+    from trainplan.specs import load_scenario
+
+    sc = load_scenario(args.scenario) if args.scenario else None
+    pins, facts = job.plan_file_pins(args.plan) if args.plan else ({}, {})
+    pins.update(layout_pins(args))
+    got = {"model": args.model or (sc.model if sc else None),
+           "gpu": args.gpu or (sc.gpu if sc else None),
+           "cluster": args.cluster or (sc.cluster if sc else "dgx-h100"),
+           "gpus": args.gpus or facts.get("gpus") or (sc.gpus if sc else None),
+           "seq_len": args.seq_len or facts.get("seq_len") or (sc.seq_len if sc else 4096),
+           "global_batch_tokens": args.global_batch_tokens or facts.get("global_batch_tokens")
+           or (sc.global_batch_tokens if sc else 4 * 2**20),
+           "token_budget": sc.token_budget if sc else None,
+           "title": sc.title if sc else "", "pins": pins}
+    for key in ("model", "gpu", "gpus"):
+        if got[key] is None:
+            raise UsageError(f"launch needs --{key} (or a --scenario that names it)")
+    return got
 
 
 def cmd_launch(args) -> dict:
@@ -73,9 +124,10 @@ def cmd_launch(args) -> dict:
         raise UsageError(f"--target {args.target!r} is not valid; use one of {list(TARGETS)}")
     out = Path(args.out)
     check_out_dir(out, args.force)
+    got = resolve(args)
     settings = LaunchSettings(
         target=args.target, steps=args.steps, warmup=args.warmup, ckpt_every=args.ckpt_every,
-        ckpt_interval_min=args.ckpt_interval_min, ckpt_keep=args.ckpt_keep,
+        ckpt_keep=args.ckpt_keep, data=args.data, train_args=_train_args(args.train_arg),
         max_restarts=args.max_restarts, collective_timeout_s=args.collective_timeout_s,
         join_timeout_s=args.join_timeout_s, time_limit_min=args.time_limit_min,
         warn_s=args.warn_s, save_grace_s=args.save_grace_s, rdzv_port=args.rdzv_port,
@@ -83,22 +135,28 @@ def cmd_launch(args) -> dict:
         job_name=args.job_name, env=dict(args.env))
     from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
 
-    m, gpu, cluster = load_model(args.model), load_gpu(args.gpu), load_cluster(args.cluster)
-
-    launch = plan_and_generate(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
-                               global_batch_tokens=args.global_batch_tokens, settings=settings,
-                               model_arg=args.model, pins=layout_pins(args),
-                               gpus_per_node=args.gpus_per_node)
+    m, gpu = load_model(got["model"]), load_gpu(got["gpu"])
+    cluster = load_cluster(got["cluster"])
+    launch = plan_and_generate(m, gpu, cluster, gpus=got["gpus"], seq_len=got["seq_len"],
+                               global_batch_tokens=got["global_batch_tokens"],
+                               settings=settings, model_arg=got["model"], pins=got["pins"],
+                               gpus_per_node=args.gpus_per_node, title=got["title"],
+                               token_budget=got["token_budget"])
     write(launch, out, force=args.force)
     return {"out": str(out), **launch.summary}
 
 
 def format_launch(out: dict) -> str:
     p = out["plan"]
+    ckpt = (f"checkpoints every {out['checkpoint_every']:,} steps "
+            f"({out['checkpoint_every_min']:.1f} min), keep {out['checkpoint_keep']}"
+            + (" (page 5's plan)" if out["checkpoint_from_plan"] else " (as given)"))
     lines = [f"wrote {', '.join(out['files'])} into {out['out']}: {out['target']}, "
              f"{out['nodes']} node(s) x {out['procs_per_node']}, {p['strategy']}, "
-             f"predicted {p['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"]
+             f"{out['steps']:,} steps, predicted {p['tokens_per_s_per_gpu']:,.0f} "
+             f"tokens/s/GPU; {ckpt}; alert below "
+             f"{out['alert']['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU"]
     if not out["checkpointing"]:
-        lines.append("note: the harness has no checkpoint flags yet; the artefacts do not "
+        lines.append("note: the launched module has no checkpoint flags; the artefacts do not "
                      "checkpoint")
     return "\n".join(lines)

@@ -146,6 +146,7 @@ def _write(files, tmp: Path, tokenizer, vocab_size, val_fraction, text_field, pr
                              tok_path)
     vocab = tok.get_vocab_size(with_added_tokens=True)
     eos = tokenize.eos_id(tok, tok_path)
+    tok.encode_special_tokens = True  # a document's own "<|endoftext|>" is text, not a boundary
     dtype = dtype_for(vocab)
     writers = {s: _SplitWriter(tmp, s, dtype) for s in SPLITS}
     per_file: dict[Path, int] = dict.fromkeys(files, 0)

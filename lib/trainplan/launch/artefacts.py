@@ -1,27 +1,30 @@
 """Launch artefacts from a plan: a torchrun script, a Slurm batch script, a Kubernetes manifest.
 
-`trainplan launch` takes the planner's best layout (or a pinned one) and
-writes what a team runs on its cluster, plus a README of how to start,
-watch and stop it. The training command in all three is the proxy harness,
-`python -m trainplan.bench.harness.train` with the layout's flags, so what the tests
-run here on CPU (two torchrun agents, a one-host Slurm cluster) is the same
-script the cluster gets, with other numbers.
+`trainplan launch` takes the planner's best layout (or a pinned one, or a plan file) and
+writes what a team runs on its cluster, plus a README of how to start, watch and stop it.
+With `--data` (shards of `trainplan data prepare`) the command is the trainer,
+`python -m trainplan.train`, on the team's model and data; without it, the proxy harness
+(`trainplan.bench.harness.train`), which measures the plan on the stdlib corpus or
+synthetic tokens. Either way what the tests run here on CPU (two torchrun agents, a
+one-host Slurm cluster) is the same script the cluster gets, with other numbers.
 
-The harness command is checked by the harness's own parser and argument
-checks before anything is written; flags the harness does not have yet
-(checkpointing, the collective timeout) are left out and the README says so,
-rather than writing a script that fails at its first line.
+Every setting comes from the plan (`launch.job`): the layout, micro-batch, gradient
+accumulation and recompute from the chosen plan, the run's length from the token budget,
+the checkpoint interval and keep count from page 5's checkpoint plan, the throughput
+alert from the plan's validated error band. A flag given by hand wins and is said so.
+The command is checked by the trainer's (or harness's) own parser before anything is
+written.
 
-The artefacts hold no absolute paths of this machine: checkpoints and logs
-go under the submit or working folder unless CKPT_DIR or LOG_DIR say
-otherwise, and the rendezvous host comes from the scheduler or RDZV_HOST.
+The artefacts hold no absolute paths of this machine: checkpoints and logs go under the
+submit or working folder unless CKPT_DIR or LOG_DIR say otherwise, the data under
+DATA_DIR, and the rendezvous host comes from the scheduler or RDZV_HOST.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
-import math
 import os
 import re
 import shutil
@@ -53,7 +56,9 @@ BASE_ENV = {
 }
 CHECKPOINT_FLAGS = ("--ckpt-dir", "--ckpt-every", "--ckpt-keep", "--ckpt-async", "--resume")
 TIMEOUT_FLAG = "--collective-timeout-s"
+DATA, LOGS, CKPT = "DATA", "LOGS", "CKPT"  # placeholders, replaced by the script's variables
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+SAFE_PATH = re.compile(r"[\w./@+-]+")
 
 
 class LaunchError(TrainplanError):
@@ -65,11 +70,12 @@ class LaunchSettings:
     """What the artefacts need beyond the layout: run length, restarts, timeouts, env."""
 
     target: str  # torchrun | slurm | k8s
-    steps: int = 1000  # optimizer steps of the run
-    warmup: int = 5  # first steps the harness does not time
-    ckpt_every: int = 0  # steps between checkpoints; 0: every ckpt_interval_min of steps
-    ckpt_interval_min: float = 30.0  # at most this much work lost to a failure (page 5)
-    ckpt_keep: int = 3  # checkpoints kept (an older one survives a torn newest one)
+    steps: int = 0  # optimizer steps of the run; 0: the scenario's token budget
+    warmup: int = 5  # first steps the harness does not time (harness only)
+    ckpt_every: int = 0  # steps between checkpoints; 0: page 5's checkpoint plan
+    ckpt_keep: int = 0  # checkpoints kept; 0: page 5's checkpoint plan
+    data: str = ""  # shards of `trainplan data prepare`: run the trainer on them
+    train_args: tuple = ()  # further trainer flags, e.g. ("--lr", "2e-4")
     max_restarts: int = 3  # torchrun restarts of all workers after a failure
     collective_timeout_s: int = 1800  # a collective waiting this long is a hang
     join_timeout_s: int = 900  # agents wait this long for every node at a rendezvous
@@ -88,8 +94,11 @@ class LaunchSettings:
         if self.target not in TARGETS:
             raise LaunchError(f"--target {self.target!r} is not valid; use one of "
                               f"{list(TARGETS)}")
-        if self.warmup >= self.steps:
+        if self.steps and self.warmup >= self.steps:
             raise LaunchError(f"--warmup {self.warmup} must be < --steps {self.steps}")
+        if self.ckpt_keep == 1:
+            raise LaunchError("--ckpt-keep 1 is not valid: keep at least 2, so that one "
+                              "complete checkpoint survives while the next is written")
         if self.warn_s <= self.save_grace_s:
             raise LaunchError(f"--warn-s {self.warn_s} must exceed --save-grace-s "
                               f"{self.save_grace_s}: the save must end before the limit")
@@ -98,6 +107,9 @@ class LaunchSettings:
                               f"{self.time_limit_min} (in seconds)")
         if not 1024 <= self.rdzv_port <= 65535:
             raise LaunchError(f"--rdzv-port {self.rdzv_port} is not valid; use 1024-65535")
+        if self.data and not SAFE_PATH.fullmatch(self.data):
+            raise LaunchError(f"--data {self.data!r} is not valid here; use a path of letters, "
+                              "digits and . _ / @ + - (it is written into the scripts)")
         for name, value in self.env.items():
             if not ENV_NAME.match(name) or "\n" in value:
                 raise LaunchError(f"--env {name}={value!r} is not valid; use NAME=VALUE with "
@@ -128,11 +140,9 @@ def mesh(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return gpus // gpus_per_node, gpus_per_node
 
 
-def checkpoint_every(s: LaunchSettings, step_time_s: float) -> int:
-    """Steps between checkpoints: given, or as many steps as fit in ckpt_interval_min."""
-    if s.ckpt_every:
-        return s.ckpt_every
-    return max(1, math.floor(s.ckpt_interval_min * 60 / step_time_s))
+def module(s: LaunchSettings) -> str:
+    """The Python module torchrun starts: the trainer on the team's data, else the harness."""
+    return "trainplan.train" if s.data else "trainplan.bench.harness.train"
 
 
 def harness_args(par: dict, model: str, seq_len: int, s: LaunchSettings) -> list[str]:
@@ -150,52 +160,66 @@ def harness_args(par: dict, model: str, seq_len: int, s: LaunchSettings) -> list
         args += ["--pp-schedule", par["pp_schedule"], "--pp-virtual", str(par["pp_virtual"])]
     if par["tp"] > 1 and not par["sequence_parallel"]:
         args.append("--no-sequence-parallel")
-    args += ["--steps", str(s.steps), "--warmup", str(s.warmup), "--no-progress"]
+    if s.data:
+        args[2:2] = ["--data", DATA]
+        args += ["--steps", str(s.steps), "--log-dir", LOGS, *s.train_args]
+    else:
+        args += ["--steps", str(s.steps), "--warmup", str(s.warmup), "--no-progress"]
     if s.cpu:
         args.append("--cpu")
     elif s.compile:
         args.append("--compile")
-    if s.synthetic:
+    if s.synthetic and not s.data:
         args.append("--synthetic")
     return args
 
 
-def harness_accepts(args: list[str]) -> bool:
-    """Whether the harness's parser knows these flags (imports torch: slow once)."""
+def _parser(trainer: bool):
+    """The launched module's own argument parser (imports torch: slow once)."""
+    if trainer:
+        from trainplan.train import loop  # torch: not loaded at import
+
+        return loop.parse_args, loop.check_args
     from trainplan.bench.harness import train  # torch: not loaded at import
 
+    return train.parse_args, train.check_args
+
+
+def harness_accepts(args: list[str], trainer: bool = False) -> bool:
+    """Whether the launched module's parser knows these flags."""
+    parse, _ = _parser(trainer)
     with contextlib.redirect_stderr(io.StringIO()):
         try:
-            train.parse_args(args)
+            parse(args)
         except SystemExit:
             return False
     return True
 
 
-def check_harness(args: list[str]) -> None:
-    """Refuse a command the harness would refuse at its first line, with its own reason."""
-    from trainplan.bench.harness import train  # torch: not loaded at import
-
-    if not harness_accepts(args):
-        raise LaunchError(f"the harness refuses {' '.join(args)!r}; see "
-                          "`python -m trainplan.bench.harness.train --help`")
+def check_harness(args: list[str], trainer: bool = False) -> None:
+    """Refuse a command the launched module would refuse at its first line, with its reason."""
+    parse, check = _parser(trainer)
+    name = "trainplan.train" if trainer else "trainplan.bench.harness.train"
+    if not harness_accepts(args, trainer):
+        raise LaunchError(f"{name} refuses {' '.join(args)!r}; see `python -m {name} --help`")
     try:
-        train.check_args(train.parse_args(args))
+        check(parse(args))
     except TrainplanError as err:
-        raise LaunchError(f"the harness refuses this run: {err}") from None
+        raise LaunchError(f"{name} refuses this run: {err}") from None
 
 
-def optional_args(base: list[str], s: LaunchSettings, every: int,
+def optional_args(base: list[str], s: LaunchSettings, every: int, keep: int,
                   ckpt_dir: str) -> tuple[list[str], dict]:
-    """Checkpoint and timeout flags, each kept only if the harness has it."""
-    ckpt = ["--ckpt-dir", ckpt_dir, "--ckpt-every", str(every), "--ckpt-keep",
-            str(s.ckpt_keep), "--ckpt-async", "--resume"]
+    """Checkpoint and timeout flags, each kept only if the launched module has it."""
+    trainer = bool(s.data)
+    ckpt = ["--ckpt-dir", ckpt_dir, "--ckpt-every", str(every), "--ckpt-keep", str(keep),
+            "--ckpt-async", "--resume"]
     timeout = [TIMEOUT_FLAG, str(s.collective_timeout_s)]
-    has = {"checkpointing": harness_accepts(base + ckpt),
-           "collective_timeout": harness_accepts(base + timeout)}
+    has = {"checkpointing": harness_accepts(base + ckpt, trainer),
+           "collective_timeout": harness_accepts(base + timeout, trainer)}
     extra = (ckpt if has["checkpointing"] else []) + (timeout if has["collective_timeout"]
                                                         else [])
-    check_harness(base + extra)
+    check_harness(base + extra, trainer)
     return extra, has
 
 
@@ -205,8 +229,9 @@ def environment(s: LaunchSettings) -> dict[str, str]:
 
 
 def generate(plan_out: dict, *, model_arg: str, gpus_per_node: int, settings: LaunchSettings,
-             gpu_memory_gib: float, title: str = "") -> Launch:
-    """The artefacts for the first plan of a `trainplan.plan.planner.plan` answer."""
+             gpu_memory_gib: float, schedule, alert: dict, title: str = "") -> Launch:
+    """The artefacts for the first plan of a `trainplan.plan.planner.plan` answer, with page
+    5's checkpoint `schedule` (`job.schedule`) and the throughput `alert` (`job.alert`)."""
     p = plan_out["plans"][0]
     if not p["fits"]:
         raise LaunchError(f"the layout {p['strategy']} needs {p['memory_gib']['total']:.1f} GiB "
@@ -218,70 +243,75 @@ def generate(plan_out: dict, *, model_arg: str, gpus_per_node: int, settings: La
     if not re.match(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", name):
         raise LaunchError(f"--job-name {name!r} is not valid; use lowercase letters, digits "
                           "and '-', at most 63, starting and ending with a letter or digit")
+    every = settings.ckpt_every or schedule.every_steps
+    keep = settings.ckpt_keep or schedule.keep
+    every_min = every * p["step_time_s"] / 60.0
     args = harness_args(p["parallel"], model_arg, plan_out["seq_len"], settings)
-    args += monitor_args(p)
-    check_harness(args)
-    every = checkpoint_every(settings, p["step_time_s"])
-    extra, has = optional_args(args, settings, every, "CKPT")
+    args += monitor_args(p, alert["tokens_per_s_per_gpu"])
+    check_harness(args, bool(settings.data))
+    extra, has = optional_args(args, settings, every, keep, CKPT)
     ctx = {
         "settings": settings, "plan": p, "gpus": gpus, "nnodes": nnodes, "nproc": nproc,
         "name": name, "args": args, "env": environment(settings), "has": has,
-        "ckpt_every": every,
+        "ckpt_every": every, "ckpt_keep": keep, "ckpt_every_min": every_min,
+        "module": module(settings), "data": settings.data, "alert": alert,
         "title": title or f"{plan_out['model']} on {gpus} x {plan_out['gpu']}",
-        "extra": lambda ckpt_dir: [ckpt_dir if a == "CKPT" else a for a in extra],
+        "extra": lambda ckpt_dir: [ckpt_dir if a == CKPT else a for a in extra],
     }
-
     body = (render_k8s(ctx) if settings.target == "k8s"
             else render_shell(FILES[settings.target], ctx))
     files = {FILES[settings.target]: body, "README.md": readme(ctx)}
     summary = {"target": settings.target, "job_name": name, "nodes": nnodes,
-               "procs_per_node": nproc, "files": sorted(files), "harness_args": args,
-               "checkpoint_every": every if has["checkpointing"] else None, **has,
-               "env": ctx["env"], "plan": p}
+               "procs_per_node": nproc, "files": sorted(files), "module": module(settings),
+               "harness_args": args, "steps": settings.steps,
+               "checkpoint_every": every if has["checkpointing"] else None,
+               "checkpoint_keep": keep, "checkpoint_every_min": every_min,
+               "checkpoint_planned_interval_min": schedule.plan.interval_min,
+               "checkpoint_from_plan": not (settings.ckpt_every or settings.ckpt_keep),
+               "alert": alert, **has, "env": ctx["env"], "plan": p}
     return Launch(files=files, summary=summary)
 
 
 def plan_and_generate(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_tokens: int,
                       settings: LaunchSettings, model_arg: str, pins: dict | None = None,
-                      gpus_per_node: int | None = None, title: str = "") -> Launch:
-    """Plan (the best layout, or the pinned one) and generate: `trainplan launch` and page 6.
-
-    Context and expert parallel are pinned to 1 unless asked for: the harness
-    runs neither yet, so the best plan it can run is the one to launch.
-    """
-    from trainplan.plan.planner import plan  # pandas: not loaded at import
+                      gpus_per_node: int | None = None, title: str = "",
+                      token_budget: float | None = None) -> Launch:
+    """Plan (the best layout the trainer runs, or the pinned one) and generate: `trainplan
+    launch` and page 6. The run is `token_budget` long unless `settings.steps` says;
+    checkpoints and the alert follow `launch.job`."""
+    from trainplan.launch import job  # pandas: not loaded at import
 
     gpn = gpus_per_node or cluster.gpus_per_node
-    planned = plan(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
-                   global_batch_tokens=global_batch_tokens, pins={"cp": 1, "ep": 1,
-                                                                  **(pins or {})},
-                   top=1, gpus_per_node=gpn)
+    planned = job.best_runnable(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
+                                global_batch_tokens=global_batch_tokens, pins=pins,
+                                gpus_per_node=gpn)
+    p = planned["plans"][0]
+    if not settings.steps:
+        if token_budget is None:
+            raise LaunchError("give --steps N, or a --scenario whose token budget sets them")
+        settings = dataclasses.replace(settings, steps=job.steps_for(
+            token_budget, p["tokens_per_step"]))
     return generate(planned, model_arg=model_arg, gpus_per_node=gpn, settings=settings,
-                    gpu_memory_gib=gpu.memory_gib, title=title)
+                    gpu_memory_gib=gpu.memory_gib, title=title,
+                    schedule=job.schedule(m, gpus, gpn, p), alert=job.alert(m, gpu, seq_len, p))
 
 
-def steps_for(token_budget: float, tokens_per_step: int) -> int:
-    """Optimizer steps that train on the whole token budget (the last step may run over)."""
-    return max(1, math.ceil(token_budget / tokens_per_step))
-
-
-ALERT_FRACTION = 0.8  # tokens/s below this share of the plan, sustained: page someone
 STRAGGLER_RATIO = 1.15  # a rank whose step time is this much above the median is a straggler
 METRICS_PATH = "logs/metrics.jsonl"  # per-step metrics and alerts, written by rank 0
 
 
-def monitor_args(p: dict, path: str = METRICS_PATH) -> list[str]:
-    """Harness flags that make the run watch itself against this plan (bench/monitor.py).
+def monitor_args(p: dict, alert_tokens_per_s_per_gpu: float,
+                 path: str = METRICS_PATH) -> list[str]:
+    """Flags that make the run watch itself against this plan (bench/harness/monitor.py).
 
-    The alert line and straggler tolerance are the ones `watch` gives the
-    operator, so the metrics file and the runbook's table agree.
+    The alert line and straggler tolerance are the ones `watch` gives the operator, so
+    the metrics file and the runbook's table agree.
     """
     from trainplan.bench.harness.monitor import launch_flags  # torch: not loaded at import
 
     return launch_flags({"step_time_s": p["step_time_s"],
                          "straggler_step_time_s": STRAGGLER_RATIO * p["step_time_s"],
-                         "alert_tokens_per_s_per_gpu": ALERT_FRACTION * p["tokens_per_s_per_gpu"]},
-                        path)
+                         "alert_tokens_per_s_per_gpu": alert_tokens_per_s_per_gpu}, path)
 
 
 def watch(summary: dict, settings: LaunchSettings) -> dict:
@@ -294,10 +324,11 @@ def watch(summary: dict, settings: LaunchSettings) -> dict:
         "step_time_s": p["step_time_s"],
         "mfu": p["mfu"],
         "memory_gib": p["memory_gib"]["total"],
-        "alert_tokens_per_s_per_gpu": ALERT_FRACTION * p["tokens_per_s_per_gpu"],
+        "alert_tokens_per_s_per_gpu": summary["alert"]["tokens_per_s_per_gpu"],
         "straggler_step_time_s": STRAGGLER_RATIO * p["step_time_s"],
         "checkpoint_every_steps": every,
         "checkpoint_every_min": every * p["step_time_s"] / 60,
+        "checkpoint_keep": summary["checkpoint_keep"],
         "collective_timeout_min": settings.collective_timeout_s / 60,
         "max_restarts": settings.max_restarts,
         "warn_min": settings.warn_s / 60,

@@ -68,9 +68,18 @@ def render_shell(template: str, ctx: dict) -> str:
         "time_limit": _slurm_time(s.time_limit_min), "env_exports": _exports(ctx["env"]),
         "gpu_line": "" if s.cpu else f"#SBATCH --gpus-per-node={ctx['nproc']}\n",
         "cpus_per_task": ctx["nproc"] if s.cpu else 8 * ctx["nproc"],
-        "harness_lines": _shell_lines(ctx["args"] + ctx["extra"]("\"$CKPT_DIR\"")),
+        "harness_lines": _shell_lines(_placed(ctx["args"], '"$DATA_DIR"', '"$LOG_DIR"')
+                                      + ctx["extra"]("\"$CKPT_DIR\"")),
+        "module": ctx["module"],
+        "data_line": (f'DATA_DIR="${{DATA_DIR:-{ctx["data"]}}}"  # shards of `trainplan data '
+                      'prepare`, on storage every node reads\n' if ctx["data"] else ""),
     }
     return _render(template, values)
+
+
+def _placed(args: list[str], data: str, logs: str) -> list[str]:
+    """The command's flags with the DATA and LOGS placeholders replaced."""
+    return [data if a == "DATA" else logs if a == "LOGS" else a for a in args]
 
 
 def render_k8s(ctx: dict) -> str:
@@ -83,7 +92,8 @@ def render_k8s(ctx: dict) -> str:
                "--max-restarts", str(s.max_restarts), "--monitor-interval", "5",
                "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
                "--shutdown-timeout", str(s.save_grace_s),
-               "-m", "trainplan.bench.harness.train", *ctx["args"],
+               "-m", ctx["module"],
+               *_placed(ctx["args"], ctx["data"], f"{K8S_CKPT_MOUNT}/{name}/logs"),
                *ctx["extra"](f"{K8S_CKPT_MOUNT}/{name}")]
     resources = ({"requests": {"cpu": str(nproc)}, "limits": {"cpu": str(nproc)}} if s.cpu else
                  {"limits": {"nvidia.com/gpu": nproc}, "requests": {"nvidia.com/gpu": nproc}})
@@ -154,9 +164,9 @@ def readme(ctx: dict) -> str:
         "k8s": f"`kubectl delete pytorchjob {name}` (pods get SIGTERM, then "
                f"{s.save_grace_s + 30} s to checkpoint).",
     }[target]
-    ckpt = (f"every {ctx['ckpt_every']:,} steps (about {s.ckpt_interval_min:g} minutes of "
-            f"work at the predicted step time), the newest {s.ckpt_keep} kept, and on SIGTERM "
-            "or SIGUSR1; a restart resumes from the newest complete one"
+    ckpt = (f"every {ctx['ckpt_every']:,} steps (about {ctx['ckpt_every_min']:.1f} minutes "
+            f"of work at the predicted step time), the newest {ctx['ckpt_keep']} kept, and on "
+            "SIGTERM or SIGUSR1; a restart resumes from the newest complete one"
             if ctx["has"]["checkpointing"] else
             "NOT WRITTEN: the harness has no checkpoint flags yet, so a restart starts from "
             "step 0")
@@ -177,6 +187,8 @@ def readme(ctx: dict) -> str:
         f"{p['tokens_per_s']:,.0f} tokens/s in all, MFU {p['mfu']:.1%};",
         f"- {mem:.1f} GiB of memory per GPU (the card's reserved memory reads somewhat more).",
         "",
+        f"Alert: below {ctx['alert']['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU "
+        f"({ctx['alert']['basis']}).", "",
         "Throughput well below the plan on every rank: compare the settings with the plan. "
         "One slow rank: a straggler (see the runbook, page 6).", "",
         "## Stop", "", stop, "",

@@ -7,7 +7,8 @@ this same code. Each spec checks its own fields in `__post_init__` and raises
 
 Presets are YAML files under data/ (models/, hardware/, clusters/,
 scenarios/); anywhere a preset name is accepted, a path to a YAML file works
-too. Only `yaml.safe_load` is used.
+too, and for a model a Hugging Face Llama `config.json` or its folder
+(`specs.hf`). Only `yaml.safe_load` and `json.loads` are used.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class ModelSpec:
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     bias: bool = False  # GPT-2 style biases in every linear layer
     tied_embeddings: bool = False  # output layer shares the input embedding table
+    rope_theta: float = 10000.0  # rotary base (Llama 2: 1e4, Llama 3: 5e5)
+    norm_eps: float = 1e-5  # epsilon of every RMSNorm/LayerNorm
     n_experts: int = 1  # MoE experts per layer (1 = dense)
     top_k: int = 1  # experts each token is routed to
     source: str = ""  # where the numbers come from
@@ -95,7 +98,7 @@ class ModelSpec:
         check_fields(
             self,
             positive=("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab",
-                      "n_experts", "top_k"),
+                      "n_experts", "top_k", "rope_theta", "norm_eps"),
             non_negative=("max_positions",),
         )
         if self.hidden % self.n_heads:
@@ -329,19 +332,32 @@ def load(cls, name_or_path: str):
 
 
 def load_model(name: str) -> ModelSpec:
-    """A model preset or YAML file; `NAME:N-layers` is its first N blocks (a layer slice).
+    """A model preset, YAML file, or Hugging Face Llama `config.json` (the file or its
+    folder); `NAME:N-layers` is its first N blocks (a layer slice).
 
     A slice keeps the real width, so a few layers of a large model can be
     measured on a few GPUs and set beside the planner's price for them.
     """
     sliced = SLICE.fullmatch(str(name))
     if not sliced:
-        return load(ModelSpec, name)
-    spec, n = load(ModelSpec, sliced["base"]), int(sliced["layers"])
+        return _load_model(name)
+    spec, n = _load_model(sliced["base"]), int(sliced["layers"])
     if not 1 <= n <= spec.n_layers:
         raise SpecError(f"model {name!r}: {spec.name!r} has {spec.n_layers} layers; "
                         f"slice 1..{spec.n_layers} of them")
     return dataclasses.replace(spec, n_layers=n, name=str(name))
+
+
+def _load_model(name) -> ModelSpec:
+    """A preset name wins over a folder of that name; a .json file or a folder is read as
+    a Hugging Face config (`specs.hf.model_from_hf`), anything else as preset or YAML."""
+    path = Path(name)
+    preset = os.sep not in str(name) and (DATA_DIR / "models" / f"{name}.yaml").is_file()
+    if not preset and (path.suffix == ".json" or path.is_dir()):
+        from trainplan.specs.hf import model_from_hf  # it imports ModelSpec from here
+
+        return model_from_hf(path)
+    return load(ModelSpec, name)
 
 
 def slice_name(model: str, layers: int) -> str:

@@ -67,8 +67,10 @@ class SaveMixin:
                 error = err
         if self._all(error is None):
             try:
-                mf.write_json(path / f"rank-{self.rank:05d}.json",
-                              mf.rank_state(step, self.rank, self.world, self.device))
+                state = mf.rank_state(step, self.rank, self.world, self.device)
+                if self.stateful:
+                    state["extra"] = {k: v.state_dict() for k, v in self.stateful.items()}
+                mf.write_json(path / f"rank-{self.rank:05d}.json", state)
                 self.faults.at("save:staging", step)
             except OSError as err:
                 error = err

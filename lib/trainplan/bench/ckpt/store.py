@@ -36,34 +36,13 @@ from trainplan.bench.ckpt.dcp_io import (
 )
 from trainplan.bench.ckpt.faults import Faults, Signals, digest_steps
 from trainplan.bench.ckpt.save import FORMAT, SaveMixin  # noqa: F401 (FORMAT: re-exported)
+from trainplan.bench.flags import add_checkpoint_arguments as add_arguments  # noqa: F401
 
 EVENTS = "events.jsonl"
 GRACE_S = 30.0  # torchrun's SIGTERM-to-SIGKILL wait (and Slurm's default KillWait)
 
 
 # ---------------------------------------------------------------- flags
-
-
-def add_arguments(p) -> None:
-    """The checkpoint flags of train.py."""
-    g = p.add_argument_group("checkpointing (trainplan.bench.ckpt.store)")
-    g.add_argument("--ckpt-dir", default=None, help="save checkpoints here (one folder per step)")
-    g.add_argument("--ckpt-every", type=int, default=0,
-                   help="save every N steps; 0 = only at the end and on SIGTERM/SIGUSR1")
-    g.add_argument("--ckpt-keep", type=int, default=2,
-                   help="keep the last K complete checkpoints (K >= 2)")
-    g.add_argument("--ckpt-async", action="store_true",
-                   help="dcp.async_save: stage a CPU copy, write it on a background thread")
-    g.add_argument("--ckpt-threads", type=int, default=1,
-                   help="DCP writer threads per rank (one shard file each), written in parallel")
-    g.add_argument("--ckpt-hash", choices=("while-writing", "after-writing"),
-                   default="while-writing",
-                   help="when each shard's sha256 for the manifest is taken: as its bytes are "
-                        "written (default), or by reading it back after all writing (to compare)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from the newest verified checkpoint in --ckpt-dir, if any")
-    g.add_argument("--collective-timeout-s", type=float, default=None,
-                   help="process-group timeout: a step with a hung rank fails after this long")
 
 
 def check_args(args) -> None:
@@ -91,7 +70,11 @@ class Checkpointer(SaveMixin):
     """Checkpoints of one run: `resume()` once, `before_step`/`after_step` around every
     step, `finish()` at the end. Without --ckpt-dir only faults and digests act."""
 
-    def __init__(self, args, par, optimizer, *, rank: int, world: int, device):
+    def __init__(self, args, par, optimizer, *, rank: int, world: int, device,
+                 stateful: dict | None = None):
+        # stateful: name -> object with state_dict() / load_state_dict(), JSON-able state
+        # (a data position, a learning-rate schedule), saved in each rank's own file
+        self.stateful = dict(stateful or {})
         self.root = Path(args.ckpt_dir) if args.ckpt_dir else None
         self.every, self.keep, self.use_async = args.ckpt_every, args.ckpt_keep, args.ckpt_async
         self.want_resume = args.resume
@@ -239,7 +222,17 @@ class Checkpointer(SaveMixin):
                                          "param_groups": optim_sd["param_groups"]})
         own = path / f"rank-{self.rank:05d}.json"
         if own.is_file():  # a rank the saving run did not have keeps its fresh RNG
-            mf.restore_rank_state(json.loads(own.read_text()), self.device)
+            saved = json.loads(own.read_text())
+            mf.restore_rank_state(saved, self.device)
+            for name, obj in self.stateful.items():
+                if name not in saved.get("extra", {}):
+                    raise CheckpointError(f"{own} has no {name!r} state to continue from; "
+                                          "it was not saved by this kind of run")
+                obj.load_state_dict(saved["extra"][name])
+        elif self.stateful:
+            raise CheckpointError(f"{path.name} was saved by {manifest['world_size']} ranks; "
+                                  f"its {sorted(self.stateful)} state cannot continue on "
+                                  f"{self.world} ranks (rank {self.rank} has no file)")
 
     # ------------------------------------------------------------ the loop
 

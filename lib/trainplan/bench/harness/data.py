@@ -4,14 +4,15 @@ Corpus: the Python standard library's own source files (code, docstrings,
 comments) under `sysconfig.get_paths()["stdlib"]`, without tests and
 installed packages, read in sorted path order. Every machine that runs the
 harness has them and nothing is downloaded; a different Python version gives
-a different corpus, which `corpus_info` records.
+a different corpus, which `loader.dataset.info` records.
 
-Pipeline: files -> bytes (one EOT id between documents) -> byte-level BPE
-trained on the first `TRAIN_BYTES` of the corpus (`tokenizer.py`) -> token
-array cached as .npy under $TRAINPLAN_CACHE (default ~/.cache/trainplan),
-keyed by a hash of the corpus and the tokenizer settings -> fixed-length
-sequences, labels = inputs shifted by one -> `DistributedSampler` (seeded,
-`drop_last`, so ranks never share a sequence) -> `DataLoader`.
+Pipeline: files -> UTF-8 texts -> a byte-level BPE (`trainplan.data.tokenize.train`,
+Hugging Face `tokenizers`) trained on the leading `TRAIN_BYTES` of the corpus -> each
+file's ids followed by the end-of-document id (`tokenize.eos_id`) -> token array cached
+as .npy under $TRAINPLAN_CACHE (default ~/.cache/trainplan), keyed by a hash of the
+corpus and the tokenizer settings, with the tokenizer.json beside it -> fixed-length
+sequences, labels = inputs shifted by one -> `DistributedSampler` (seeded, `drop_last`,
+so ranks never share a sequence) -> `DataLoader`.
 
 The trainer must not shift labels again: `labels[:, t]` is the token that
 follows `input_ids[:, t]`.
@@ -31,17 +32,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import tokenizers  # the pipeline needs it to build a cache; its version is part of the key
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainplan.bench.harness.tokenizer import EOT, FIRST_MERGE_ID, ByteBPE, train_bpe
+from trainplan.data import shards, tokenize
 from trainplan.errors import SpecError
 
-DEFAULT_MERGES = 1024  # vocabulary 1281 ids: bytes, EOT, merges
+DEFAULT_VOCAB = 1281  # ids: EOS, the 256 bytes and 1024 merges
 MAX_BYTES = 16 * 2**20  # corpus cap; the 3.11/3.12 stdlib without tests is about 12 MiB
-TRAIN_BYTES = 2 * 2**20  # merges are learnt on this prefix, applied to all of it
+TRAIN_BYTES = 2 * 2**20  # the BPE is learnt on the leading files up to this, applied to all
+ENCODE_BATCH = 256  # files encoded together (tokenizers encodes a batch in parallel)
 SYNTHETIC_SEQUENCES = 1 << 16
-_FORMAT = 1  # bump when the cache layout or the tokenizer changes
+_FORMAT = 2  # bump when the cache layout or the tokenizer changes
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
@@ -56,75 +59,122 @@ def corpus_files(root: str | Path | None = None) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
-def corpus_ids(files: list[Path], max_bytes: int = MAX_BYTES) -> np.ndarray:
-    """Byte ids of the files in order, EOT after each, stopping before `max_bytes`."""
-    parts, total = [], 0
+def corpus_texts(files: list[Path], max_bytes: int = MAX_BYTES) -> list[str]:
+    """The files' texts in order, stopping before their bytes pass `max_bytes`; a file that
+    is not UTF-8 is left out (the tokenizer takes text)."""
+    texts, total = [], 0
     for path in files:
         data = path.read_bytes()
         if total + len(data) > max_bytes:
             break
-        parts.append(np.frombuffer(data, dtype=np.uint8).astype(np.uint16))
-        parts.append(np.array([EOT], dtype=np.uint16))
-        total += len(data) + 1
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+        try:
+            texts.append(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+        total += len(data)
+    return texts
+
+
+def training_prefix(texts: list[str], train_bytes: int = TRAIN_BYTES) -> list[str]:
+    """The leading texts the tokenizer is trained on: up to the first that reaches
+    `train_bytes` bytes in all."""
+    out, total = [], 0
+    for text in texts:
+        if total >= train_bytes:
+            break
+        out.append(text)
+        total += len(text.encode("utf-8"))
+    return out
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("TRAINPLAN_CACHE") or Path.home() / ".cache" / "trainplan")
 
 
-def corpus_tokens(n_merges: int = DEFAULT_MERGES, *, root: str | Path | None = None,
+def corpus_tokens(vocab_size: int = DEFAULT_VOCAB, *, root: str | Path | None = None,
                   max_bytes: int = MAX_BYTES) -> tuple[np.ndarray, dict]:
-    """Tokenised corpus (read-only uint16 ids) and a description of it, built once and cached.
+    """Tokenised corpus (read-only ids, uint16 for a vocabulary of at most 65,536) and a
+    description of it, with a byte-level BPE of at most `vocab_size` ids; built once, cached.
 
-    Ranks started together share the build through a file lock; the cache is
-    written to a temporary name and renamed, so a reader never sees half a file.
-    Within one process the result is also kept in memory (per cache directory).
+    `info["tokenizer_file"]` is the tokenizer.json the ids come from (`tokenize.load`; set
+    `encode_special_tokens` to encode as here); `info["eos_id"]` follows every file. Ranks
+    started together share the build through a file lock; each cache file is written to a
+    temporary name and renamed, so a reader never sees half a file. Within one process the
+    result is also kept in memory (per cache directory).
     """
-    tokens, info = _corpus_tokens(n_merges, str(root or ""), max_bytes, str(cache_dir()))
+    _whole("vocab_size", vocab_size, tokenize.MIN_VOCAB)  # the bytes and the EOS id
+    tokens, info = _corpus_tokens(vocab_size, str(root or ""), max_bytes, str(cache_dir()))
     return tokens, json.loads(info)
 
 
 @functools.lru_cache(maxsize=4)
-def _corpus_tokens(n_merges: int, root: str, max_bytes: int, cache: str) -> tuple:
+def _corpus_tokens(vocab_size: int, root: str, max_bytes: int, cache: str) -> tuple:
     root = root or None
-    files = corpus_files(root)
-    raw = corpus_ids(files, max_bytes)
-    if len(raw) < 4096:
-        raise SpecError(f"corpus under {root or 'the Python stdlib'} has {len(raw)} bytes; "
+    texts = corpus_texts(corpus_files(root), max_bytes)
+    size = sum(len(t.encode("utf-8")) for t in texts)
+    if size < 4096:
+        raise SpecError(f"corpus under {root or 'the Python stdlib'} has {size} bytes; "
                         "need >= 4096 (or use synthetic=True)")
-    key = hashlib.sha256(json.dumps([_FORMAT, n_merges, TRAIN_BYTES]).encode())
-    key.update(raw.tobytes())
-    stem = Path(cache) / f"stdlib-bpe{n_merges}-{key.hexdigest()[:16]}"
-    tokens_path, info_path = stem.with_suffix(".npy"), stem.with_suffix(".json")
+    key = hashlib.sha256(json.dumps([_FORMAT, vocab_size, TRAIN_BYTES,
+                                     tokenizers.__version__]).encode())
+    for text in texts:
+        data = text.encode("utf-8")
+        key.update(len(data).to_bytes(8, "little") + data)
+    stem = Path(cache) / f"stdlib-bpe{vocab_size}-{key.hexdigest()[:16]}"
+    paths = {"tokens": stem.with_suffix(".npy"), "info": stem.with_suffix(".json"),
+             "tokenizer": stem.parent / f"{stem.name}.tokenizer.json"}
     stem.parent.mkdir(parents=True, exist_ok=True)
     with open(stem.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (tokens_path.is_file() and info_path.is_file()):
-            _build(raw, n_merges, tokens_path, info_path, root)
-    tokens = np.load(tokens_path)
+        if not all(p.is_file() for p in paths.values()):
+            _build(texts, vocab_size, paths, root)
+    tokens = np.load(paths["tokens"])
     tokens.flags.writeable = False  # shared by every caller in this process
-    return tokens, info_path.read_text()
+    info = json.loads(paths["info"].read_text())
+    info["tokenizer_file"] = str(paths["tokenizer"])
+    return tokens, json.dumps(info)
 
 
-def _build(raw, n_merges, tokens_path: Path, info_path: Path, root) -> None:
+def _build(texts: list[str], vocab_size: int, paths: dict[str, Path], root) -> None:
+    """Train the tokenizer, encode the texts, and write the cache files under temporary
+    names, renamed into place when all are written."""
+    tmp = {k: p.with_name(f".{p.name}.{os.getpid()}.tmp") for k, p in paths.items()}
+    try:
+        _write(texts, vocab_size, paths, tmp, root)
+    finally:
+        for p in tmp.values():
+            p.unlink(missing_ok=True)
+
+
+def _write(texts, vocab_size, paths: dict[str, Path], tmp: dict[str, Path], root) -> None:
     start = time.perf_counter()
-    merges = train_bpe(raw[:TRAIN_BYTES], n_merges)
-    tokens = ByteBPE(merges).encode_ids(raw)
+    prefix = training_prefix(texts)
+    tok = tokenize.train(iter(prefix), vocab_size, tmp["tokenizer"])
+    vocab = tok.get_vocab_size(with_added_tokens=True)  # fewer than asked on a tiny corpus
+    eos = tokenize.eos_id(tok, paths["tokenizer"])
+    tok.encode_special_tokens = True  # a file's own "<|endoftext|>" is text, not a boundary
+    dtype = np.dtype(shards.dtype_for(vocab))
+    parts = []
+    for i in range(0, len(texts), ENCODE_BATCH):
+        for enc in tok.encode_batch(texts[i:i + ENCODE_BATCH]):
+            parts += [np.asarray(enc.ids, dtype=dtype), np.array([eos], dtype=dtype)]
+    tokens = np.concatenate(parts)
     info = {
         "source": f"python {sys.version_info.major}.{sys.version_info.minor} stdlib",
         "root": str(root or sysconfig.get_paths()["stdlib"]),
-        "files": int((raw == EOT).sum()), "bytes": int(len(raw)), "tokens": int(len(tokens)),
-        "tokenizer": f"byte-bpe, {len(merges)} merges, EOT={EOT}",
-        "vocab_size": FIRST_MERGE_ID + len(merges), "merges": merges,
+        "files": len(texts), "bytes": sum(len(t.encode("utf-8")) for t in texts),
+        "tokens": int(len(tokens)),
+        "tokenizer": f"byte-level BPE (tokenizers {tokenizers.__version__}), {vocab} ids, "
+                     f"trained on the first {len(prefix)} files, EOS={eos}",
+        "vocab_size": vocab, "eos_id": eos, "encode_special_tokens": True,
+        "tokenizer_sha256": tokenize.sha256(tmp["tokenizer"]),
         "build_s": round(time.perf_counter() - start, 2),
     }
-    for path, write in ((tokens_path, lambda f: np.save(f, tokens)),
-                        (info_path, lambda f: f.write(json.dumps(info).encode()))):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
+    with open(tmp["tokens"], "wb") as f:
+        np.save(f, tokens)
+    tmp["info"].write_text(json.dumps(info))
+    for k in ("tokenizer", "tokens", "info"):  # the description last: it marks a whole cache
+        os.replace(tmp[k], paths[k])
 
 
 # ---------------------------------------------------------------- datasets
@@ -192,18 +242,18 @@ def _check(seq_len, micro_batch, rank, world, seed, num_workers, prefetch_factor
         if not isinstance(value, bool):
             raise SpecError(f"{name} = {value!r} is not valid; use True or False")
     _whole("vocab", vocab, 2)
-    if not synthetic and vocab <= FIRST_MERGE_ID:
-        raise SpecError(f"vocab = {vocab} is too small for the byte-level tokenizer (256 bytes, "
-                        f"EOT, merges); use vocab >= {FIRST_MERGE_ID + 1} or synthetic=True")
+    if not synthetic and vocab < tokenize.MIN_VOCAB:
+        raise SpecError(f"vocab = {vocab} is too small for the byte-level tokenizer (256 bytes "
+                        f"and the end-of-document id); use vocab >= {tokenize.MIN_VOCAB} or "
+                        "synthetic=True")
 
 
 def build_dataset(*, seq_len: int, vocab: int = 32000, seed: int = 0,
                   synthetic: bool = False) -> PackedDataset | SyntheticDataset:
-    """The packed stdlib corpus (merges capped so ids stay below `vocab`), or random tokens."""
+    """The packed stdlib corpus (a tokenizer of at most `vocab` ids), or random tokens."""
     if synthetic:
         return SyntheticDataset(seq_len, vocab, seed)
-    tokens, info = corpus_tokens(min(DEFAULT_MERGES, vocab - FIRST_MERGE_ID))
-    info.pop("merges", None)
+    tokens, info = corpus_tokens(min(DEFAULT_VOCAB, vocab))
     return PackedDataset(tokens, seq_len, info)
 
 

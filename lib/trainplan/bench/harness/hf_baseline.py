@@ -5,7 +5,8 @@ run, so the baseline gets everything a careful user would give it and nothing
 of ours that they could not have:
 
 - the same model, built from the same `ModelSpec` (hidden, layers, heads, key/
-  value heads, FFN, vocabulary, RoPE base 10000, RMSNorm eps 1e-5, untied):
+  value heads, FFN, vocabulary, the spec's RoPE base and RMSNorm eps, untied;
+  `specs.hf.hf_config` is the config):
   exactly `trainplan.cost.params.total_params` parameters, like ours;
 - `use_cache=False` (with the cache on, per-layer compile recompiles until it
   gives up) and `attn_implementation="sdpa"`;
@@ -33,13 +34,13 @@ import torch
 from torch import nn
 
 from trainplan.bench.harness import parallelize as par_mod
-from trainplan.bench.harness.model import ROPE_THETA, count_params, init_normal
+from trainplan.bench.harness.model import count_params, init_normal
 from trainplan.bench.harness.step import loss_function
 from trainplan.errors import LayoutError, SpecError
 from trainplan.specs import ModelSpec, ParallelConfig
+from trainplan.specs import hf as hf_spec
 
 IMPL = "hf-baseline"
-RMS_EPS = 1e-5  # = model.norm_layer's nn.RMSNorm eps; LlamaConfig's default would be 1e-6
 
 
 def require_transformers():
@@ -69,16 +70,12 @@ def check(spec: ModelSpec, cfg: ParallelConfig) -> None:
 
 
 def hf_config(spec: ModelSpec, seq_len: int):
-    """The `LlamaConfig` of `spec`: the same function as `model.Transformer` computes."""
+    """The `LlamaConfig` of `spec`: the same function as `model.Transformer` computes
+    (`specs.hf.hf_config`), without the KV cache and with SDPA attention."""
     tf = require_transformers()
-    return tf.LlamaConfig(
-        vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.ffn,
-        num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
-        num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
-        max_position_embeddings=seq_len, rms_norm_eps=RMS_EPS, hidden_act="silu",
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-        attention_bias=spec.bias, mlp_bias=spec.bias, tie_word_embeddings=False,
-        use_cache=False, attn_implementation="sdpa", pad_token_id=None)
+    fields = {k: v for k, v in hf_spec.hf_config(spec, seq_len).items()
+              if k not in ("architectures", "model_type", "dtype", "rope_theta")}
+    return tf.LlamaConfig(**dict(fields, use_cache=False, attn_implementation="sdpa"))
 
 
 class HFCausalLM(nn.Module):
@@ -116,33 +113,16 @@ class HFCausalLM(nn.Module):
         rotary = self.hf.model.rotary_emb
         hd = self.spec.head_dim
         device = buffer_device or rotary.inv_freq.device
-        inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, hd, 2, device=device).float() / hd)
+        theta = self.spec.rope_theta
+        inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, device=device).float() / hd)
         rotary.inv_freq = inv_freq
         rotary.original_inv_freq = inv_freq.clone()
 
 
-# Our module names -> HF's (in a decoder layer, then outside the layers).
-_LAYER_NAMES = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
-                "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
-                "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj",
-                "feed_forward.w2": "mlp.down_proj", "attention_norm": "input_layernorm",
-                "ffn_norm": "post_attention_layernorm"}
-_ROOT_NAMES = {"tok_embeddings": "hf.model.embed_tokens", "norm": "hf.model.norm",
-               "output": "hf.lm_head"}
-
-
 def hf_state_from_trainplan(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our `Transformer.state_dict()` under `HFCausalLM`'s names: the same weights, renamed."""
-    out = {}
-    for key, value in state.items():
-        parts = key.split(".")
-        if parts[0] == "layers":
-            module = ".".join(parts[2:-1])
-            new = f"hf.model.layers.{parts[1]}.{_LAYER_NAMES[module]}.{parts[-1]}"
-        else:
-            new = f"{_ROOT_NAMES[parts[0]]}.{parts[-1]}"
-        out[new] = value
-    return out
+    """Our `Transformer.state_dict()` under `HFCausalLM`'s names: the same weights, renamed
+    (`specs.hf.to_hf_names`, under this wrapper's `hf.`)."""
+    return {f"hf.{k}": v for k, v in hf_spec.to_hf_names(state).items()}
 
 
 def apply_ac(model: HFCausalLM, mode: str) -> None:

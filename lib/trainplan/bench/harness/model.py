@@ -26,7 +26,6 @@ from torch import nn
 from trainplan.errors import SpecError
 from trainplan.specs import ModelSpec
 
-ROPE_THETA = 10000.0  # Llama 2's base; ModelSpec has no field for it
 INIT_STD = 0.02  # GPT-2 / Llama initialisation; projections into the residual are scaled down
 
 
@@ -43,17 +42,18 @@ def slice_spec(spec: ModelSpec, n_layers: int) -> ModelSpec:
 
 def norm_layer(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
-        return nn.RMSNorm(spec.hidden, eps=1e-5)
-    return nn.LayerNorm(spec.hidden, eps=1e-5, bias=spec.bias)
+        return nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.hidden, eps=spec.norm_eps, bias=spec.bias)
 
 
-def rope_tables(seq_len: int, head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(seq_len: int, head_dim: int, device=None,
+                theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the rotary angles, each (seq_len, head_dim), fp32.
 
     Half-split ("rotate_half") convention as in transformers' Llama, so the
     Hugging Face baseline and this model compute the same function.
     """
-    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)  # (S, hd/2)
     angles = torch.cat([angles, angles], dim=-1)  # (S, hd)
     return angles.cos(), angles.sin()
@@ -171,7 +171,7 @@ class Transformer(nn.Module):
         if spec.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
         # Rotary tables are not state: non-persistent, rebuilt by init_weights.
-        cos, sin = rope_tables(max_seq_len, spec.head_dim)
+        cos, sin = rope_tables(max_seq_len, spec.head_dim, theta=spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
@@ -189,7 +189,8 @@ class Transformer(nn.Module):
         the init ops work on DTensors too).
         """
         device = buffer_device or self.rope_cos.device
-        cos, sin = rope_tables(self.max_seq_len, self.spec.head_dim, device=device)
+        cos, sin = rope_tables(self.max_seq_len, self.spec.head_dim, device=device,
+                               theta=self.spec.rope_theta)
         self.rope_cos, self.rope_sin = cos, sin
         init_normal(self, self.spec.n_layers, residual=("wo", "w2"))
         for module in self.modules():

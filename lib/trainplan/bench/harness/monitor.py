@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from trainplan.bench.flags import add_monitor_arguments as add_arguments  # noqa: F401
 from trainplan.errors import TrainplanError
 
 if TYPE_CHECKING:
@@ -34,21 +35,6 @@ GiB = 1024**3
 
 class MonitorError(TrainplanError):
     """A monitoring flag that cannot be used."""
-
-
-def add_arguments(p) -> None:
-    """The monitoring flags of train.py."""
-    g = p.add_argument_group("monitoring (trainplan.bench.harness.monitor)")
-    g.add_argument("--metrics", default=None,
-                   help="rank 0 appends one JSON line per step (all ranks' numbers) here")
-    g.add_argument("--straggler-tolerance", type=float, default=0.10,
-                   help="a rank more than this share above the median over ranks is a straggler")
-    g.add_argument("--straggler-window", type=int, default=5,
-                   help="measured steps whose median decides a straggler")
-    g.add_argument("--alert-tokens-per-s-per-gpu", type=float, default=None,
-                   help="alert when tokens/s/GPU over the window falls below this; default off")
-    g.add_argument("--alert-window", type=int, default=5,
-                   help="measured steps the alert's rate is taken over")
 
 
 def launch_flags(watch: dict, path: str = "metrics.jsonl") -> list[str]:

@@ -174,7 +174,7 @@ def peak_flops(device) -> float | None:
     return next((t * 1e12 for key, t in PEAK_TFLOPS.items() if key in name), None)
 
 
-def _sync(device) -> None:
+def sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -227,13 +227,13 @@ def run(args) -> dict:
     done, setup_s = start, time.perf_counter() - began
     for step in bar:
         saver.before_step(step + 1)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         micro = feed.to_device(next(batches), device, non_blocking=args.pin_memory)
         total = step_mod.train_step(par, optimizer, micro, autocast=autocast,
                                     reshard=cfg.zero == 3, max_norm=args.max_norm,
                                     loss_fn=loss_fn)
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
         mon.step(step + 1, times[-1])  # every rank: one small all_gather, if monitoring
         loss, norm = step_mod.reduce_loss(total)  # outside the timed region

@@ -96,7 +96,7 @@ def bench_ddp_block(model: str, micro_batch: int, seq: int, *, optimize_ddp: boo
         torch._dynamo.reset()  # a fresh compile under this optimize_ddp setting
         apply_compile(net)
     ddp = DistributedDataParallel(net, device_ids=[dev.index] if dev.type == "cuda" else None)
-    cos, sin = rope_tables(seq, spec.head_dim, dev)
+    cos, sin = rope_tables(seq, spec.head_dim, dev, spec.rope_theta)
     x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=dt, requires_grad=True)
     grad = torch.randn_like(x)
 
@@ -156,7 +156,7 @@ def bench_fsdp_block(model: str, micro_batch: int, seq: int, *, zero: int, compi
     mixed = dtype_of(dtype) != torch.float32  # the harness's bf16 policy wherever it computes low
     compute_dt = torch.bfloat16 if mixed else torch.float32
     reduce_dt = torch.float32
-    cos, sin = rope_tables(seq, spec.head_dim, dev)
+    cos, sin = rope_tables(seq, spec.head_dim, dev, spec.rope_theta)
     x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=compute_dt,
                     requires_grad=True)
     grad = torch.randn_like(x)

@@ -105,7 +105,7 @@ def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recomp
         torch._dynamo.reset()  # each variant compiles afresh: no recompile limit reached
         apply_compile(holder)
     block = holder.layers["0"]
-    cos, sin = rope_tables(seq, spec.head_dim, dev)
+    cos, sin = rope_tables(seq, spec.head_dim, dev, spec.rope_theta)
     x = torch.randn(micro_batch, seq, spec.hidden, device=dev, dtype=dt, requires_grad=True)
     grad = torch.randn_like(x)
 

@@ -109,7 +109,7 @@ def bench_tp_block(model: str, micro_batch: int, seq: int, *, tp: int, zero: int
     autocast = not fsdp and low != torch.float32  # the harness's precision without FSDP2
     mesh = init_device_mesh(dev.type, (n // tp, tp), mesh_dim_names=("dp_shard", "tp"))
     stream = low if fsdp else torch.float32  # what enters a block in the harness
-    cos, sin = rope_tables(seq, spec.head_dim, dev)
+    cos, sin = rope_tables(seq, spec.head_dim, dev, spec.rope_theta)
     x = torch.randn(micro_batch, seq // tp, spec.hidden, device=dev, dtype=stream,
                     requires_grad=True)  # this rank's sequence shard of the residual stream
     grad = torch.randn_like(x)

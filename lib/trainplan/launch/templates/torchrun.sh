@@ -10,7 +10,7 @@ RDZV_PORT="${RDZV_PORT:-{{rdzv_port}}}"
 JOB_ID="${JOB_ID:-{{job_name}}}"  # the same on every node: it names the rendezvous
 CKPT_DIR="${CKPT_DIR:-$PWD/checkpoints/$JOB_ID}"  # storage that every node shares
 LOG_DIR="${LOG_DIR:-$PWD/logs/$JOB_ID}"
-NODE_NAME="${NODE_NAME:-$(hostname)}"
+{{data_line}}NODE_NAME="${NODE_NAME:-$(hostname)}"
 mkdir -p "$CKPT_DIR" "$LOG_DIR"
 exec > >(tee -a "$LOG_DIR/$NODE_NAME.log") 2>&1  # one log per node
 
@@ -26,5 +26,5 @@ exec torchrun \
     --max-restarts {{max_restarts}} --monitor-interval 5 \
     --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
     --shutdown-timeout {{save_grace_s}} \
-    -m trainplan.bench.harness.train \
+    -m {{module}} \
 {{harness_lines}}

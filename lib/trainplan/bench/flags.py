@@ -1,0 +1,44 @@
+"""The flags the proxy harness and the trainer share: checkpointing and monitoring.
+
+Argparse only, so that `trainplan train --help` and the command line's checks do not import
+torch; the code that reads them is `bench.ckpt.store` and `bench.harness.monitor`.
+"""
+
+from __future__ import annotations
+
+
+def add_checkpoint_arguments(p) -> None:
+    """--ckpt-dir, --ckpt-every, --ckpt-keep, --ckpt-async, --resume ... (`bench.ckpt.store`)."""
+    g = p.add_argument_group("checkpointing (trainplan.bench.ckpt.store)")
+    g.add_argument("--ckpt-dir", default=None, help="save checkpoints here (one folder per step)")
+    g.add_argument("--ckpt-every", type=int, default=0,
+                   help="save every N steps; 0 = only at the end and on SIGTERM/SIGUSR1")
+    g.add_argument("--ckpt-keep", type=int, default=2,
+                   help="keep the last K complete checkpoints (K >= 2)")
+    g.add_argument("--ckpt-async", action="store_true",
+                   help="dcp.async_save: stage a CPU copy, write it on a background thread")
+    g.add_argument("--ckpt-threads", type=int, default=1,
+                   help="DCP writer threads per rank (one shard file each), written in parallel")
+    g.add_argument("--ckpt-hash", choices=("while-writing", "after-writing"),
+                   default="while-writing",
+                   help="when each shard's sha256 for the manifest is taken: as its bytes are "
+                        "written (default), or by reading it back after all writing (to compare)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the newest verified checkpoint in --ckpt-dir, if any")
+    g.add_argument("--collective-timeout-s", type=float, default=None,
+                   help="process-group timeout: a step with a hung rank fails after this long")
+
+
+def add_monitor_arguments(p) -> None:
+    """--metrics, --straggler-tolerance, --alert-tokens-per-s-per-gpu ... (`harness.monitor`)."""
+    g = p.add_argument_group("monitoring (trainplan.bench.harness.monitor)")
+    g.add_argument("--metrics", default=None,
+                   help="rank 0 appends one JSON line per step (all ranks' numbers) here")
+    g.add_argument("--straggler-tolerance", type=float, default=0.10,
+                   help="a rank more than this share above the median over ranks is a straggler")
+    g.add_argument("--straggler-window", type=int, default=5,
+                   help="measured steps whose median decides a straggler")
+    g.add_argument("--alert-tokens-per-s-per-gpu", type=float, default=None,
+                   help="alert when tokens/s/GPU over the window falls below this; default off")
+    g.add_argument("--alert-window", type=int, default=5,
+                   help="measured steps the alert's rate is taken over")

@@ -1,0 +1,128 @@
+"""`trainplan train`: train the team's model on prepared shards, under torchrun.
+
+    trainplan train --model M --data DIR[:W]... --steps N [--nproc-per-node P]
+                    [--nnodes N --rdzv-endpoint HOST:PORT --rdzv-id ID] [--dry-run]
+                    [layout, optimizer, evaluation, logging, checkpoint and export flags]
+
+Every flag is checked here first (the trainer's own parser, the model, the layout against
+`nproc_per_node x nnodes` ranks, the shards against the model's vocabulary), so bad input
+is one line and exit 2 before a process starts. Then torchrun runs `trainplan.train` with
+the same flags; its progress lines go to stderr as it runs. Exit 143 from the trainer
+(SIGTERM, its checkpoint saved) is reported as a stop to resume, not as a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from trainplan.commands.args import UsageError, positive_int
+
+LAUNCH = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "dry_run")
+
+
+def register(verbs) -> None:
+    from trainplan.train.flags import add_arguments  # argparse only: no torch
+
+    p = verbs.add_parser("train", help="train a model on prepared token shards (torchrun)")
+    g = p.add_argument_group("launch")
+    g.add_argument("--nproc-per-node", type=positive_int, default=1, help="ranks on this node")
+    g.add_argument("--nnodes", type=positive_int, default=1)
+    g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the c10d rendezvous")
+    g.add_argument("--rdzv-id", default="trainplan", help="the job's rendezvous id")
+    g.add_argument("--dry-run", action="store_true", help="check and print the command only")
+    add_arguments(p)
+    p.set_defaults(run=cmd_train, fmt=format_train)
+
+
+def trainer_argv(args) -> list[str]:
+    """The trainer's flags of `args`, as given (defaults left out)."""
+    from trainplan.train.flags import add_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    out: list[str] = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, action.default)
+        if value == action.default or value is None:
+            continue
+        flag = action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            out.append(flag)
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def check(args) -> None:
+    """The trainer's checks, run here: flags, model, layout, shards (one line, exit 2)."""
+    from trainplan.bench.harness import parallelize as par_mod
+    from trainplan.bench.harness import train as harness
+    from trainplan.data.shards import open_shards
+    from trainplan.specs import load_model
+    from trainplan.train import batches, loop
+
+    loop.check_args(args)
+    spec = load_model(args.model)
+    world = args.nproc_per_node * args.nnodes
+    par_mod.check_layout(harness.layout(args), spec, world)
+    for folder, _ in batches.parse_mixture(args.data):
+        open_shards(folder, "train", args.tokenizer, spec.vocab)
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the node "
+                         "that hosts the rendezvous, the same on every node)")
+
+
+def command(args) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           "--nproc-per-node", str(args.nproc_per_node)]
+    if args.nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        cmd += ["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id]
+    argv = [a for a in trainer_argv(args) if a != "--json"]
+    return cmd + ["-m", "trainplan.train", *argv, "--json"]
+
+
+def cmd_train(args) -> dict:
+    args.warmup, args.synthetic, args.impl = 0, False, "trainplan"
+    check(args)
+    cmd = command(args)
+    if args.dry_run:
+        return {"command": cmd, "dry_run": True, "summary": None}
+    from trainplan.bench.series.suite import NO_MULTICAST  # pandas: not loaded for --help
+
+    env = {**NO_MULTICAST, **os.environ, "PYTHONUNBUFFERED": "1"}  # the user's setting wins
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    lines = proc.stdout.splitlines()
+    for ln in lines:
+        if not ln.startswith("{"):
+            print(ln, file=sys.stderr)
+    summaries = [ln for ln in lines if ln.startswith("{")]
+    summary = json.loads(summaries[-1]) if summaries else None
+    if proc.returncode not in (0, 143):
+        raise UsageError(f"the trainer exited with code {proc.returncode} (its error is above); "
+                         f"command: {' '.join(cmd)}")
+    return {"command": cmd, "dry_run": False, "summary": summary,
+            "stopped": proc.returncode == 143}
+
+
+def format_train(out: dict) -> str:
+    if out["dry_run"]:
+        return " ".join(out["command"])
+    s = out["summary"] or {}
+    if out.get("stopped"):
+        return (f"stopped at step {s.get('last_step')} of {s.get('steps')} with a checkpoint; "
+                "run the same command with --resume to continue")
+    evals = s.get("evals") or []
+    held = f", held-out loss {evals[-1]['eval_loss']:.4f}" if evals else ""
+    export = f"; exported to {s['export']}" if s.get("export") else ""
+    losses = s.get("losses") or [float("nan")]
+    return (f"trained {s.get('model')} to step {s.get('last_step')} of {s.get('steps')} "
+            f"({s.get('layout')}): loss {losses[-1]:.4f}{held}{export}")

@@ -1,0 +1,137 @@
+"""What a job runs with, from one plan: its layout, its length and its checkpoints.
+
+Pages 1, 5 and 6 and `trainplan launch` all take these numbers from here, so the script a
+team runs cannot disagree with the page that justifies it:
+
+- the layout, micro-batch, gradient accumulation and recompute: the planner's best plan
+  that the trainer can run (context and expert parallel pinned to 1 until it runs them),
+  or the layout a plan file (`trainplan plan --json`) or pins name;
+- the run's length: the scenario's token budget over the global batch, in whole steps;
+- the checkpoint interval and keep count: page 5's plan (`resilience.checkpoint`) at the
+  conservative node MTBF, whose interval also meets the 30-minute limit at the nominal
+  one, turned into steps at the plan's predicted step time (rounded down, so the work lost
+  to a failure stays under the limit).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainplan.errors import TrainplanError
+from trainplan.specs import LAYOUT_FIELDS, Scenario
+
+CASE = "conservative"  # the MTBF whose checkpoint plan the job follows (page 5's choice)
+
+
+@dataclass(frozen=True)
+class CheckpointSchedule:
+    """Page 5's plan for one layout, in the units a launch needs."""
+
+    plans: dict  # case -> resilience.checkpoint.CheckpointPlan, conservative and nominal
+    every_steps: int  # steps between checkpoints
+    every_min: float  # minutes between checkpoints at the plan's step time (<= the interval)
+    keep: int  # complete checkpoints kept
+
+    @property
+    def plan(self):
+        """The plan the job follows (`CASE`)."""
+        return self.plans[CASE]
+
+
+def checkpoint_plans(model, gpus: int, gpus_per_node: int, parallel: dict) -> dict:
+    """{"conservative": CheckpointPlan, "nominal": ...} of `model` on `gpus`, its state split
+    as `parallel` (a plan's layout) splits it, with page 5's assumptions."""
+    from trainplan.cost.params import total_params
+    from trainplan.resilience import checkpoint, failures
+
+    assume = checkpoint.Assumptions()
+    shards = checkpoint.state_shards(int(parallel["tp"]), int(parallel["pp"]),
+                                     int(parallel["dp_shard"]), int(parallel["zero"]))
+    return {case: checkpoint.plan_checkpoints(
+        total_params(model), gpus, mtbf, assume.write_gbps_per_node, assume.restart_minutes,
+        assume.max_lost_minutes, gpus_per_node=gpus_per_node, mode=assume.mode,
+        keep=assume.keep, host_copy_gbps=assume.host_copy_gbps, shard_gpus=shards)
+        for case, mtbf in failures.published_node_mtbf_hours().items()}
+
+
+def schedule(model, gpus: int, gpus_per_node: int, plan_row: dict) -> CheckpointSchedule:
+    """Page 5's checkpoint plan for `plan_row` (a planner plan), in steps."""
+    plans = checkpoint_plans(model, gpus, gpus_per_node, plan_row["parallel"])
+    interval = plans[CASE].interval_min
+    every = max(1, math.floor(interval * 60.0 / plan_row["step_time_s"]))
+    return CheckpointSchedule(plans=plans, every_steps=every, keep=plans[CASE].keep,
+                              every_min=every * plan_row["step_time_s"] / 60.0)
+
+
+def steps_for(token_budget: float, tokens_per_step: int) -> int:
+    """Optimizer steps that train on the whole token budget (the last step may run over)."""
+    return max(1, math.ceil(token_budget / tokens_per_step))
+
+
+def scenario_steps(scenario: Scenario) -> int:
+    return steps_for(scenario.token_budget, scenario.global_batch_tokens)
+
+
+def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
+    """(layout pins, {gpus, seq_len, global_batch_tokens, model}) of the first plan in a
+    `trainplan plan --json` file; one line if it is not one."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > 2**22:
+            raise ValueError("larger than 4 MiB")
+        out = json.loads(path.read_text(encoding="utf-8"))
+        parallel = out["plans"][0]["parallel"]
+        pins = {k: parallel[k] for k in LAYOUT_FIELDS if k in parallel}
+        facts = {k: out[k] for k in ("gpus", "seq_len", "global_batch_tokens", "model")}
+        if not isinstance(pins.get("dp"), int) or not isinstance(facts["gpus"], int):
+            raise ValueError("no layout")
+    except (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError) as err:
+        raise TrainplanError(f"--plan {str(path)!r} is not a plan written by `trainplan plan "
+                             f"--json` ({' '.join(str(err).split())[:120]})") from None
+    return pins, facts
+
+
+RUNNABLE_PINS = {"cp": 1, "ep": 1}  # what the trainer cannot run yet: context, expert parallel
+ALERT_MARGIN = 0.10  # below the band's low end by this share: day-to-day noise is not an alert
+UNVALIDATED_ALERT = 0.8  # share of the prediction where nothing was measured on the card class
+
+
+def best_runnable(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_tokens: int,
+                  pins: dict | None = None, gpus_per_node: int) -> dict:
+    """`plan.planner.plan`'s answer (top 1) among the layouts the trainer runs: context and
+    expert parallel pinned to 1 unless `pins` ask otherwise (then the trainer refuses)."""
+    from trainplan.plan.planner import plan  # pandas: not loaded at import
+
+    return plan(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
+                global_batch_tokens=global_batch_tokens,
+                pins={**RUNNABLE_PINS, **(pins or {})}, top=1, gpus_per_node=gpus_per_node)
+
+
+def alert(m, gpu, seq_len: int, plan_row: dict, paths=None) -> dict:
+    """The tokens/s/GPU below which a run is reported as slow, and why that number.
+
+    The plan's family band on the card class (`compare.trust.plan_band`, page 4's table;
+    the class's families pooled where the family is not validated) says how low a healthy
+    run measured against its prediction; the alert sits `ALERT_MARGIN` below that low end.
+    Where nothing was measured on the class, `UNVALIDATED_ALERT` x the prediction."""
+    from trainplan.compare import trust
+    from trainplan.cost.compute import matmul_ceiling_tokens_per_s
+
+    rate = float(plan_row["tokens_per_s_per_gpu"])
+    band = trust.plan_band(trust.suite_bands(paths), trust.family_of(plan_row["parallel"]), gpu,
+                           rate, matmul_ceiling_tokens_per_s(m, gpu, seq_len))
+    if band.get("rate_low") is None:
+        return {"tokens_per_s_per_gpu": UNVALIDATED_ALERT * rate, "factor": UNVALIDATED_ALERT,
+                "source": "none",
+                "basis": f"no layout has been measured on {band['card_class']} GPUs: "
+                         f"{UNVALIDATED_ALERT:.0%} of the prediction"}
+    factor = band["rate_low"] / rate * (1.0 - ALERT_MARGIN)
+    what = (f"the {band['family']} family's" if band["source"] == "family"
+            else f"every family measured on {band['card_class']} GPUs, pooled (the "
+                 f"{band['family']} family is not validated),")
+    return {"tokens_per_s_per_gpu": factor * rate, "factor": factor, "source": band["source"],
+            "basis": f"{ALERT_MARGIN:.0%} below the lowest rate {what} measured runs reached "
+                     f"against their predictions ({band['low']:.2f} x)"}

@@ -1,0 +1,1 @@
+"""Training the team's own model: data shards, the loop, checkpoints, export."""

@@ -1,0 +1,212 @@
+"""Training the team's model on the team's data: `torchrun ... -m trainplan.train ...`.
+
+The proxy harness's parts, not copies: its model (`bench.harness.model`, or a Hugging Face
+Llama `config.json`), its layouts (`bench.harness.parallelize`: FSDP2, HSDP, TP with
+sequence parallel, pipelining), its step (`bench.harness.step`: micro-batches, gradient
+sync, clipping) and its checkpoints (`bench.ckpt`: DCP, verified manifests, keep k,
+SIGTERM saves), with what a real job adds: token shards with a resumable sampler and a
+weighted mixture (`train.batches`), AdamW with parameter groups and a warm-up + decay
+schedule (`train.optim`), a held-out loss every N steps, logs (`train.logs`), weights
+loaded from and exported to safetensors (`train.export`).
+
+A checkpoint holds the model, Adam's state, every rank's RNG, the data position and the
+schedule's step: a killed run resumed with --resume continues with the next unseen
+sequence and ends bit-identical to one that was never stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainplan.bench.ckpt import store as ckpt
+from trainplan.bench.harness import feed, monitor
+from trainplan.bench.harness import parallelize as par_mod
+from trainplan.bench.harness import step as step_mod
+from trainplan.bench.harness import train as harness
+from trainplan.errors import TrainplanError
+from trainplan.specs import load_model
+from trainplan.train import batches as batches_mod
+from trainplan.train import logs, optim
+from trainplan.train.flags import add_arguments
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainplan.train",
+                                description="Train a Llama-family model on prepared token "
+                                            "shards under one parallel layout (under torchrun).")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    args.warmup, args.synthetic, args.impl = 0, False, "trainplan"  # harness.build reads these
+    return args
+
+
+def layout_name(cfg) -> str:
+    """'dp2 z3 tp1 pp1 mb2 ga4': the layout in one word per degree."""
+    return (f"dp{cfg.dp} z{cfg.zero} tp{cfg.tp} pp{cfg.pp} cp{cfg.cp} mb{cfg.micro_batch} "
+            f"ga{cfg.grad_accum}")
+
+
+def check_args(args) -> None:
+    for name in ("seq_len", "steps", "micro_batch", "grad_accum", "log_every", "eval_batches"):
+        if getattr(args, name) < 1:
+            raise TrainplanError(f"--{name.replace('_', '-')} = {getattr(args, name)} must be >= 1")
+    if args.eval_every < 0:
+        raise TrainplanError(f"--eval-every = {args.eval_every} must be >= 0 (0 = off)")
+    if args.export and not args.ckpt_dir:
+        raise TrainplanError(f"--export {args.export} needs --ckpt-dir: the export is made "
+                             "from the final checkpoint")
+    if args.export and Path(args.export).exists():
+        raise TrainplanError(f"--export {args.export} exists; name a new folder")
+    optim.check(lr=args.lr, warmup=args.lr_warmup, total=args.steps, schedule=args.lr_schedule,
+                floor=args.lr_floor, weight_decay=args.weight_decay)
+    ckpt.check_args(args)
+    monitor.check_args(args)
+
+
+def evaluate(par, groups, *, autocast: bool, loss_fn) -> tuple[float, int]:
+    """Mean next-token loss over the held-out micro-batches of every rank, and their tokens."""
+    device = groups[0][0][0].device if groups else torch.device("cpu")
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # loss x tokens, tokens
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast \
+        else contextlib.nullcontext()
+    with torch.no_grad(), amp:
+        for group in groups:
+            if par.schedule is None:
+                for x, y in group:
+                    total += torch.stack([loss_fn(par.parts[0](x), y).double() * y.numel(),
+                                          torch.tensor(float(y.numel()), device=device)])
+            else:
+                x = torch.cat([b[0] for b in group])
+                y = torch.cat([b[1] for b in group])
+                losses: list[torch.Tensor] = []
+                kwargs = {"target": y, "losses": losses} if par.is_last else {}
+                par.schedule.eval(*((x,) if par.is_first else ()), **kwargs)
+                if par.is_last:
+                    per = y.numel() / len(losses)
+                    total += torch.tensor([sum(float(v) for v in losses) * per, float(y.numel())],
+                                          dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    return (total[0] / total[1]).item() if total[1] else float("nan"), int(total[1].item())
+
+
+def eval_groups(args, cfg, spec, dp_rank, dp, device) -> list:
+    """Held-out micro-batches on the device, in groups of grad_accum for a pipeline."""
+    if not args.eval_every:
+        return []
+    first = batches_mod.parse_mixture(args.data)[0][0]
+    micro = batches_mod.eval_batches(first, seq_len=args.seq_len, micro_batch=cfg.micro_batch,
+                                     batches=args.eval_batches, dp_rank=dp_rank, dp=dp,
+                                     vocab_size=spec.vocab)
+    size = cfg.grad_accum if cfg.pp > 1 else 1
+    groups = [micro[i:i + size] for i in range(0, len(micro) - size + 1, size)]
+    if not groups:
+        raise TrainplanError(f"--eval-every {args.eval_every}: the held-out split of {first} "
+                             f"has too few sequences of {args.seq_len} for {dp} ranks; prepare "
+                             "with a larger --val-fraction or turn evaluation off")
+    return [feed.to_device(g, device, non_blocking=False) for g in groups]
+
+
+def run(args) -> dict:
+    check_args(args)
+    spec = load_model(args.model)
+    cfg = harness.layout(args)
+    device = harness.init_distributed(args.cpu, ckpt.timeout(args))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    par_mod.check_layout(cfg, spec, world)
+    mesh = par_mod.build_mesh(cfg, device.type)
+    dp_rank, dp = par_mod.dp_coordinates(cfg, mesh)
+    source = batches_mod.ShardBatches(
+        batches_mod.parse_mixture(args.data), split="train", seq_len=args.seq_len,
+        micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum, dp_rank=dp_rank, dp=dp,
+        seed=args.seed, vocab_size=spec.vocab, tokenizer=args.tokenizer)
+    held_out = eval_groups(args, cfg, spec, dp_rank, dp, device)
+    par, loss_fn = harness.build(spec, cfg, args, device, mesh)
+    if args.init_from:
+        from trainplan.train import export  # safetensors: only when loading weights
+
+        export.load_into_parts(par.parts, spec, args.init_from)
+    optimizer = optim.make_optimizer(par.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                                     fused=device.type == "cuda")
+    scheduler = optim.make_scheduler(optimizer, warmup=args.lr_warmup, total=args.steps,
+                                     schedule=args.lr_schedule, floor=args.lr_floor)
+    saver = ckpt.Checkpointer(args, par, optimizer, rank=rank, world=world, device=device,
+                              stateful={"data": source, "lr_schedule": scheduler})
+    start = saver.resume()
+    for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr  # the checkpoint holds Adam's moments, the schedule its step
+    from trainplan.cost.compute import model_flops_per_token  # pandas: not at process start
+
+    tokens_per_step = cfg.dp * cfg.grad_accum * cfg.micro_batch * args.seq_len
+    log = logs.RunLog(args.log_dir, total_steps=args.steps, tokens_per_step=tokens_per_step,
+                      world=world, flops_per_token=model_flops_per_token(spec, args.seq_len),
+                      peak_flops=harness.peak_flops(device), every=args.log_every,
+                      enabled=rank == 0, progress=not args.no_progress)
+    mon = monitor.Monitor(args, tokens_per_step=tokens_per_step,
+                          flops_per_token=model_flops_per_token(spec, args.seq_len),
+                          peak=harness.peak_flops(device), device=device, rank=rank, world=world)
+    autocast = device.type == "cuda" and not par.fsdp
+    losses, evals, done = [], [], start
+    log.start(start)
+    for step in range(start, args.steps):
+        saver.before_step(step + 1)
+        harness.sync(device)
+        t0 = time.perf_counter()
+        micro = feed.to_device(source.next_step(), device, non_blocking=False)
+        lr = scheduler.get_last_lr()[0]
+        total = step_mod.train_step(par, optimizer, micro, autocast=autocast,
+                                    reshard=cfg.zero == 3, max_norm=args.max_norm,
+                                    loss_fn=loss_fn)
+        scheduler.step()
+        harness.sync(device)
+        mon.step(step + 1, time.perf_counter() - t0)  # every rank: one small all_gather
+        loss, norm = step_mod.reduce_loss(total)
+        losses.append(loss)
+        done = step + 1
+        log.step(done, loss, lr, norm)
+        if args.eval_every and (done % args.eval_every == 0 or done == args.steps):
+            ev, n_tok = evaluate(par, held_out, autocast=autocast, loss_fn=loss_fn)
+            evals.append({"step": done, "eval_loss": ev})
+            log.evaluation(done, ev, n_tok)
+        if saver.after_step(done):  # SIGTERM: emergency checkpoint taken, stop
+            break
+    summary = {"model": spec.name, "steps": args.steps, "first_step": start + 1, "last_step": done,
+               "losses": losses, "evals": evals, "tokens_per_step": tokens_per_step,
+               "layout": layout_name(cfg), "checkpoint": saver.finish(done),
+               "monitor": mon.finish(),
+               "preempted": done < args.steps}
+    log.close()
+    if dist.is_initialized():
+        dist.barrier()
+    if args.export and not summary["preempted"] and rank == 0:
+        from trainplan.train import export
+
+        export.export_checkpoint(Path(args.ckpt_dir), spec, Path(args.export),
+                                 max_positions=args.seq_len)
+        summary["export"] = args.export
+    return summary
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    summary = None
+    try:
+        summary = run(args)
+        if args.json and (not dist.is_initialized() or dist.get_rank() == 0):
+            print(json.dumps(summary))
+    except TrainplanError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 143 if summary["preempted"] else 0  # 128 + SIGTERM: not done, resume me

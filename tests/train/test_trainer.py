@@ -1,0 +1,168 @@
+"""`trainplan train` end to end on CPU: real torchrun (gloo, 2 ranks), FSDP2, DCP checkpoints,
+shards prepared by `trainplan data prepare` with a BPE that `tokenizers` trains in the test,
+and the export read back by `transformers`.
+
+The corpus is the Python standard library's own text (every machine has it); the model is a
+tiny Llama of the Hugging Face family (GQA, rope theta and norm epsilon not the defaults).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from trainplan import cli
+
+LIB = Path(__file__).resolve().parents[2] / "lib"
+TINY = ("name: tiny-train\nn_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\n"
+        "vocab: 512\nrope_theta: 500000\nnorm_eps: 1.0e-6\n")
+RUN = ["--seq-len", "32", "--micro-batch", "2", "--grad-accum", "2", "--dp", "2", "--zero",
+       "3", "--lr", "3e-3", "--lr-warmup", "2", "--eval-every", "6", "--eval-batches", "2",
+       "--log-every", "3", "--cpu", "--json"]
+STEPS, EVERY = 12, 4
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A corpus of stdlib modules as text files, its shards (BPE of 512 ids), the model YAML."""
+    base = tmp_path_factory.mktemp("train")
+    corpus = base / "corpus"
+    corpus.mkdir()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for i, path in enumerate(sorted(stdlib.glob("*.py"))[:30]):
+        (corpus / f"{i:03d}.txt").write_text(path.read_text(errors="replace"))
+    assert cli.main(["data", "prepare", str(corpus), "--out", str(base / "shards"),
+                     "--vocab-size", "512", "--val-fraction", "0.2", "--no-progress"]) == 0
+    (base / "tiny.yaml").write_text(TINY)
+    return base
+
+
+def torchrun(work: Path, args: list[str], *, fault: str = "", digest: str = "",
+             restarts: int = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+               TRAINPLAN_FAULT=fault, TRAINPLAN_DIGEST=digest,
+               PYTHONPATH=os.pathsep.join([str(LIB), os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", "--max-restarts", str(restarts), "-m", "trainplan.train",
+           "--model", str(work / "tiny.yaml"), "--data", str(work / "shards"), *RUN, *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def summary(proc) -> dict:
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1])
+
+
+def digests(root: Path) -> dict[int, str]:
+    events = [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines()]
+    return {e["step"]: e["digest"] for e in events if e["event"] == "digest"}
+
+
+@pytest.fixture(scope="module")
+def reference(work) -> dict:
+    """The uninterrupted run, exported at the end."""
+    root = work / "ref"
+    proc = torchrun(work, ["--steps", str(STEPS), "--ckpt-dir", str(root), "--ckpt-every",
+                           str(EVERY), "--ckpt-keep", "3", "--log-dir", str(work / "logs"),
+                           "--export", str(work / "hf")], digest=str(STEPS))
+    return {"summary": summary(proc), "root": root, "stderr": proc.stderr}
+
+
+def test_loss_falls_and_logs_are_written(reference, work):
+    s = reference["summary"]
+    assert len(s["losses"]) == STEPS
+    assert sum(s["losses"][-3:]) / 3 < sum(s["losses"][:3]) / 3 - 0.3  # it learns
+    assert [e["step"] for e in s["evals"]] == [6, 12]
+    assert s["evals"][1]["eval_loss"] < s["evals"][0]["eval_loss"]
+    rows = [json.loads(x) for x in (work / "logs" / "training.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [3, 6, 9, 12]
+    assert any(p.name.startswith("events.out.tfevents") for p in (work / "logs" / "tb").iterdir())
+    assert "step 12/12 | loss" in reference["stderr"] and "ETA" in reference["stderr"]
+
+
+def test_kill_and_resume_is_bit_identical(reference, work):
+    """Killed in step 7 (after the checkpoint of step 4), restarted by torchrun with --resume:
+    the same model and optimizer state at the end, the same losses from step 5 on, and every
+    rank's data position in the checkpoint it resumed from."""
+    root = work / "killed"
+    proc = torchrun(work, ["--steps", str(STEPS), "--ckpt-dir", str(root), "--ckpt-every",
+                           str(EVERY), "--ckpt-keep", "3", "--resume"],
+                    fault="kill@step:7:rank:1", digest=str(STEPS), restarts=1)
+    s = summary(proc)
+    assert s["first_step"] == EVERY + 1
+    assert s["losses"] == reference["summary"]["losses"][EVERY:]
+    assert digests(root)[STEPS] == digests(reference["root"])[STEPS]
+    saved = json.loads((root / "step-000008" / "rank-00001.json").read_text())
+    data = saved["extra"]["data"]["samplers"][0]
+    assert data["world"] == 2 and data["position"] == 8 * 2 * 2  # 8 steps x 2 micro x 2 rows
+    assert saved["extra"]["lr_schedule"]["last_epoch"] == 8
+
+
+def test_export_loads_in_transformers_with_the_same_logits(reference, work):
+    import torch
+    import transformers
+
+    from trainplan.bench.harness.model import Transformer
+    from trainplan.specs import load_model
+    from trainplan.train import export
+
+    hf = transformers.LlamaForCausalLM.from_pretrained(work / "hf", torch_dtype=torch.float32)
+    ours = Transformer.from_spec(load_model(str(work / "tiny.yaml")), max_seq_len=32)
+    export.load_weights(ours, work / "hf")
+    tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=tokens).logits, ours(tokens), atol=1e-5,
+                                   rtol=1e-5)
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str]:
+    rc = cli.main(["train", *args])
+    return rc, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda w: ["--data", str(w / "nowhere")], "trainplan data prepare"),
+    (lambda w: ["--model", "llama-1.3b", "--nproc-per-node", "1", "--dp", "1", "--zero", "0"],
+     None),  # a 32k vocabulary holds the 512 ids: no error
+    (lambda w: ["--tokenizer", str(w / "other.json")], "another tokenizer"),
+    (lambda w: ["--data", f"{w / 'shards'}:-1"], "weight"),
+    (lambda w: ["--lr-warmup", "99"], "--lr-warmup"),
+    (lambda w: ["--dp", "3"], "ranks"),
+])
+def test_bad_input_is_one_line(work, capsys, change, words):
+    (work / "other.json").write_text((work / "shards" / "tokenizer.json").read_text()
+                                     .replace('"<|endoftext|>"', '"<|eot|>"'))
+    args = ["--model", str(work / "tiny.yaml"), "--data", str(work / "shards"), "--steps", "4",
+            "--nproc-per-node", "2", "--dp", "2", "--dry-run", "--cpu", *change(work)]
+    rc, err = run_cli(args, capsys)
+    if words is None:
+        assert rc == 0, err
+        return
+    assert rc == 2 and words in err and len(err.splitlines()) == 1, err
+
+
+def test_small_vocabulary_model_refuses_the_shards(work, capsys):
+    small = work / "small.yaml"
+    small.write_text(TINY.replace("vocab: 512", "vocab: 256"))
+    rc, err = run_cli(["--model", str(small), "--data", str(work / "shards"), "--steps", "4",
+                       "--dry-run", "--cpu", "--zero", "0"], capsys)
+    assert rc == 2 and "512" in err and "256" in err, err
+
+
+def test_resume_with_another_model_is_refused(reference, work):
+    other = work / "wide.yaml"
+    other.write_text(TINY.replace("hidden: 64", "hidden: 128"))
+    root = work / "copied"
+    shutil.copytree(reference["root"], root)
+    proc = torchrun(work, ["--model", str(other), "--steps", str(STEPS + 2), "--ckpt-dir",
+                           str(root), "--resume"])
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert proc.returncode != 0 and errors and "size" in errors[0].lower(), proc.stderr[-2000:]
