@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from trainplan.runbook import build as book
-from trainplan.runbook import pages
+from trainplan.runbook import decision, pages
 from trainplan.runbook import version as bookinfo
 from trainplan.runbook.build import (
     execute_all,
@@ -276,7 +276,7 @@ def test_the_issue_s_five_scenarios_are_there():
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_every_scenario_has_a_plan_that_fits(name):
     inputs = resolve_inputs(name)
-    _, chosen = pages.decide(inputs)
+    _, chosen, _, _ = decision.decide(inputs)
     assert chosen["fits"] and chosen["tokens_per_s"] > 0
     assert inputs.title and inputs.title != name, "a title in plain words"
 
@@ -299,9 +299,18 @@ def test_records_note_says_so_when_the_card_was_not_measured():
     assert "the card of this scenario" in pages.records_note(h200, ["NVIDIA H200"], 2)
 
 
-def test_launch_note_says_when_the_launch_is_not_the_plan():
-    assert "the plan above" in pages.launch_note("HSDP", "HSDP")
-    assert "not the plan above" in pages.launch_note("EP8 x ZeRO-2 dp64", "PP8 x ZeRO-1 dp8")
+def test_the_decision_passes_over_what_the_trainer_cannot_run():
+    """70B: the fastest plan uses context parallel; the decision is the fastest without it."""
+    result, chosen, fastest, why = decision.decide(resolve_inputs("llama-70b-256xh100"))
+    assert fastest["cp"] > 1 and "context parallel" in why
+    assert chosen["cp"] == 1 and chosen["ep"] == 1 and chosen["fits"]
+    assert (result.table["tokens_per_s"] > chosen["tokens_per_s"]).sum() >= 1
+    assert "Passed over" in decision.passed_over(chosen, fastest, why)
+    _, chosen, fastest, why = decision.decide(resolve_inputs("mixtral-8x7b-64xh100"))
+    assert chosen.name == fastest.name and "mixture of experts" in why
+    assert "Not launchable yet" in decision.passed_over(chosen, fastest, why)
+    _, chosen, fastest, why = decision.decide(resolve_inputs(DEFAULT_SCENARIO))
+    assert why is None and decision.passed_over(chosen, fastest, why) == ""
 
 
 def test_version_is_package_plus_short_commit(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_int
-from trainplan.commands.planning import add_layout, layout_pins
+from trainplan.commands.planning import LAYOUT_FLAGS, add_layout, layout_pins
 from trainplan.launch.artefacts import (
     TARGETS,
     LaunchSettings,
@@ -103,6 +103,7 @@ def resolve(args) -> dict:
 
     sc = load_scenario(args.scenario) if args.scenario else None
     pins, facts = job.plan_file_pins(args.plan) if args.plan else ({}, {})
+    pins = {k: v for k, v in pins.items() if k in LAYOUT_FLAGS}  # what the search takes
     pins.update(layout_pins(args))
     got = {"model": args.model or (sc.model if sc else None),
            "gpu": args.gpu or (sc.gpu if sc else None),

@@ -1,4 +1,5 @@
-"""`trainplan train`: train the team's model on prepared shards, under torchrun.
+"""`trainplan train`: train the team's model on prepared shards, under torchrun; `trainplan
+export`: a checkpoint as a Hugging Face folder.
 
     trainplan train --model M --data DIR[:W]... --steps N [--nproc-per-node P]
                     [--nnodes N --rdzv-endpoint HOST:PORT --rdzv-id ID] [--dry-run]
@@ -9,6 +10,11 @@ Every flag is checked here first (the trainer's own parser, the model, the layou
 is one line and exit 2 before a process starts. Then torchrun runs `trainplan.train` with
 the same flags; its progress lines go to stderr as it runs. Exit 143 from the trainer
 (SIGTERM, its checkpoint saved) is reported as a stop to resume, not as a failure.
+
+    trainplan export --ckpt DIR --model M --out HF_DIR [--seq-len N] [--dtype bfloat16]
+
+DIR is a run's --ckpt-dir (its newest verified checkpoint) or one step's folder; HF_DIR
+gets model.safetensors and config.json, which `transformers` loads (`train.export`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,17 @@ def register(verbs) -> None:
     g.add_argument("--dry-run", action="store_true", help="check and print the command only")
     add_arguments(p)
     p.set_defaults(run=cmd_train, fmt=format_train)
+
+    e = verbs.add_parser("export", help="a training checkpoint as a Hugging Face folder")
+    e.add_argument("--ckpt", required=True, help="a run's --ckpt-dir, or one step's folder")
+    e.add_argument("--model", required=True, help="the model it was trained as (preset, YAML "
+                                                  "or config.json)")
+    e.add_argument("--out", required=True, help="a new folder")
+    e.add_argument("--seq-len", type=positive_int, default=4096,
+                   help="max_position_embeddings written into config.json")
+    e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(run=cmd_export, fmt=lambda out: f"exported {out['ckpt']} to {out['out']}")
 
 
 def trainer_argv(args) -> list[str]:
@@ -126,3 +143,15 @@ def format_train(out: dict) -> str:
     losses = s.get("losses") or [float("nan")]
     return (f"trained {s.get('model')} to step {s.get('last_step')} of {s.get('steps')} "
             f"({s.get('layout')}): loss {losses[-1]:.4f}{held}{export}")
+
+
+def cmd_export(args) -> dict:
+    from pathlib import Path
+
+    from trainplan.specs import load_model
+    from trainplan.train import export  # torch: not loaded for --help
+
+    folder = export.checkpoint_folder(Path(args.ckpt))
+    export.export_checkpoint(folder, load_model(args.model), Path(args.out), dtype=args.dtype,
+                             max_positions=args.seq_len)
+    return {"ckpt": str(folder), "out": args.out}

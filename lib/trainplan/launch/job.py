@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainplan.errors import TrainplanError
-from trainplan.specs import LAYOUT_FIELDS, Scenario
+from trainplan.specs import PLAN_FIELDS, Scenario
+from trainplan.train.support import RUNNABLE_PINS, not_runnable
 
 CASE = "conservative"  # the MTBF whose checkpoint plan the job follows (page 5's choice)
 
@@ -84,7 +85,7 @@ def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
             raise ValueError("larger than 4 MiB")
         out = json.loads(path.read_text(encoding="utf-8"))
         parallel = out["plans"][0]["parallel"]
-        pins = {k: parallel[k] for k in LAYOUT_FIELDS if k in parallel}
+        pins = {k: parallel[k] for k in PLAN_FIELDS if k in parallel}
         facts = {k: out[k] for k in ("gpus", "seq_len", "global_batch_tokens", "model")}
         if not isinstance(pins.get("dp"), int) or not isinstance(facts["gpus"], int):
             raise ValueError("no layout")
@@ -94,7 +95,6 @@ def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
     return pins, facts
 
 
-RUNNABLE_PINS = {"cp": 1, "ep": 1}  # what the trainer cannot run yet: context, expert parallel
 ALERT_MARGIN = 0.10  # below the band's low end by this share: day-to-day noise is not an alert
 UNVALIDATED_ALERT = 0.8  # share of the prediction where nothing was measured on the card class
 
@@ -105,6 +105,9 @@ def best_runnable(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_toke
     expert parallel pinned to 1 unless `pins` ask otherwise (then the trainer refuses)."""
     from trainplan.plan.planner import plan  # pandas: not loaded at import
 
+    why = not_runnable({**RUNNABLE_PINS, **(pins or {})}, m)
+    if why:
+        raise TrainplanError(f"no launch for this plan: {why}")
     return plan(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                 global_batch_tokens=global_batch_tokens,
                 pins={**RUNNABLE_PINS, **(pins or {})}, top=1, gpus_per_node=gpus_per_node)

@@ -18,7 +18,7 @@ from trainplan.compare import views as compare_views
 from trainplan.cost.memory import NON_ALLOCATOR_GIB
 from trainplan.cost.step_time import time_to_train
 from trainplan.errors import TrainplanError
-from trainplan.plan.search import search
+from trainplan.runbook import decision
 from trainplan.specs import (
     ClusterSpec,
     GPUSpec,
@@ -282,13 +282,6 @@ def why_not(alternatives, card_gib: float) -> str:
 # ---------------------------------------------------------------- across scenarios
 
 
-def decide(inputs: Inputs):
-    """Page 1's decision for `inputs`: the search table, best first, and its first row."""
-    table = search(inputs.model, inputs.gpu, inputs.cluster, gpus=inputs.gpus,
-                   seq_len=inputs.seq_len, global_batch_tokens=inputs.global_batch_tokens).table
-    return table, table.iloc[0]
-
-
 def gallery(current: Inputs):
     """Page 1's decision for every scenario in data/scenarios/ (the gallery appendix).
 
@@ -302,7 +295,7 @@ def gallery(current: Inputs):
     names = preset_names(Scenario)
     for name in names + ([] if current.scenario in names else [current.scenario]):
         inputs = current if name == current.scenario else resolve_inputs(name)
-        _, chosen = decide(inputs)
+        _, chosen, _, _ = decision.decide(inputs)
         train = time_to_train(inputs.token_budget, chosen["tokens_per_s"], inputs.gpus)
         mark = " (this build)" if inputs is current else ""
         rows.append({"scenario": f"{name}{mark}", "gpus": inputs.gpus, "gpu": inputs.gpu.name,
@@ -350,15 +343,6 @@ def records_note(inputs: Inputs, record_cards: list[str], record_gpus: int) -> s
                 "assumptions until the card is measured.")
     return (f"The proxy records were measured on {cards}, the card of this scenario, on "
             f"{record_gpus} GPUs against the scenario's {inputs.gpus:,}.")
-
-
-def launch_note(plan_strategy: str, launch_strategy: str) -> str:
-    """Page 6: whether the launched layout is the plan of page 1 (plain markdown)."""
-    if plan_strategy == launch_strategy:
-        return f"here it is **{launch_strategy}**, the plan above."
-    return (f"here it is **{launch_strategy}**, not the plan above (**{plan_strategy}**): "
-            "the harness cannot launch that plan yet, so the runbook launches the best plan it "
-            "can run, and its throughput is the one to expect.")
 
 
 def memory_check(total_gib: float, card_gib: float) -> str:

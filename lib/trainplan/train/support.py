@@ -1,0 +1,19 @@
+"""What the trainer (and the proxy harness it shares its layouts with) can run: a plan's
+`runnable` flag and the reason where it is not. Plain Python, no torch at import."""
+
+from __future__ import annotations
+
+RUNNABLE_PINS = {"cp": 1, "ep": 1}  # the search's degrees the trainer has no code for yet
+
+
+def not_runnable(parallel: dict, model) -> str | None:
+    """Why the trainer cannot run `parallel` (a plan's layout) of `model` (a ModelSpec), or
+    None where it can."""
+    if getattr(model, "is_moe", False):
+        return (f"{model.name} is a mixture of experts; the trainer builds dense models "
+                "only (n_experts = 1)")
+    if int(parallel.get("ep", 1)) > 1:
+        return "expert parallel is not in the trainer yet"
+    if int(parallel.get("cp", 1)) > 1:
+        return "context parallel is not in the trainer yet"
+    return None
