@@ -65,3 +65,12 @@ def test_three_commands_then_export(tmp_path):
     with torch.no_grad():
         logits = hf(input_ids=torch.arange(16)[None]).logits
     assert torch.isfinite(logits).all()
+
+
+def test_readme_and_page_six_show_the_same_commands():
+    """The README's quick start is `runbook.quickstart`'s default, line for line."""
+    from trainplan.runbook.quickstart import shell
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for cmd in Quickstart().commands():
+        assert shell(cmd) in readme.splitlines(), shell(cmd)

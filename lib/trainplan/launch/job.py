@@ -132,9 +132,12 @@ def alert(m, gpu, seq_len: int, plan_row: dict, paths=None) -> dict:
                 "basis": f"no layout has been measured on {band['card_class']} GPUs: "
                          f"{UNVALIDATED_ALERT:.0%} of the prediction"}
     factor = band["rate_low"] / rate * (1.0 - ALERT_MARGIN)
-    what = (f"the {band['family']} family's" if band["source"] == "family"
-            else f"every family measured on {band['card_class']} GPUs, pooled (the "
-                 f"{band['family']} family is not validated),")
+    slowest = f"{band['low']:.2f} x the prediction"
+    basis = (f"{ALERT_MARGIN:.0%} below the slowest that the {band['family']} family's "
+             f"measured runs reached against their predictions ({slowest})"
+             if band["source"] == "family" else
+             f"{ALERT_MARGIN:.0%} below the slowest that any layout measured on "
+             f"{band['card_class']} GPUs reached against its prediction ({slowest}; every "
+             f"family pooled, since {band['family']} is not validated yet)")
     return {"tokens_per_s_per_gpu": factor * rate, "factor": factor, "source": band["source"],
-            "basis": f"{ALERT_MARGIN:.0%} below the lowest rate {what} measured runs reached "
-                     f"against their predictions ({band['low']:.2f} x)"}
+            "basis": basis}
