@@ -162,7 +162,10 @@ def test_nothing_measured_leaves_the_planner_bit_for_bit_as_before():
     kw = dict(tp=L.tp, pp=L.pp, ep=L.ep, zero=L.zero, dp_shard=L.dp_shard, cp=L.cp)
     buffers = memory.buffer_bytes(M, dp=L.dp, **kw)
     buffers = np.where(path == rt.FSDP, buffers, np.where(path == rt.DDP, buffers, 0.0))
+    head = rt.head_block_bytes(M, seq_len=4096, micro_batch=L.micro_batch, cp=L.cp,
+                               compiled_loss=True)
     old = buffers + (rt.stream_pool_bytes(M, path=path, **kw)
+                     + rt.root_reduce_bytes(M, path=path, head_block=head, **kw)
                      + rt.FRAGMENTATION * np.asarray(before["activations"]))
     assert np.array_equal(before["other"], old)  # the assumption, as it was written
 

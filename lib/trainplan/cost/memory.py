@@ -258,8 +258,9 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     copies), or fp32 weights under autocast (one data-parallel rank, DDP).
     `grads` are those live at the peak (`grads_at_peak`). `other` is the
     communication buffers (`buffer_bytes`), the memory FSDP2's side streams
-    hold reserved (`memory_runtime.stream_pool_bytes`) and the compute
-    stream's fragmentation (`memory_runtime.fragmentation_bytes`, at the card `gpu`'s
+    hold reserved (`memory_runtime.stream_pool_bytes`), the compute stream's segment
+    for FSDP2's root reduce-scatter input (`memory_runtime.root_reduce_bytes`) and its
+    fragmentation (`memory_runtime.fragmentation_bytes`, at the card `gpu`'s
     measured `fragmentation_scales` for the layout's wrapper; None or none measured:
     `memory_runtime.FRAGMENTATION`): the peak is `torch.cuda.max_memory_reserved`.
     Memory outside PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
@@ -282,7 +283,10 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     }
     buffers = buffer_bytes(m, tp=tp, pp=pp, ep=ep, zero=zero, dp=dp, dp_shard=dp_shard, cp=cp)
     buffers = np.where(path == rt.FSDP, buffers, np.where(path == rt.DDP, buffers, 0.0))
+    head = rt.head_block_bytes(m, seq_len=seq_len, micro_batch=L.micro_batch, cp=cp,
+                               compiled_loss=compiled_loss)
     reserved = rt.stream_pool_bytes(m, path=path, **sharding) \
+        + rt.root_reduce_bytes(m, path=path, head_block=head, **sharding) \
         + rt.fragmentation_bytes(activations, gpu, tp=tp, fsdp=path == rt.FSDP, zero=zero)
     terms["other"] = buffers + reserved
     terms["total"] = sum(terms.values())

@@ -215,6 +215,48 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
     return np.where(on, 4.0 * s / d + copy_in, 0.0)
 
 
+ROUND_LARGE = 2 * 2**20  # bytes: the caching allocator rounds large segments to 2 MiB
+
+
+def head_block_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, compiled_loss):
+    """The largest single block the head frees before the end of backward: the logits of
+    b s / cp tokens x V, whole on every rank (the loss takes Replicate logits under tensor
+    parallel, `head_input_bytes`), in bf16 (2 bytes) when the loss is compiled, else their
+    fp32 upcast (4 bytes; `memory.logits_bytes`). Bytes."""
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    return np.where(np.asarray(compiled_loss), 2.0, 4.0) * tokens * m.vocab
+
+
+def root_reduce_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp, head_block):
+    """Compute-stream reserve of the root group's fp32 reduce-scatter input, 4 R bytes.
+
+    FSDP2 reduces the root group (input table, final norm, output layer:
+    `root_group_params_per_rank`, R on this rank before sharding) last, from
+    `_root_post_backward_final_callback` on the compute stream, and `foreach_reduce`
+    allocates its reduce-scatter input there, unsharded in the fp32 reduce dtype:
+    4 R bytes in one block. The blocks' own inputs (4 B) are priced in
+    `memory.buffer_bytes`; R is 5.5 B at llama3-8b's 128k vocabulary (1.05 G
+    parameters: 3.9 GiB), where the root's input is the largest block of the step.
+    The allocator never merges segments, so the block needs a segment of its own
+    unless one freed block before it holds it: the largest is the head's logits
+    (`head_block_bytes`, L); by best fit the next step's head takes its own
+    segments again and this one stays idle at the peak. So 4 R where
+    4 R > L + ROUND_LARGE (within one 2 MiB rounding step the two segments serve
+    each other), else 0. A check, not a fit: on 4 x H200 (g8-z2-mb2-s4k, torch
+    2.11) `torch.cuda.memory._snapshot()` at the peak reserved showed this
+    segment, 4,010 MiB on the compute stream, wholly free (its step-1 twin 3,008
+    MiB free), and the TP 2 x FSDP2 slice, where 4 R = L, none idle. Source:
+    torch.distributed.fsdp._fully_shard (`_fsdp_state._root_post_backward_final_callback`,
+    `_fsdp_collectives.foreach_reduce`), c10/cuda/CUDACachingAllocator.cpp (best fit,
+    `kRoundLarge`). 0 off FSDP2 or with a shard group of one.
+    """
+    d = shard_degree(zero, dp_shard, cp, 1)
+    on = (np.asarray(path) == FSDP) & (d > 1)
+    block = 4.0 * root_group_params_per_rank(m, tp, pp, ep)
+    idle = block > np.asarray(head_block) + ROUND_LARGE
+    return np.where(on & idle, block, 0.0)
+
+
 def _stage_rows(rows, zero3: bool) -> list[tuple[str, float]]:
     """`fragmentation_scales` rows as one ZeRO stage reads them: a wrapper's "W:z3" row for
     ZeRO-3 layouts and its "W" row for the others, each taking the other stage's row where
