@@ -92,7 +92,7 @@ def test_load_model_takes_a_config_file_a_folder_and_a_slice(tmp_path):
     with pytest.raises(SpecError, match="has 6 layers"):
         load_model(f"{tmp_path / 'm'}:7-layers")
     assert load_model("llama-1.3b").name == "llama-1.3b"  # presets as before
-    with pytest.raises(PresetNotFound, match="no config.json in this folder"):
+    with pytest.raises(PresetNotFound, match="is a directory without a config.json"):
         load_model(str(tmp_path))
 
 

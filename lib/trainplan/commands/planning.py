@@ -68,9 +68,15 @@ def cmd_plan(args) -> dict:
     m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
     from trainplan.compare.trust import validation  # pandas: not loaded for --help
     from trainplan.plan.planner import plan  # pandas: not loaded for --help
+    from trainplan.train.support import not_runnable
     out = plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args), top=args.top,
                gpus_per_node=args.gpus_per_node)
+    for p in out["plans"]:  # what `trainplan train` and `launch` can run (train.support)
+        why = not_runnable(p["parallel"], m)
+        p["runnable"] = why is None
+        if why:
+            p["not_runnable_why"] = why
     return validation(out, m, gpu)
 
 
@@ -100,7 +106,11 @@ def format_plan(out: dict) -> str:
             f"{par['grad_accum']:>6}  {par['recompute']:<10}{sched:<15}"
             f"{p['memory_gib']['total']:>7.1f}"
             f"{'yes' if p['fits'] else 'NO':>6}{p['step_time_s']:>9.3f}"
-            f"{p['tokens_per_s_per_gpu']:>11,.0f}{p['mfu']:>7.1%}  {_trust(p['validation'])}")
+            f"{p['tokens_per_s_per_gpu']:>11,.0f}{p['mfu']:>7.1%}  {_trust(p['validation'])}"
+            + ("" if p["runnable"] else "; not runnable yet"))
+    why = sorted({p["not_runnable_why"] for p in out["plans"] if not p["runnable"]})
+    lines += [f"not runnable yet: {w} (`trainplan launch` picks the best runnable plan)"
+              for w in why]
     return "\n".join(lines)
 
 

@@ -105,9 +105,12 @@ def best_runnable(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_toke
     expert parallel pinned to 1 unless `pins` ask otherwise (then the trainer refuses)."""
     from trainplan.plan.planner import plan  # pandas: not loaded at import
 
-    why = not_runnable({**RUNNABLE_PINS, **(pins or {})}, m)
+    asked = {**RUNNABLE_PINS, **(pins or {})}
+    why = not_runnable(asked, m)
     if why:
-        raise TrainplanError(f"no launch for this plan: {why}")
+        bad = ", ".join(f"{k}={asked[k]}" for k in RUNNABLE_PINS if int(asked[k]) > 1)
+        fix = f"; pin {' '.join(f'--{k} 1' for k in RUNNABLE_PINS)}" if bad else ""
+        raise TrainplanError(f"no launch for {bad or m.name}: {why}{fix}")
     return plan(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                 global_batch_tokens=global_batch_tokens,
                 pins={**RUNNABLE_PINS, **(pins or {})}, top=1, gpus_per_node=gpus_per_node)

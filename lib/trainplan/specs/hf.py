@@ -114,12 +114,13 @@ def model_from_hf(path) -> ModelSpec:
 def _config_file(path: Path) -> Path:
     if path.is_dir():
         if not (path / CONFIG).is_file():
-            raise PresetNotFound(f"{path}: no {CONFIG} in this folder; give a Hugging Face model "
-                            f"folder or its {CONFIG}")
+            raise PresetNotFound(f"{path} is a directory without a {CONFIG}; give a model "
+                                 f"preset, a YAML file, a Hugging Face model folder or its "
+                                 f"{CONFIG}")
         return path / CONFIG
     if not path.is_file():
         raise PresetNotFound(f"{path}: no such file or folder; give a Hugging Face model folder "
-                        f"or its {CONFIG}")
+                             f"or its {CONFIG}")
     return path
 
 
