@@ -136,8 +136,10 @@ def test_plan_human_output(tmp_path):
     lines = r.stdout.strip().splitlines()
     assert "llama-13b" in lines[0] and "32" in lines[0] and "layouts" in lines[0]
     assert "strategy" in lines[1] and "MFU" in lines[1]
-    assert len(lines) == 2 + 5
-    assert all("yes" in line for line in lines[2:])
+    rows = lines[2:2 + 5]
+    assert all(line[:2].strip().isdigit() and "yes" in line for line in rows)
+    # after the five plans, only the note on plans the trainer cannot run yet
+    assert all(line.startswith("not runnable yet: ") for line in lines[2 + 5:])
     with pytest.raises(json.JSONDecodeError):
         json.loads(r.stdout)
 
@@ -416,5 +418,7 @@ def test_bad_input_regressions(tmp_path, bad_inputs_dir, argv, fragment):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     argv = [a.format(d=bad_inputs_dir) for a in argv]
-    r = trainplan_cli([*argv, "--json"], cwd, timeout=4)
+    # bounded: a refusal takes about a second; the margin is for a machine shared with
+    # other test workers, not a speed target (tools/ benchmarks print those)
+    r = trainplan_cli([*argv, "--json"], cwd, timeout=15)
     assert_clean_refusal(r, cwd, fragment)

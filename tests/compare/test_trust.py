@@ -51,6 +51,18 @@ def test_a_family_band_spans_its_configs_and_needs_two_to_be_validated():
     assert not trust.band_for(bands, "FSDP", "a100-80gb")["validated"]  # another class
 
 
+def test_a_band_spans_each_config_s_measurement_interval():
+    """Two configs measured at the same ratio still give a band as wide as their intervals."""
+    hsdp = {"dp": 4, "zero": 3, "dp_shard": 2}
+    rows = [{**_row(hsdp, -0.016, config=c), "predicted_step_time_s": 0.157,
+             "measured_step_time_ci": [0.155, 0.164]} for c in ("a", "b")]
+    (band,) = trust.family_bands({"rows": rows})
+    assert band["median"] == pytest.approx(0.984)
+    assert band["low"] == pytest.approx(0.157 / 0.164) and band["high"] == pytest.approx(
+        0.157 / 0.155)
+    assert trust.factor_span(_row(hsdp, 0.05)) == (1.05, 1.05)  # no interval: the point
+
+
 def test_memory_outside_the_targets_leaves_a_family_validated_but_not_within():
     dp = {"dp": 4}
     bands = trust.family_bands({"rows": [_row(dp, 0.01, config="a"),

@@ -225,3 +225,28 @@ def test_out_that_is_a_file_is_refused(tmp_path):
     out.write_text("x")
     _one_line_exit_2(launch([*SCENARIO, "--target", "slurm", "--out", out], tmp_path),
                      ["is a file"])
+
+
+def test_a_plan_file_sets_the_layout(tmp_path):
+    """`trainplan plan --json` written to a file, then `launch --plan FILE`: the file's first
+    plan is what the scripts run (its layout pinned whole), not the search's own choice."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.launch.helpers import run_env
+
+    answer = subprocess.run([sys.executable, "-m", "trainplan.cli", "plan", "--model",
+                             "llama-13b", "--gpu", "h100-sxm", "--gpus", "32", "--zero", "2",
+                             "--top", "1", "--json"], capture_output=True, text=True,
+                            env=run_env(), check=True).stdout
+    (tmp_path / "plan.json").write_text(answer)
+    want = json.loads(answer)["plans"][0]["parallel"]
+    got = launch_json(["--plan", tmp_path / "plan.json", "--model", "llama-13b", "--gpu",
+                       "h100-sxm", "--data", "shards", "--steps", "10", "--target", "slurm",
+                       "--out", tmp_path / "job"], tmp_path)
+    assert got["plan"]["parallel"] == want and want["zero"] == 2
+    (tmp_path / "bad.json").write_text("{}")
+    _one_line_exit_2(launch(["--plan", tmp_path / "bad.json", "--model", "llama-13b", "--gpu",
+                             "h100-sxm", "--steps", "10", "--target", "slurm", "--out",
+                             tmp_path / "job2"], tmp_path), ["--plan", "trainplan plan"])

@@ -53,8 +53,9 @@ def family_of(layout: dict) -> str:
 def family_bands(out: dict) -> list[dict]:
     """One band per (card class, family) compared in `out` (`compare.accuracy.compare`),
     the best-measured first: factors low / median / high of measured over predicted
-    throughput, the |error| summaries of step time and memory, what it pools, and whether
-    it is validated (`MIN_CONFIGS`) and within the planner's targets (`TARGETS` max)."""
+    throughput (low and high over every config's measurement interval, `factor_span`),
+    the |error| summaries of step time and memory, what it pools, and whether it is
+    validated (`MIN_CONFIGS`) and within the planner's targets (`TARGETS` max)."""
     groups = defaultdict(list)
     for r in out["rows"]:
         if r["step_time_error"] is None or "superseded_by" in r:
@@ -63,11 +64,13 @@ def family_bands(out: dict) -> list[dict]:
     bands = []
     for (cls, family), rows in groups.items():
         f = sorted(1.0 + r["step_time_error"] for r in rows)
+        spans = [factor_span(r) for r in rows]
         step = error_summary(r["step_time_error"] for r in rows)
         mem = error_summary(r["memory_error"] for r in rows if r["memory_error"] is not None)
         bands.append({
             "family": family, "card_class": cls, "configs": len(rows),
-            "low": f[0], "median": statistics.median(f), "high": f[-1],
+            "low": min(lo for lo, _ in spans), "median": statistics.median(f),
+            "high": max(hi for _, hi in spans),
             "step_time_error": step, "memory_error": mem,
             "validated": len(rows) >= MIN_CONFIGS,
             "within_targets": step["max"] <= TARGETS["max"]
@@ -77,6 +80,17 @@ def family_bands(out: dict) -> list[dict]:
             "models": sorted({r["model"] for r in rows}),
             "configs_compared": sorted(r["config"] for r in rows)})
     return sorted(bands, key=lambda b: (b["card_class"], -b["configs"], b["family"]))
+
+
+def factor_span(row: dict) -> tuple[float, float]:
+    """Measured over predicted throughput of one compared config, as the interval its
+    measurement allows: predicted step time over the 95% interval's ends of the measured
+    median step time (`compare.accuracy` rows), or the point ratio where there is none."""
+    point = 1.0 + row["step_time_error"]
+    ci, pred = row.get("measured_step_time_ci"), row.get("predicted_step_time_s")
+    if not ci or not pred or None in ci or min(ci) <= 0:
+        return point, point
+    return min(point, pred / max(ci)), max(point, pred / min(ci))
 
 
 def band_for(bands: list[dict], family: str, gpu: str) -> dict:
