@@ -168,11 +168,11 @@ def readme(ctx: dict) -> str:
             f"of work at the predicted step time), the newest {ctx['ckpt_keep']} kept, and on "
             "SIGTERM or SIGUSR1; a restart resumes from the newest complete one"
             if ctx["has"]["checkpointing"] else
-            "NOT WRITTEN: the harness has no checkpoint flags yet, so a restart starts from "
-            "step 0")
+            "NOT WRITTEN: the launched module has no checkpoint flags, so a restart starts "
+            "from step 0")
     timeout = (f"{s.collective_timeout_s} s" if ctx["has"]["collective_timeout"] else
-               "the harness's default (no flag for it yet); the NCCL watchdog settings below "
-               "still turn a hang into a dump and an exit")
+               "the launched module's default (it has no flag for it); the NCCL watchdog "
+               "settings below still turn a hang into a dump and an exit")
     mem = p["memory_gib"]["total"]
     lines = [
         f"# {ctx['title']}", "",
