@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from trainplan.errors import PresetNotFound, SpecError
-from trainplan.specs import ModelSpec
+from trainplan.specs.model import ModelSpec
 
 CONFIG = "config.json"
 MAX_CONFIG_BYTES = 1 << 20  # a Llama config.json is ~1 KB; anything this big is not one
