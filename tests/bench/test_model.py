@@ -101,7 +101,6 @@ def test_pipeline_stages_compose_to_the_whole_model():
 
 
 @pytest.mark.parametrize("cfg, match", [
-    (ParallelConfig(cp=2), "cp > 1 is not implemented"),
     (ParallelConfig(dp=2, ep=2), "ep > 1 is not implemented"),
     (ParallelConfig(tp=3), "tp = 3 does not divide"),
     (ParallelConfig(pp=8, grad_accum=8), "only 4 layers"),
@@ -158,7 +157,8 @@ def test_single_process_run_learns(tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (["--model", "no-such-model"], "unknown model"),
-    (["--model", "llama-1.3b", "--cp", "2"], "cp > 1 is not implemented"),
+    (["--model", "llama-1.3b", "--cp", "2", "--cpu"], "cp = 2: context parallel runs on GPUs"),
+    (["--model", "llama-1.3b", "--cp", "2", "--seq-len", "30"], "cp = 2: context parallel"),
     (["--model", "llama-1.3b", "--dp", "2"], "--nproc-per-node 2"),
     (["--model", "llama-1.3b", "--zero", "5"], "zero = 5"),
     (["--model", "llama-1.3b", "--steps", "3", "--warmup", "3"], "--warmup = 3"),

@@ -175,7 +175,7 @@ BAD = [
     (["--target", "docker"], ["'docker'", "torchrun", "slurm", "k8s"]),
     (["--target", "slurm", "--gpus", "12"], ["12", "gpus-per-node"]),
     (["--target", "slurm", "--tp", "3"], ["--tp 3"]),
-    (["--target", "slurm", "--cp", "2"], ["cp=2", "--cp 1"]),
+    (["--target", "slurm", "--ep", "2"], ["ep=2", "--ep 1"]),
     (["--target", "slurm", "--dp", "32", "--zero", "0", "--micro-batch", "32",
       "--recompute", "none", "--tp", "1", "--pp", "1"], ["GiB", "fit"]),
     (["--target", "slurm", "--model", "gpt-17"], ["gpt-17"]),
@@ -209,6 +209,17 @@ def test_bad_request_is_one_line_exit_2_and_writes_nothing(args, needles, tmp_pa
     argv = [x for kv in base.items() for x in kv] + ["--out", tmp_path / "out"]
     _one_line_exit_2(launch(argv, tmp_path), needles)
     assert list(tmp_path.iterdir()) == [], "something was written"
+
+
+def test_context_parallel_launches_on_gpus_and_is_refused_on_cpu(tmp_path):
+    """--cp 2 is in the trainer's flags of a GPU launch; with --cpu it is one line, exit 2."""
+    summary = launch_json([*SCENARIO, "--target", "slurm", "--cp", "2", "--out",
+                           tmp_path / "gpu"], tmp_path)
+    text = (tmp_path / "gpu" / "train.sbatch").read_text()
+    assert summary["plan"]["parallel"]["cp"] == 2 and "--cp 2" in _harness_part(text)
+    _one_line_exit_2(launch([*SCENARIO, "--target", "slurm", "--cp", "2", "--cpu", "--out",
+                             tmp_path / "cpu"], tmp_path), ["--cp 2 with --cpu", "GPUs only"])
+    assert not (tmp_path / "cpu").exists()
 
 
 def test_non_empty_out_without_force_is_refused(tmp_path):

@@ -154,8 +154,11 @@ def _check_harness(args, argv: list[str]) -> None:
     train.check_args(targs)
     spec = train.load_spec(targs)
     cfg = train.layout(targs)
-    par_mod.check_layout(cfg, spec, args.nproc_per_node * args.nnodes)
     import torch
+
+    device = "cuda" if torch.cuda.is_available() and not targs.cpu else "cpu"  # this host runs it
+    par_mod.check_layout(cfg, spec, args.nproc_per_node * args.nnodes, seq_len=targs.seq_len,
+                         device_type=device)
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() and not targs.cpu else 0
     if gpus and args.nproc_per_node > gpus:

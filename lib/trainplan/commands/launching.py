@@ -117,6 +117,13 @@ def resolve(args) -> dict:
     for key in ("model", "gpu", "gpus"):
         if got[key] is None:
             raise UsageError(f"launch needs --{key} (or a --scenario that names it)")
+    if args.cpu:  # gloo processes cannot run ring attention: the search keeps cp at 1
+        if int(pins.get("cp", 1)) > 1:
+            from trainplan.bench.harness.context import NEEDS_CUDA  # no torch at import
+
+            raise UsageError(f"--cp {pins['cp']} with --cpu: {NEEDS_CUDA}; use --cp 1 or "
+                             "launch on GPUs")
+        pins["cp"] = 1
     return got
 
 

@@ -87,7 +87,11 @@ def check(args) -> None:
     loop.check_args(args)
     spec = load_model(args.model)
     world = args.nproc_per_node * args.nnodes
-    par_mod.check_layout(harness.layout(args), spec, world)
+    import torch  # the run starts here: its device is this host's
+
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    par_mod.check_layout(harness.layout(args), spec, world, seq_len=args.seq_len,
+                         device_type=device)
     for folder, _ in batches.parse_mixture(args.data):
         open_shards(folder, "train", args.tokenizer, spec.vocab)
     if args.nnodes > 1 and not args.rdzv_endpoint:

@@ -147,15 +147,20 @@ def module(s: LaunchSettings) -> str:
 
 def harness_args(par: dict, model: str, seq_len: int, s: LaunchSettings) -> list[str]:
     """The harness flags of one layout and run, without checkpoint flags."""
-    if par["cp"] > 1 or par["ep"] > 1:
-        raise LaunchError(f"the layout has cp={par['cp']}, ep={par['ep']}: the harness "
-                          "implements neither yet; pin --cp 1 --ep 1")
+    if par["ep"] > 1:
+        raise LaunchError(f"the layout has ep={par['ep']}: the harness does not implement "
+                          "expert parallel yet; pin --ep 1")
+    if par["cp"] > 1 and s.cpu:
+        raise LaunchError(f"the layout has cp={par['cp']}: context parallel runs on GPUs "
+                          "only; pin --cp 1 with --cpu")
     args = ["--model", model, "--seq-len", str(seq_len), "--dp", str(par["dp"]),
             "--tp", str(par["tp"]), "--pp", str(par["pp"]), "--zero", str(par["zero"])]
     if par["zero"] and par["dp_shard"] != par["dp"]:
         args += ["--dp-shard", str(par["dp_shard"])]
     args += ["--micro-batch", str(par["micro_batch"]), "--grad-accum", str(par["grad_accum"]),
              "--recompute", par["recompute"]]
+    if par["cp"] > 1:
+        args += ["--cp", str(par["cp"])]
     if par["pp"] > 1:
         args += ["--pp-schedule", par["pp_schedule"], "--pp-virtual", str(par["pp_virtual"])]
     if par["tp"] > 1 and not par["sequence_parallel"]:

@@ -4,7 +4,8 @@ Pages 1, 5 and 6 and `trainplan launch` all take these numbers from here, so the
 team runs cannot disagree with the page that justifies it:
 
 - the layout, micro-batch, gradient accumulation and recompute: the planner's best plan
-  that the trainer can run (context and expert parallel pinned to 1 until it runs them),
+  that the trainer can run (expert parallel pinned to 1 until it runs it; context parallel
+  too for CPU processes, which cannot run it),
   or the layout a plan file (`trainplan plan --json`) or pins name;
 - the run's length: the scenario's token budget over the global batch, in whole steps;
 - the checkpoint interval and keep count: page 5's plan (`resilience.checkpoint`) at the
@@ -101,8 +102,8 @@ UNVALIDATED_ALERT = 0.8  # share of the prediction where nothing was measured on
 
 def best_runnable(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_tokens: int,
                   pins: dict | None = None, gpus_per_node: int) -> dict:
-    """`plan.planner.plan`'s answer (top 1) among the layouts the trainer runs: context and
-    expert parallel pinned to 1 unless `pins` ask otherwise (then the trainer refuses)."""
+    """`plan.planner.plan`'s answer (top 1) among the layouts the trainer runs: expert
+    parallel pinned to 1 unless `pins` ask otherwise (then the trainer refuses)."""
     from trainplan.plan.planner import plan  # pandas: not loaded at import
 
     asked = {**RUNNABLE_PINS, **(pins or {})}

@@ -3,7 +3,7 @@ passed over for it.
 
 The search ranks every layout (`plan.search`); the runbook recommends the first one the
 trainer can run (`train.support.not_runnable`), because page 6 launches what page 1
-recommends. Where a faster plan needs what the trainer lacks (context or expert parallel),
+recommends. Where a faster plan needs what the trainer lacks (expert parallel),
 the page names it, its rate and why it was passed over; where nothing of the model runs
 (a mixture of experts), the fastest plan stays the decision and the page says it cannot
 be launched yet.

@@ -20,7 +20,7 @@ def add_arguments(p) -> None:
     a("--tokenizer", default=None, help="check that the shards were made with this tokenizer.json")
     a("--seq-len", type=int, default=2048)
     for name, helptext in (("dp", "data-parallel degree"), ("tp", "tensor-parallel degree"),
-                           ("pp", "pipeline stages"), ("cp", "context parallel (must be 1)"),
+                           ("pp", "pipeline stages"), ("cp", "context-parallel degree (GPU only)"),
                            ("ep", "expert parallel (must be 1)")):
         a(f"--{name}", type=int, default=1, help=helptext)
     a("--zero", type=int, default=3, help="0 DDP, 1-2 FSDP2 no reshard, 3 FSDP2 reshard")

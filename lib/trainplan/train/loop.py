@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.ckpt import store as ckpt
-from trainplan.bench.harness import feed, monitor
+from trainplan.bench.harness import context, feed, monitor
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness import train as harness
@@ -65,6 +65,7 @@ def check_args(args) -> None:
                              "from the final checkpoint")
     if args.export and Path(args.export).exists():
         raise TrainplanError(f"--export {args.export} exists; name a new folder")
+    context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
     optim.check(lr=args.lr, warmup=args.lr_warmup, total=args.steps, schedule=args.lr_schedule,
                 floor=args.lr_floor, weight_decay=args.weight_decay)
     ckpt.check_args(args)
@@ -80,16 +81,18 @@ def evaluate(par, groups, *, autocast: bool, loss_fn) -> tuple[float, int]:
     with torch.no_grad(), amp:
         for group in groups:
             if par.schedule is None:
-                for x, y in group:
-                    total += torch.stack([loss_fn(par.parts[0](x), y).double() * y.numel(),
-                                          torch.tensor(float(y.numel()), device=device)])
+                for x, y in group:  # with cp: this rank's share, restored after (reused)
+                    with context.shard_sequences(par, x, y, restore=True):
+                        total += torch.stack([loss_fn(par.parts[0](x), y).double() * y.numel(),
+                                              torch.tensor(float(y.numel()), device=device)])
             else:
                 x = torch.cat([b[0] for b in group])
                 y = torch.cat([b[1] for b in group])
                 losses: list[torch.Tensor] = []
                 kwargs = {"target": y, "losses": losses} if par.is_last else {}
-                par.schedule.eval(*((x,) if par.is_first else ()), **kwargs)
-                if par.is_last:
+                with context.shard_sequences(par, x, y):
+                    par.schedule.eval(*((x,) if par.is_first else ()), **kwargs)
+                if par.is_last:  # y is this rank's share under cp
                     per = y.numel() / len(losses)
                     total += torch.tensor([sum(float(v) for v in losses) * per, float(y.numel())],
                                           dtype=torch.float64, device=device)
@@ -122,7 +125,7 @@ def run(args) -> dict:
     device = harness.init_distributed(args.cpu, ckpt.timeout(args))
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    par_mod.check_layout(cfg, spec, world)
+    par_mod.check_layout(cfg, spec, world, seq_len=args.seq_len, device_type=device.type)
     mesh = par_mod.build_mesh(cfg, device.type)
     dp_rank, dp = par_mod.dp_coordinates(cfg, mesh)
     source = batches_mod.ShardBatches(

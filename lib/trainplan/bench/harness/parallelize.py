@@ -9,7 +9,9 @@
     4. data parallel   DDP (zero 0), FSDP2 `fully_shard` per block then root
                        (zero 3: reshard after forward; zero 1-2: keep the
                        gathered weights until backward), HSDP on a 2-D mesh
-                       when dp_shard < dp
+                       when dp_shard < dp; with cp > 1 over dp_shard x cp
+                       (context.py: the cp ranks of a replica hold the same
+                       weights), and the step shards the sequences
 
 Why this order: tensor parallel must see plain `nn.Linear` modules by name
 before wrappers rename them; checkpointing wraps the (possibly TP) block so
@@ -17,10 +19,10 @@ its recompute replays the TP collectives; compile sees the checkpointed block
 and can fuse the recompute; FSDP goes last so its all-gather/reduce-scatter
 hooks sit outside the compiled region and wrap whole blocks.
 
-Not implemented here (a `LayoutError` says so): context parallel, expert
-parallel, tied embeddings under pp or tp, learned positions under tp. ZeRO-1
-has no FSDP2 form; it runs as ZeRO-2 (gradients sharded as well) and the run
-says so in its summary.
+Not implemented here (a `LayoutError` says so): expert parallel, context
+parallel on CPU or with learned positions, tied embeddings under pp or tp,
+learned positions under tp. ZeRO-1 has no FSDP2 form; it runs as ZeRO-2
+(gradients sharded as well) and the run says so in its summary.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainplan.bench.harness import context
 from trainplan.bench.harness.model import Transformer
 from trainplan.errors import LayoutError
 from trainplan.specs import ModelSpec, ParallelConfig
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Parallelized:
     fsdp: bool = False  # parameters are managed by FSDP2 (mixed precision there)
     ddp: bool = False
     pp_group: object | None = None  # process group of this rank's pipeline (pp > 1)
+    cp_mesh: object | None = None  # 1-D mesh of this rank's context-parallel group (cp > 1)
     notes: list[str] = field(default_factory=list)
 
     def parameters(self):
@@ -61,10 +65,12 @@ class Parallelized:
 # ---------------------------------------------------------------- checks and mesh
 
 
-def check_layout(cfg: ParallelConfig, spec: ModelSpec, world: int) -> None:
-    """Raise LayoutError for a layout the harness cannot run, naming the value and the fix."""
+def check_layout(cfg: ParallelConfig, spec: ModelSpec, world: int, *,
+                 seq_len: int | None = None, device_type: str | None = None) -> None:
+    """Raise LayoutError for a layout the harness cannot run, naming the value and the fix;
+    `seq_len` and `device_type` add context parallel's checks where the caller knows them."""
     if cfg.cp > 1:
-        raise LayoutError(f"cp = {cfg.cp}: cp > 1 is not implemented in the harness yet; use cp 1")
+        context.check_cp(cfg, spec, seq_len=seq_len, device_type=device_type)
     if cfg.ep > 1:
         raise LayoutError(f"ep = {cfg.ep}: ep > 1 is not implemented in the harness yet; use ep 1")
     if cfg.world != world:
@@ -98,11 +104,13 @@ def check_layout(cfg: ParallelConfig, spec: ModelSpec, world: int) -> None:
 
 
 def build_mesh(cfg: ParallelConfig, device_type: str):
-    """A 4-D DeviceMesh (pp, dp_replicate, dp_shard, tp); None on a single rank.
+    """A 5-D DeviceMesh (pp, dp_replicate, dp_shard, cp, tp); None on a single rank.
 
     Every dimension is kept, size 1 or not, so steps can slice it by name.
     Ranks are laid out tp fastest (inside a node, where NVLink is), then the
-    FSDP shard group, then replicas, then pipeline stages.
+    context-parallel ring, then the FSDP shard group, then replicas, then
+    pipeline stages (torchtitan's order). With cp > 1 the mesh also has
+    dp_shard_cp, the flattened dp_shard x cp that FSDP2 shards over.
     """
     if cfg.world == 1:
         return None
@@ -110,12 +118,16 @@ def build_mesh(cfg: ParallelConfig, device_type: str):
 
     replicate = cfg.dp // cfg.dp_shard if cfg.zero else cfg.dp
     shard = cfg.dp_shard if cfg.zero else 1
-    return init_device_mesh(device_type, (cfg.pp, replicate, shard, cfg.tp),
+    mesh = init_device_mesh(device_type, (cfg.pp, replicate, shard, cfg.cp, cfg.tp),
                             mesh_dim_names=MESH_DIMS)
+    if cfg.cp > 1:
+        context.flatten_shard_cp(mesh)
+    return mesh
 
 
 def dp_coordinates(cfg: ParallelConfig, mesh) -> tuple[int, int]:
-    """(data-parallel rank, data-parallel size) of this rank: which share of the batch it reads."""
+    """(data-parallel rank, data-parallel size) of this rank: which share of the batch it reads;
+    the tp, pp and cp ranks of one replica read the same (a cp rank keeps its share)."""
     if mesh is None:
         return 0, 1
     replicate = mesh["dp_replicate"].get_local_rank()
@@ -351,8 +363,13 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh, *, compile: bool 
 
     # Zero 0 beside tp or pp runs as FSDP2 with a shard group of one on the
     # replicate dimension: that is DDP's all-reduce, and it composes with DTensor.
-    use_fsdp = cfg.dp > 1 and (cfg.zero > 0 or cfg.tp > 1 or cfg.pp > 1)
-    use_ddp = cfg.dp > 1 and not use_fsdp  # then tp = pp = 1: one part, the whole model
+    # With cp > 1 FSDP2 spans dp_shard x cp whatever zero is (zero 0: HSDP, cp-wide shards).
+    use_fsdp = cfg.cp > 1 or (cfg.dp > 1 and (cfg.zero > 0 or cfg.tp > 1 or cfg.pp > 1))
+    use_ddp = cfg.dp > 1 and not use_fsdp  # then tp = pp = cp = 1: one part, the whole model
+    if cfg.cp > 1:
+        out.cp_mesh = mesh["cp"]
+        if cfg.zero == 0:
+            out.notes.append("zero 0 with cp > 1 runs as FSDP2 without resharding over cp")
     for i, part in enumerate(out.parts):
         if cfg.tp > 1:  # 1.
             apply_tp(part, mesh["tp"], cfg.sequence_parallel)
@@ -360,9 +377,8 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh, *, compile: bool 
         if compile:  # 3.
             apply_compile(part)
         if use_fsdp:  # 4.
-            dp_mesh = mesh["dp_replicate", "dp_shard"] if cfg.dp_shard < cfg.dp \
-                else mesh["dp_shard"]
-            apply_fsdp(part, dp_mesh, reshard=cfg.zero == 3, mixed_precision=mixed_precision)
+            apply_fsdp(part, context.fsdp_mesh(mesh, cfg), reshard=cfg.zero == 3,
+                       mixed_precision=mixed_precision)
         elif use_ddp:
             from torch.nn.parallel import DistributedDataParallel
 

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainplan.bench.harness import context
 from trainplan.bench.harness.feed import Batch
 from trainplan.bench.harness.parallelize import Parallelized
 
@@ -49,6 +50,12 @@ def train_step(par: Parallelized, optimizer, micro: list[Batch], *, autocast: bo
     the accumulated gradient is that of the mean loss. With one, the schedule
     splits the concatenated batch into the same micro-batches and scales the
     gradients itself (`scale_grads`); only the last stage sees the loss.
+
+    With context parallel (par.cp_mesh) each forward and backward runs on this
+    rank's share of the sequences (`context.shard_sequences`; the batches are
+    sharded in place), so the loss is the mean over that share; the shares are
+    equal, so the mean over ranks of these (`reduce_loss`, and FSDP2's gradient
+    average over dp_shard x cp) is the mean over every token.
     """
     device_type = micro[0][0].device.type
     amp = torch.autocast(device_type, dtype=torch.bfloat16) if autocast \
@@ -57,7 +64,8 @@ def train_step(par: Parallelized, optimizer, micro: list[Batch], *, autocast: bo
     if par.schedule is None:
         model = par.parts[0]
         for i, (x, y) in enumerate(micro):
-            with _sync_context(par, model, i == len(micro) - 1, reshard):
+            with _sync_context(par, model, i == len(micro) - 1, reshard), \
+                    context.shard_sequences(par, x, y):
                 with amp:
                     loss = loss_fn(model(x), y)
                 (loss / len(micro)).backward()
@@ -72,7 +80,7 @@ def train_step(par: Parallelized, optimizer, micro: list[Batch], *, autocast: bo
             # older torch lacks it; without it the last stage keeps every micro-batch's logits
             kwargs["return_outputs"] = False
         args = (x,) if par.is_first else ()
-        with amp:
+        with context.shard_sequences(par, x, y), amp:
             par.schedule.step(*args, **kwargs)
         if par.is_last:
             total[0] += torch.stack([loss.detach().float() for loss in losses]).sum()

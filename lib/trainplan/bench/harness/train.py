@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.ckpt import store as ckpt
-from trainplan.bench.harness import affinity, feed, hf_baseline, monitor
+from trainplan.bench.harness import affinity, context, feed, hf_baseline, monitor
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness.model import Transformer, count_params, slice_spec
@@ -55,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--dp", type=int, default=1, help="data-parallel degree")
     a("--tp", type=int, default=1, help="tensor-parallel degree (with sequence parallel)")
     a("--pp", type=int, default=1, help="pipeline stages")
-    a("--cp", type=int, default=1, help="context parallel (not implemented: must be 1)")
+    a("--cp", type=int, default=1, help="context-parallel degree (ring attention; GPU only, "
+                                        "--seq-len divisible by 2 x cp)")
     a("--ep", type=int, default=1, help="expert parallel (not implemented: must be 1)")
     a("--zero", type=int, default=0, help="0 DDP, 1-2 FSDP2 no reshard, 3 FSDP2 reshard")
     a("--dp-shard", type=int, default=0, help="ranks per FSDP shard group; < dp is HSDP")
@@ -113,6 +114,7 @@ def check_args(args) -> None:
         raise TrainplanError(f"--records {args.records}: measurement records are for GPU runs "
                              "(MFU needs a GPU peak); leave --records out on CPU, or give "
                              "--peak-tflops (tests)")
+    context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
     ckpt.check_args(args)
     monitor.check_args(args)
 
@@ -141,7 +143,7 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device, mesh):
     built directly from the seed, which makes every layout start from the
     same weights as a single process, as the loss-parity tests need.
     """
-    sharded = cfg.world > 1 and (cfg.zero > 0 or cfg.tp > 1 or cfg.pp > 1)
+    sharded = cfg.world > 1 and (cfg.zero > 0 or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1)
     loss_fn = step_mod.loss_function(args.compile)
     meta = device.type == "cuda" and sharded
     torch.manual_seed(args.seed)
@@ -198,7 +200,7 @@ def run(args) -> dict:
     device = init_distributed(args.cpu, ckpt.timeout(args), args.cpu_affinity)
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    par_mod.check_layout(cfg, spec, world)
+    par_mod.check_layout(cfg, spec, world, seq_len=args.seq_len, device_type=device.type)
     mesh = par_mod.build_mesh(cfg, device.type)
     dp_rank, dp = par_mod.dp_coordinates(cfg, mesh)
     builder = hf_baseline.build if args.impl == "hf-baseline" else build
@@ -271,7 +273,9 @@ def _tokens_per_step(cfg: ParallelConfig, args) -> int:
 
 
 def _layout_name(cfg: ParallelConfig) -> str:
-    return f"dp{cfg.dp} z{cfg.zero} tp{cfg.tp} pp{cfg.pp} mb{cfg.micro_batch} ga{cfg.grad_accum}"
+    cp = f" cp{cfg.cp}" if cfg.cp > 1 else ""
+    return (f"dp{cfg.dp} z{cfg.zero} tp{cfg.tp} pp{cfg.pp}{cp} mb{cfg.micro_batch} "
+            f"ga{cfg.grad_accum}")
 
 
 def _max_over_ranks(values: list[float], device) -> list[float]:
