@@ -110,21 +110,22 @@ def recompute_elementwise_factor(recompute):
     return np.where(np.asarray(recompute) == NONE, 0.0, 1.0 / 3.0)
 
 
-def autocast_layout(dp, zero, tp, pp):
+def autocast_layout(dp, zero, tp, pp, cp=1):
     """True where the harness keeps fp32 weights under `torch.autocast` (an fp32 residual stream).
 
     trainplan's harness (bench/train.py, bench/parallelize.py) uses FSDP2's
-    bf16 mixed precision where FSDP2 runs: dp > 1 with zero > 0, or beside tp
-    or pp; everything else (one GPU, DDP, TP or PP alone) autocasts fp32 weights.
+    bf16 mixed precision where FSDP2 runs: any cp > 1 (it shards over dp_shard x
+    cp), dp > 1 with zero > 0, or beside tp or pp; everything else (one GPU, DDP,
+    TP or PP alone) autocasts fp32 weights.
     """
-    dp, zero, tp, pp = map(np.asarray, (dp, zero, tp, pp))
-    return ~((dp > 1) & ((zero > 0) | (tp > 1) | (pp > 1)))
+    dp, zero, tp, pp, cp = map(np.asarray, (dp, zero, tp, pp, cp))
+    return ~((cp > 1) | ((dp > 1) & ((zero > 0) | (tp > 1) | (pp > 1))))
 
 
-def ddp_layout(dp, zero, tp, pp):
-    """True where the harness wraps the model in DDP: dp > 1, zero 0, no tp and no pp."""
-    dp, zero, tp, pp = map(np.asarray, (dp, zero, tp, pp))
-    return (dp > 1) & (zero == 0) & (tp == 1) & (pp == 1)
+def ddp_layout(dp, zero, tp, pp, cp=1):
+    """True where the harness wraps the model in DDP: dp > 1, zero 0, no tp, pp or cp."""
+    dp, zero, tp, pp, cp = map(np.asarray, (dp, zero, tp, pp, cp))
+    return (dp > 1) & (zero == 0) & (tp == 1) & (pp == 1) & (cp == 1)
 
 
 def fsdp_layout(dp, zero, tp, pp):

@@ -268,7 +268,7 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     """
     dp, tp, pp, cp, ep, zero, dp_shard = L.dp, L.tp, L.pp, L.cp, L.ep, L.zero, L.dp_shard
     grad_accum = L.grad_accum
-    path = rt.harness_path(dp, tp, pp, zero)
+    path = rt.harness_path(dp, tp, pp, zero, cp)
     sharding = dict(tp=tp, pp=pp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
     activations = activation_bytes(
         m, L, seq_len=seq_len, scale=activation_scale, full_scale=rebuilt_scale,

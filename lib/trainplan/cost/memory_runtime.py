@@ -48,15 +48,15 @@ DDP_SPLIT_SCALE = 0.3033
 FRAGMENTATION = 0.08
 
 
-def harness_path(dp, tp, pp, zero):
+def harness_path(dp, tp, pp, zero, cp=1):
     """FSDP, AUTOCAST or DDP per layout, as `bench.parallelize.parallelize` chooses:
-    FSDP2 where dp > 1 and (zero > 0 or tp > 1 or pp > 1), DDP where dp > 1 otherwise,
-    else the autocast path (one data-parallel rank)."""
-    dp, tp, pp, zero = (np.asarray(a) for a in (dp, tp, pp, zero))
+    FSDP2 where cp > 1 or dp > 1 and (zero > 0 or tp > 1 or pp > 1), DDP where dp > 1
+    otherwise, else the autocast path (one data-parallel rank)."""
+    dp, tp, pp, zero, cp = (np.asarray(a) for a in (dp, tp, pp, zero, cp))
     if np.any(dp < 1) or np.any(tp < 1) or np.any(pp < 1) or np.any(zero < 0):
         raise ValueError(f"dp, tp, pp must be >= 1 and zero >= 0; got dp={dp}, tp={tp}, "
                          f"pp={pp}, zero={zero}")
-    fsdp = (dp > 1) & ((zero > 0) | (tp > 1) | (pp > 1))
+    fsdp = (cp > 1) | ((dp > 1) & ((zero > 0) | (tp > 1) | (pp > 1)))
     return np.where(fsdp, FSDP, np.where(dp > 1, DDP, AUTOCAST))
 
 

@@ -69,7 +69,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     full = L.recompute == compute.FULL
     layers = m.n_layers / pp
     world = L.world
-    autocast = compute.autocast_layout(dp, L.zero, tp, pp)  # fp32 weights, fp32 stream
+    autocast = compute.autocast_layout(dp, L.zero, tp, pp, cp)  # fp32 weights, fp32 stream
     stream = np.where(autocast, 2.0, 1.0)  # residual-stream bytes / bf16
 
     mem = memory.breakdown(
@@ -81,7 +81,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     compute_mb = compute.microbatch_compute_time(
         m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
         sequence_parallel=sp, compiled=compiled, autocast=autocast,
-        ddp=compute.ddp_layout(dp, L.zero, tp, pp), fsdp=~autocast)
+        ddp=compute.ddp_layout(dp, L.zero, tp, pp, cp), fsdp=~autocast)
     # the output layer and loss run on the last stage only: the others fill and drain the pipe
     tokens_mb = mb * seq_len / cp
     head_mb = tokens_mb * compute.head_time_per_token(m, gpu, tokens=tokens_mb, tp=tp,

@@ -46,8 +46,8 @@ from trainplan.specs import LAYOUT_FIELDS, load_cluster, load_model, slice_name
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
-LAYOUT_FLAGS = ("dp", "tp", "pp", "zero", "dp_shard", "micro_batch", "grad_accum", "recompute",
-                "pp_schedule", "pp_virtual")
+LAYOUT_FLAGS = ("dp", "tp", "pp", "cp", "zero", "dp_shard", "micro_batch", "grad_accum",
+                "recompute", "pp_schedule", "pp_virtual")
 IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
 
 
@@ -59,7 +59,7 @@ def load_suite(path: str) -> dict:
     if not isinstance(suite, dict) or not isinstance(suite.get("configs"), list):
         raise SpecError(f"suite {path}: expected a mapping with a 'configs' list")
     for c in suite["configs"]:
-        unknown = set(c.get("layout", {})) - set(LAYOUT_FLAGS) - {"cp", "ep"}
+        unknown = set(c.get("layout", {})) - set(LAYOUT_FLAGS) - {"ep"}
         if "tag" not in c or "gpus" not in c or unknown:
             raise SpecError(f"suite {path}: config {c!r} needs 'tag' and 'gpus'; "
                             f"layout keys are {list(LAYOUT_FLAGS)}")
