@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainplan.errors import TrainplanError
-from trainplan.specs import PLAN_FIELDS, Scenario
+from trainplan.specs import PLAN_FIELDS
 from trainplan.train.support import RUNNABLE_PINS, not_runnable
 
 CASE = "conservative"  # the MTBF whose checkpoint plan the job follows (page 5's choice)
@@ -71,10 +71,6 @@ def schedule(model, gpus: int, gpus_per_node: int, plan_row: dict) -> Checkpoint
 def steps_for(token_budget: float, tokens_per_step: int) -> int:
     """Optimizer steps that train on the whole token budget (the last step may run over)."""
     return max(1, math.ceil(token_budget / tokens_per_step))
-
-
-def scenario_steps(scenario: Scenario) -> int:
-    return steps_for(scenario.token_budget, scenario.global_batch_tokens)
 
 
 def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
