@@ -8,10 +8,9 @@
     3. torch.compile   per block
     4. data parallel   DDP (zero 0), FSDP2 `fully_shard` per block then root
                        (zero 3: reshard after forward; zero 1-2: keep the
-                       gathered weights until backward), HSDP on a 2-D mesh
-                       when dp_shard < dp; with cp > 1 over dp_shard x cp
-                       (context.py: the cp ranks of a replica hold the same
-                       weights), and the step shards the sequences
+                       gathered weights until backward), HSDP when dp_shard
+                       < dp; with cp > 1 over dp_shard x cp (context.py: a
+                       replica's cp ranks hold the same weights)
 
 Why this order: tensor parallel must see plain `nn.Linear` modules by name
 before wrappers rename them; checkpointing wraps the (possibly TP) block so
@@ -361,9 +360,8 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh, *, compile: bool 
         out.is_first, out.is_last = 0 in stage_ids, n_stages - 1 in stage_ids
         out.pp_group = mesh["pp"].get_group()
 
-    # Zero 0 beside tp or pp runs as FSDP2 with a shard group of one on the
-    # replicate dimension: that is DDP's all-reduce, and it composes with DTensor.
-    # With cp > 1 FSDP2 spans dp_shard x cp whatever zero is (zero 0: HSDP, cp-wide shards).
+    # Zero 0 beside tp or pp runs as FSDP2 with a shard group of one on the replicate
+    # dimension (DDP's all-reduce, composing with DTensor); with cp > 1 FSDP2 spans dp_shard x cp.
     use_fsdp = cfg.cp > 1 or (cfg.dp > 1 and (cfg.zero > 0 or cfg.tp > 1 or cfg.pp > 1))
     use_ddp = cfg.dp > 1 and not use_fsdp  # then tp = pp = cp = 1: one part, the whole model
     if cfg.cp > 1:
