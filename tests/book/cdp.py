@@ -3,7 +3,7 @@
 Chromium reads commands from file descriptor 3 and writes replies and events
 to descriptor 4, each message one JSON object ending in a NUL byte; no
 websocket, no port, no extra package. One browser, one page (a target
-attached with `flatten`), used by tests/book/test_browser.py:
+attached with `flatten`), with the network emulated off, used by tests/book/test_browser.py:
 
     with Browser() as b:
         report = b.open("file:///.../index.html")   # console errors, failed loads
@@ -59,6 +59,9 @@ class Browser:
                                  flatten=True)["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.call(f"{domain}.enable", session=True)
+        # the network off, as on a cluster's login node: a page that needs it shows the gap
+        self.call("Network.emulateNetworkConditions", session=True, offline=True, latency=0,
+                  downloadThroughput=-1, uploadThroughput=-1)
         self.call("Emulation.setDeviceMetricsOverride", session=True, width=self.width,
                   height=self.height, deviceScaleFactor=1, mobile=False)
         return self
@@ -126,7 +129,8 @@ class Browser:
         """Load `url`, wait for its load event; return what went wrong while loading.
 
         {"console": [console errors and uncaught exceptions],
-         "failed": [(url, reason) of every request that failed or answered >= 400]}
+         "failed": [(url, reason) of every request that failed or answered >= 400],
+         "requested": [every URL the page asked for]}
         """
         self.events.clear()
         self.call("Page.navigate", session=True, url=url)
@@ -149,7 +153,7 @@ class Browser:
                 failed.append((urls.get(p["requestId"], "?"), p.get("errorText", "")))
             elif method == "Network.responseReceived" and p["response"].get("status", 0) >= 400:
                 failed.append((p["response"]["url"], str(p["response"]["status"])))
-        return {"console": console, "failed": failed}
+        return {"console": console, "failed": failed, "requested": list(urls.values())}
 
     def evaluate(self, expression: str, await_promise: bool = False):
         out = self.call("Runtime.evaluate", session=True, expression=expression,

@@ -1,12 +1,14 @@
 """The built runbook in a real browser: Debian's headless Chromium, driven over the DevTools
-protocol through a pipe (tests/book/cdp.py, stdlib only).
+protocol through a pipe (tests/book/cdp.py, stdlib only), with the network off.
 
 One strict build per test session (`built_book`): the notebooks are executed with papermill
 only when book/_generated/ has none, then `jupyter-book build -n -W` must succeed with no
 warning. Every built page is then opened once (`visits`): it must log no console error and
-no uncaught exception, every file it loads must be there, every image must have rendered
-(naturalWidth > 0), and every internal link must reach an existing page and anchor. Page 1
-is saved as a screenshot, _build/browser/01_strategy.png.
+no uncaught exception, ask for nothing off the machine, every file it loads must be there,
+every image must have rendered (naturalWidth > 0), every internal link must reach an
+existing page and anchor, and its text must hold nothing that failed to render (a
+figure's repr, a glue role, LaTeX that MathJax did not typeset). Page 1 is saved as a
+screenshot, _build/browser/01_strategy.png.
 """
 
 from __future__ import annotations
@@ -102,6 +104,24 @@ IMAGES_JS = """(async () => {
                              .map(i => i.getAttribute("src"));
 })()"""
 LINKS_JS = "[...document.querySelectorAll('a[href]')].map(a => a.href)"
+# the page's prose once MathJax has typeset it: code, scripts and typeset maths left out
+TEXT_JS = """(async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) await MathJax.startup.promise;
+  const body = document.body.cloneNode(true);
+  body.querySelectorAll("pre, code, script, style, mjx-container").forEach(e => e.remove());
+  return [body.textContent, document.querySelectorAll("mjx-container").length];
+})()"""
+UNRENDERED = {
+    "a figure's repr (display(fig) under Agg)": re.compile(r"<Figure size \d+x\d+"),
+    "a glue role": re.compile(r"\{glue(:\w+)?\}"),
+    "LaTeX MathJax did not typeset": re.compile(r"\\[A-Za-z]+\{|\\[()\[\]]|\$\$"),
+}
+
+
+def unrendered(text: str) -> list[str]:
+    """What in a page's prose failed to render: [(what, the text around it)]."""
+    return [f"{what}: {text[max(m.start() - 30, 0):m.end() + 30]!r}"
+            for what, rx in UNRENDERED.items() for m in rx.finditer(text)]
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +134,7 @@ def visits(built_book):
             report = browser.open(page.as_uri())
             report["images"] = browser.evaluate(IMAGES_JS, await_promise=True)
             report["links"] = browser.evaluate(LINKS_JS)
+            report["text"], report["maths"] = browser.evaluate(TEXT_JS, await_promise=True)
             out[str(page.relative_to(HTML))] = report
             if page.stem == "01_strategy":
                 SHOTS.mkdir(parents=True, exist_ok=True)
@@ -135,22 +156,30 @@ def test_every_page_of_the_toc_was_built_and_opened(visits):
         assert f"book/{name}.html" in opened
 
 
-REMOTE_LOAD = re.compile(r"^Failed to load resource: net::\S+ https?://")
-
-
 def test_no_console_errors(visits):
-    """Offline, a remote script (MathJax from its CDN, on the methods page) cannot load; that
-    network error is no fault of the book. Everything else logged as an error fails."""
-    errors = {page: [c for c in r["console"] if not REMOTE_LOAD.match(c)]
-              for page, r in _reports(visits).items()}
+    errors = {page: r["console"] for page, r in _reports(visits).items()}
     assert not {k: v for k, v in errors.items() if v}
 
 
-def test_every_local_file_a_page_loads_is_there(visits):
-    """Files of the build must load; remote ones (MathJax from a CDN) cannot here, offline."""
-    failed = {page: [f for f in r["failed"] if f[0].startswith("file:")]
+def test_no_page_asks_for_anything_off_the_machine(visits):
+    """The book reads offline (CI, a cluster's login node): no CDN, no remote font."""
+    remote = {page: [u for u in r["requested"] if not u.startswith(("file:", "data:", "about:"))]
               for page, r in _reports(visits).items()}
+    assert not {k: v for k, v in remote.items() if v}
+
+
+def test_every_file_a_page_loads_is_there(visits):
+    failed = {page: r["failed"] for page, r in _reports(visits).items()}
     assert not {k: v for k, v in failed.items() if v}
+
+
+def test_nothing_on_a_page_failed_to_render(visits):
+    problems = {page: unrendered(r["text"]) for page, r in _reports(visits).items()}
+    assert not {k: v for k, v in problems.items() if v}
+
+
+def test_the_methods_maths_is_typeset_offline(visits):
+    assert _reports(visits)["book/methods.html"]["maths"] > 0
 
 
 def test_every_image_rendered(visits):
@@ -220,6 +249,24 @@ def test_the_checks_catch_a_broken_page(tmp_path):
     assert any("missing.png" in f[0] for f in report["failed"])
     bad = broken_links({"bad.html": links})
     assert len(bad) == 2 and any("no such anchor" in b for b in bad)
+
+
+def test_the_checks_catch_what_did_not_render(tmp_path):
+    """A figure's repr, a raw glue role, raw LaTeX and a remote image, offline."""
+    page = tmp_path / "raw.html"
+    page.write_text("<p>&lt;Figure size 600x580 with 1 Axes&gt;</p><p>{glue:text}`x`</p>"
+                    r"<p>the bound \frac{a}{b} and \(x\)</p><pre>\frac{ok}{in code}</pre>"
+                    '<img src="https://example.invalid/x.png">')
+    with Browser() as browser:
+        report = browser.open(page.as_uri())
+        text, maths = browser.evaluate(TEXT_JS, await_promise=True)
+    found = unrendered(text)
+    latex = "LaTeX MathJax did not typeset"
+    assert [f.split(":")[0] for f in found] == ["a figure's repr (display(fig) under Agg)",
+                                               "a glue role", latex, latex, latex]
+    assert "in code" not in " ".join(found) and maths == 0
+    assert "https://example.invalid/x.png" in report["requested"]
+    assert any(u == "https://example.invalid/x.png" for u, _ in report["failed"])
 
 
 def test_pdf_of_the_six_pages(built_book, tmp_path):

@@ -159,6 +159,20 @@ def _introduce_injected(nb: dict) -> dict:
     return nb
 
 
+HIDDEN_INPUT_TAG = "hide-input"  # Jupyter Book 1.x: the code folds under a toggle
+
+
+def _hide_inputs(nb: dict) -> dict:
+    """Fold every code cell's source on the page: readers see prose, tables and figures
+    first, the code stays one click away (the committed notebooks keep theirs open)."""
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+            if HIDDEN_INPUT_TAG not in tags:
+                tags.append(HIDDEN_INPUT_TAG)
+    return nb
+
+
 def _rewrite(path: Path, *steps) -> None:
     nb = json.loads(path.read_text())
     for step in steps:
@@ -209,7 +223,8 @@ def execute_all(paths: list[Path], dest: Path, parameters: dict, in_place: bool 
                     report = REPORTS / src.name
                     shutil.copy(out, report)
                 raise NotebookFailed(src.stem, err.ename, err.evalue, report) from None
-            steps = [_strip_volatile] + ([_introduce_injected] if parameters else [])
+            steps = [_strip_volatile] + ([_introduce_injected] if parameters else []) \
+                + ([] if in_place else [_hide_inputs])
             _rewrite(out, *steps)
             log(f"[{i}/{len(paths)}] {src.stem:<16} {time.perf_counter() - t0:5.1f} s")
             outputs.append(out)

@@ -174,6 +174,19 @@ def glue_figure(key: str, fig, dpi: int = 144) -> None:
     glue(key, Image(data=buf.getvalue(), format="png"), display=False)
 
 
+def show_figure(fig, dpi: int = 144):
+    """Show a matplotlib figure in the cell's output as a PNG image, rendered as
+    `glue_figure` renders it, whatever the kernel's backend (under Agg, `display(fig)`
+    would print only the figure's repr)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+    display(Image(data=buf.getvalue(), format="png"))
+
+
 # ---------------------------------------------------------------- plain words
 
 _TERMS = {"compute_s": "compute", "exposed_comm_s": "communication that compute cannot hide",
