@@ -360,13 +360,6 @@ def test_tp_microbatch_time(cluster):
                                     recompute_full=False) == 0
 
 
-def test_cp_layer_time(cluster):
-    # cp 4 in a node: 3 (cp - 1) = 9 sends of the K, V chunk
-    assert comms.cp_layer_time(cluster, kv_chunk_bytes=1e6, cp=4, tp=1) == pytest.approx(
-        9 * (10e-6 + 1e6 / 50e9))
-    assert comms.cp_layer_time(cluster, kv_chunk_bytes=1e6, cp=1, tp=1) == 0
-
-
 def test_ep_microbatch_time(cluster):
     # ep 8 over two nodes: 4 all-to-alls per block (dispatch, combine; fwd, bwd), 3 blocks
     one = 60e-6 + 7 / 8 * 1e6 / 5e9

@@ -203,17 +203,6 @@ def tp_ends_time(cluster: ClusterSpec, *, act_bytes, logits_bytes, tp, sequence_
     return np.where(np.asarray(tp) > 1, t, 0.0)
 
 
-def cp_layer_time(cluster: ClusterSpec, *, kv_chunk_bytes, cp, tp):
-    """Ring-attention traffic of one block and micro-batch: K, V chunks passed cp - 1 times.
-
-    Forward sends K and V (cp - 1) times; backward sends K, V and their
-    gradients: 3 (cp - 1) chunk transfers (Liu et al. 2023, Ring Attention).
-    """
-    cp = np.asarray(cp)
-    t = 3.0 * (cp - 1) * p2p_time(cluster, kv_chunk_bytes, cp * np.asarray(tp))
-    return np.where(cp > 1, t, 0.0)
-
-
 def ep_microbatch_time(cluster: ClusterSpec, *, token_bytes, ep, tp, layers):
     """Expert-parallel all-to-all: dispatch and combine, forward and backward, per MoE block."""
     one = collective_time(cluster, "all_to_all", token_bytes, ep, np.asarray(ep) * np.asarray(tp))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainplan.cost import memory_runtime as rt
-from trainplan.cost import params
+from trainplan.cost import params, ring
 from trainplan.cost.compute import BF16, FULL, SELECTIVE
 from trainplan.specs import ModelSpec
 from trainplan.specs.layouts import Layouts, shard_degree
@@ -176,7 +176,9 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     flight) or the last (logits).
 
     Full recompute also rebuilds one block's complete activations during its
-    backward, so one such block is added on top. `scale` (and `full_scale`
+    backward, so one such block is added on top; context parallel's ring holds its
+    gathered K, V and fp32 gradient buffers then (`ring.ring_peak_bytes`), the larger of
+    them and the head's logits counting. `scale` (and `full_scale`
     for the rebuilt block) are the measured kept / analytic bytes of a block,
     `logits_scale` the eager head's measured peak / analytic logits bytes
     (`trainplan.calibrate.pieces`; 1 when uncalibrated); a compiled loss is
@@ -210,8 +212,11 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     buffers = extras * rt.pp_buffer_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
                                           grad_accum=grad_accum, tp=tp, cp=cp, pp=pp,
                                           sequence_parallel=sequence_parallel)
-    first = per_layer * layers * in_flight + rebuilt + buffers
-    last = per_layer * layers + rebuilt + logits + buffers
+    # context parallel: the ring's buffers during a block's backward, when every block's
+    # activations are held and the head's logits are already freed (`ring.ring_peak_bytes`)
+    ring_peak = ring.ring_peak_bytes(m, seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp)
+    first = per_layer * layers * in_flight + rebuilt + buffers + ring_peak
+    last = per_layer * layers + rebuilt + np.maximum(logits, ring_peak) + buffers
     return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)
 
 

@@ -1,7 +1,7 @@
 """Step time, throughput and MFU: the visible sum of named terms.
 
     step = m t_mb + bubble + pipeline sends + blocking data-parallel traffic + optimizer
-    t_mb = compute + tensor-parallel + expert all-to-all + exposed ring attention
+    t_mb = compute + tensor-parallel + expert all-to-all + ring attention
            + exposed per-micro-batch data-parallel traffic
     compute = blocks (GEMMs at the measured curve's fraction for their shape) + head
               + gradient accumulation's adds / m
@@ -23,8 +23,10 @@ FSDP2-wrapped ones `fsdp_block_scale`.
 Data-parallel traffic (with the copy kernels around it, `compute.dp_copy_time`) hides
 under the compute of the pass it runs in, except the first block's gather (or the last
 block's reduce), which has no compute to hide under (Zhao et al. 2023, PyTorch FSDP,
-sec. 3.4). Tensor- and expert-parallel collectives sit on the critical path; ring-attention
-sends hide under the attention kernel of the same block.
+sec. 3.4). Tensor- and expert-parallel collectives sit on the critical path. Context
+parallel is torch's ring attention (`ring`): its K, V all-gathers and fp32 dk, dv sends
+(exposed where the blocks are compiled) and its fp32 merge and accumulate passes, the
+latter counted with it as DTensor's copies are with tensor parallel.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from trainplan.cost import comms, compute, memory, params
+from trainplan.cost import comms, compute, memory, params, ring
 from trainplan.cost import measured as overheads
 from trainplan.cost.measured import activation_scale
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
@@ -90,8 +92,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
     compute_mb = compute_mb + compute.grad_accum_time(
         gpu, stage_params, ga, zero=L.zero, shard_ranks=L.dp_shard * cp, fsdp=~autocast) / ga
-    attn_layer = tokens_mb * (3.0 + full) * compute.attention_flops_per_token_per_layer(
-        m, seq_len, tp) / (gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
+    attn_fwd_layer = tokens_mb * compute.attention_flops_per_token_per_layer(m, seq_len, tp) / (
+        gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
 
     # communication of one micro-batch
     act_bytes = compute.BF16 * tokens_mb * m.hidden
@@ -106,9 +108,11 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
                                       recompute_full=full, sequence_parallel=sp, micro_batch=mb)
     ep_mb = comms.ep_microbatch_time(cluster, token_bytes=act_bytes * m.top_k, ep=ep, tp=tp,
                                      layers=layers) if m.is_moe else 0.0
-    kv_chunk = 2 * compute.BF16 * tokens_mb * m.kv_dim / tp
-    cp_layer = comms.cp_layer_time(cluster, kv_chunk_bytes=kv_chunk, cp=cp, tp=tp)
-    cp_mb = layers * np.maximum(cp_layer - attn_layer, 0.0)
+    # torch's ring attention: its exposed collectives and its fp32 merge and add passes
+    cp_comm, cp_passes = ring.ring_layer_time(m, gpu, cluster, seq_len=seq_len, micro_batch=mb,
+                                              cp=cp, tp=tp, recompute_full=full,
+                                              compiled=compiled, attn_fwd_s=attn_fwd_layer)
+    cp_mb = layers * (cp_comm + cp_passes)
     dp_mb = comms.dp_microbatch_time(cluster, stage_params=stage_params, zero=L.zero,
                                      dp_shard=L.dp_shard, cp=cp, tp=tp)
     leak = gpu.overlap_exposed

@@ -1,0 +1,142 @@
+"""Context parallel as the harness runs it: torch's ring attention, priced per block.
+
+Source: torch/distributed/tensor/experimental/_context_parallel/_attention.py (torch 2.11
+on the GPUs, 2.13 on CPU: the same code), with the options the harness sets
+(bench/harness/context.py): `rotate_method = ALL_GATHER`, `convert_to_f32 = True`,
+`enable_load_balance = True` (head-tail shares). On one rank of a cp group of c, per block
+and micro-batch, with E = b s / c x n_heads head_dim / tp elements (the harness repeats
+K and V to n_heads before SDPA, bench/harness/model.py, so K and V are E each):
+
+- forward (`_templated_ring_attention`): `key.contiguous()`, `value.contiguous()`, one
+  `torch.cat` of K and V into the send buffer, one all-gather of it (c x 4 E bytes out);
+  step 0 runs causal SDPA on the local q, k; steps i >= 1 run non-causal SDPA on all of q
+  and the first half of k, v (i <= rank) or the second half of q and all of k, v
+  (i > rank); each output is upcast to fp32 and merged into the running fp32 output and
+  log-sum-exp (`_SDPAMerger`), cast back to bf16 at the end;
+- backward (`_templated_ring_attention_backward`): the same all-gather of K, V again;
+  fp32 accumulators for dq, dk, dv (`zeros_like(..., dtype=float32)`); after every step
+  the fp32 dk, dv of the chunk held are passed to the next rank (`_AllToAllRotater`,
+  `ft_c.permute_tensor`: c sends of 8 E bytes), and cast to bf16 at the end.
+
+The SDPA FLOPs stay where they were (`compute.attention_flops_per_token_per_layer`): in
+128-wide tiles a causal call of length s does T (T + 1) / 2 tiles (T = s / 128); step 0
+does T/c (T/c + 1) / 2 and each of the c - 1 others T/c x T/(2c), summing to the rank's
+1/c share of the plain call's. What this module adds is what the ring costs beyond them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainplan.cost import comms
+from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
+
+BF16, FP32 = 2, 4
+
+
+def ring_elems(m: ModelSpec, *, seq_len, micro_batch, cp, tp):
+    """E: elements of one rank's q (and of its K, V each) in one block: b s / cp x nh hd / tp."""
+    tokens = np.asarray(micro_batch, dtype=float) * seq_len / np.asarray(cp, dtype=float)
+    return tokens * m.n_heads * m.head_dim / np.asarray(tp, dtype=float)
+
+
+def gather_time(cluster: ClusterSpec, *, elems, cp, tp):
+    """Seconds of one all-gather of K and V (bf16) over the cp group: c x 4 E bytes out.
+
+    `_AllGatherRotater.exchange_buffers`: `ft_c.all_gather_single` of the concatenated
+    local K, V; the group spans cp x tp consecutive ranks (tp innermost, `comms`).
+    """
+    cp = np.asarray(cp, dtype=float)
+    return comms.collective_time(cluster, "all_gather", cp * 2 * BF16 * np.asarray(elems), cp,
+                                 cp * np.asarray(tp))
+
+
+def dkv_send_time(cluster: ClusterSpec, *, elems, cp, tp):
+    """Seconds of one `permute_tensor` of the fp32 dk, dv (8 E bytes) to the next cp rank.
+
+    Each rank sends its whole buffer to one neighbour at once: one step of a ring
+    all-gather, so it takes the all-gather's measured bus bandwidth and one latency
+    (`comms.measured_link`; the cluster's figures where none is measured).
+    """
+    cp = np.asarray(cp, dtype=float)
+    bw, lat = comms.measured_link(cluster, "all_gather", cp * np.asarray(tp),
+                                  *comms.link(cluster, cp * np.asarray(tp)))
+    return np.where(cp > 1, lat + 2 * FP32 * np.asarray(elems) / bw, 0.0)
+
+
+def pass_bytes_per_elem(cp, compiled):
+    """(forward, backward, SDPA calls) HBM bytes per E the ring moves beyond plain SDPA.
+
+    Counted on the slowest rank (rank c - 1: every step i >= 1 takes all of q, so its
+    merges and dq adds cover all of E). Eager, op by op:
+    - forward: `contiguous` K, V 8 (read + write bf16); the send `cat` 8, repeated at
+      steps 1..c-2 although `_AllGatherRotater` ignores it; step 0's upcast 6; per step
+      i >= 1 the upcast 6 and the merge `out - sigmoid(.) * (out - block_out)` 32 (three
+      fp32 ops); the final cast 6: 20 + 46 (c - 1);
+    - backward: `contiguous` + `cat` 16, dead `cat`s 8 (c - 2), fp32 zeros of dq, dk, dv 12
+      and step 0's adds 30, the first dk, dv send `cat` 16; per step i >= 1 the dk, dv adds
+      (`_partial_update`: half add 10 + its `cat` 16) + send `cat` 16 + dq add 10 = 52;
+      the final casts 18: 84 + 60 (c - 1).
+    Compiled (the blocks run under `torch.compile`, which traces the ring and fuses it):
+    the dead `cat`s go, each merge or add with its casts and `cat`s is one read-modify-write
+    (fp32 4 + 4 and the bf16 block 2): forward 16 + 10 (c - 1), backward 16 + 18 + 30 (c - 1)
+    + 18 = 52 + 30 (c - 1).
+    SDPA calls: each step i >= 1 is an extra call that writes its own bf16 output (2) and,
+    backward, re-reads O and dO (4) and zeroes, adds and casts its fp32 dq workspace (10)
+    (FlashAttention-2's backward): 16 (c - 1), compiled or not.
+    """
+    k = np.asarray(cp, dtype=float) - 1.0
+    compiled = np.asarray(compiled, dtype=bool)
+    fwd = np.where(compiled, 16.0 + 10.0 * k, 20.0 + 46.0 * k)
+    bwd = np.where(compiled, 52.0 + 30.0 * k, 84.0 + 60.0 * k)
+    return fwd, bwd, 16.0 * k
+
+
+def ring_layer_time(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, seq_len, micro_batch,
+                    cp, tp, recompute_full, compiled, attn_fwd_s):
+    """(exposed collectives, HBM passes) seconds the ring adds to one block and micro-batch.
+
+    Collectives: an all-gather of K, V forward (again in full recompute's replay), one
+    backward, and c sends of the fp32 dk, dv (`gather_time`, `dkv_send_time`). Compiled,
+    none hides: while tracing, a functional collective is waited at once
+    (`_functional_collectives._maybe_wrap_tensor` returns `wait_tensor(...)`) and
+    inductor moves no compute between them (`reorder_for_compute_comm_overlap` and
+    `aten_distributed_optimizations.enable_overlap_scheduling` are off by default, and the
+    harness sets neither). Eager, the forward gather is waited before step 1 so it hides
+    under step 0's SDPA (1/c of the rank's attention forward `attn_fwd_s`), the backward
+    gather under step 0's SDPA backward (2/c of it), and each dk, dv send under the next
+    step's; the last send is waited after the loop.
+    HBM passes: `pass_bytes_per_elem` x E at the measured copy bandwidth
+    (`memory_efficiency` x datasheet HBM), forward ones twice under full recompute.
+    0 where cp = 1.
+    """
+    cp = np.asarray(cp, dtype=float)
+    e = ring_elems(m, seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp)
+    ag = gather_time(cluster, elems=e, cp=cp, tp=tp)
+    send = dkv_send_time(cluster, elems=e, cp=cp, tp=tp)
+    redo = np.where(np.asarray(recompute_full), 1.0, 0.0)
+    step_fwd = np.asarray(attn_fwd_s, dtype=float) / np.maximum(cp, 1.0)
+    eager = (1.0 + redo) * np.maximum(ag - step_fwd, 0.0) + np.maximum(ag - 2 * step_fwd, 0.0) \
+        + (cp - 1.0) * np.maximum(send - 2 * step_fwd, 0.0) + send
+    exposed = np.where(np.asarray(compiled, dtype=bool), (2.0 + redo) * ag + cp * send, eager)
+    fwd, bwd, calls = pass_bytes_per_elem(cp, compiled)
+    rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
+    passes = ((1.0 + redo) * fwd + bwd + calls) * e / rate
+    on = cp > 1
+    return np.where(on, exposed, 0.0), np.where(on, passes, 0.0)
+
+
+def ring_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, tp):
+    """Bytes the ring holds beyond plain SDPA during one block's backward (its larger phase).
+
+    The gathered K, V (c x 4 E, bf16, alive through the loop), the fp32 dq accumulator
+    (4 E), and the fp32 dk, dv three times over (24 E): the buffer received from the
+    previous rank and added into, the `cat` sent on, and the next `permute_tensor`'s
+    output. The forward holds less (the gathered K, V, the fp32 output and one fp32
+    temporary: (4 c + 8) E). Live while every block's activations are still held (the
+    last block's backward comes first), after the head's logits are freed.
+    0 where cp = 1.
+    """
+    cp = np.asarray(cp, dtype=float)
+    e = ring_elems(m, seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp)
+    return np.where(cp > 1, (4.0 * cp + 28.0) * e, 0.0)

@@ -1,0 +1,171 @@
+"""Context parallel priced as torch's ring attention runs it (`trainplan.cost.ring`).
+
+The closed forms on small numbers, their growth with cp and with the K, V bytes, that the
+compiled blocks expose every ring collective, that a layout without cp predicts exactly what
+it did without the ring, and that the torch code the terms are derived from still does what
+they assume.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+from conftest import easy_cluster, easy_gpu, layouts, tiny_model
+from trainplan.cost import comms, ring, step_time
+from trainplan.specs import load_model
+
+# tiny: hidden 64 = 4 heads x 16; easy cluster: 50 GB/s in a node, 10 us a step
+
+
+def test_ring_elems_is_the_ranks_share_of_q():
+    m = tiny_model()
+    # b s / cp x nh hd / tp = 2 x 32 / 2 x 64 / 2
+    assert ring.ring_elems(m, seq_len=32, micro_batch=2, cp=2, tp=2) == 2 * 16 * 32
+    gqa = tiny_model(n_kv_heads=1)  # K, V are repeated to n_heads before SDPA: same E
+    assert ring.ring_elems(gqa, seq_len=32, micro_batch=2, cp=2, tp=1) == \
+        ring.ring_elems(m, seq_len=32, micro_batch=2, cp=2, tp=1)
+
+
+def test_gather_time_is_an_all_gather_of_k_and_v():
+    cl = easy_cluster()
+    e = 1e6
+    # out: cp x 4 E bytes; ring bytes (n - 1)/n of it; latency x log2 n
+    want = 10e-6 * 2 + 0.75 * 4 * 4 * e / 50e9
+    assert ring.gather_time(cl, elems=e, cp=4, tp=1) == pytest.approx(want)
+    assert ring.gather_time(cl, elems=e, cp=1, tp=1) == 0
+
+
+def test_exposed_gather_grows_with_cp_and_kv_bytes():
+    cl = easy_cluster(gpus_per_node=64)
+    m = load_model("llama-1.3b")
+    seq = 16384
+    # fixed sequence: every rank gathers the whole K, V, so more ranks never gather less
+    by_cp = [ring.gather_time(cl, elems=ring.ring_elems(m, seq_len=seq, micro_batch=1, cp=c,
+                                                        tp=1), cp=c, tp=1) for c in (2, 4, 8)]
+    assert by_cp[0] < by_cp[1] < by_cp[2]
+    # more K, V bytes (a longer sequence or a larger micro-batch): longer
+    e = [ring.ring_elems(m, seq_len=s, micro_batch=b, cp=4, tp=1)
+         for s, b in ((8192, 1), (16384, 1), (16384, 2))]
+    t = [ring.gather_time(cl, elems=x, cp=4, tp=1) for x in e]
+    assert t[0] < t[1] < t[2]
+
+
+def test_dkv_send_is_fp32_dk_dv_at_the_gathers_link():
+    cl = easy_cluster()
+    assert ring.dkv_send_time(cl, elems=1e6, cp=2, tp=1) == pytest.approx(10e-6 + 8e6 / 50e9)
+    measured = easy_cluster(collectives=(("all_gather", 5.0, 200.0),))
+    assert ring.dkv_send_time(measured, elems=1e6, cp=2, tp=1) == pytest.approx(5e-6 + 8e6 / 200e9)
+    assert ring.dkv_send_time(cl, elems=1e6, cp=1, tp=1) == 0
+
+
+def test_pass_bytes():
+    fwd, bwd, calls = ring.pass_bytes_per_elem(np.array([2, 4]), True)
+    np.testing.assert_array_equal(fwd, [26, 46])
+    np.testing.assert_array_equal(bwd, [82, 142])
+    np.testing.assert_array_equal(calls, [16, 48])
+    efwd, ebwd, ecalls = ring.pass_bytes_per_elem(np.array([2, 4]), False)
+    np.testing.assert_array_equal(efwd, [66, 158])
+    np.testing.assert_array_equal(ebwd, [144, 264])
+    assert (efwd > fwd).all() and (ebwd > bwd).all()
+    np.testing.assert_array_equal(ecalls, calls)
+
+
+def _layer(compiled, attn_fwd_s, cp=4, full=False):
+    m = load_model("llama-1.3b")
+    return ring.ring_layer_time(m, easy_gpu(), easy_cluster(), seq_len=16384, micro_batch=1,
+                                cp=cp, tp=1, recompute_full=full, compiled=compiled,
+                                attn_fwd_s=attn_fwd_s)
+
+
+def test_compiled_exposes_every_ring_collective():
+    m, cl = load_model("llama-1.3b"), easy_cluster()
+    e = ring.ring_elems(m, seq_len=16384, micro_batch=1, cp=4, tp=1)
+    ag, send = ring.gather_time(cl, elems=e, cp=4, tp=1), ring.dkv_send_time(cl, elems=e, cp=4,
+                                                                            tp=1)
+    comm, passes = _layer(True, attn_fwd_s=1.0)  # however long the attention: nothing hides
+    assert comm == pytest.approx(2 * ag + 4 * send)
+    assert _layer(True, 1.0, full=True)[0] == pytest.approx(3 * ag + 4 * send)
+    fwd, bwd, calls = ring.pass_bytes_per_elem(4, True)
+    assert passes == pytest.approx((fwd + bwd + calls) * e / (1e12 * 0.5))
+
+
+def test_eager_hides_under_the_ring_steps():
+    comm_long, _ = _layer(False, attn_fwd_s=1.0)  # long steps hide all but the last send
+    m, cl = load_model("llama-1.3b"), easy_cluster()
+    e = ring.ring_elems(m, seq_len=16384, micro_batch=1, cp=4, tp=1)
+    assert comm_long == pytest.approx(ring.dkv_send_time(cl, elems=e, cp=4, tp=1))
+    comm_none, _ = _layer(False, attn_fwd_s=0.0)  # nothing to hide under: all of it
+    assert comm_none == pytest.approx(_layer(True, 0.0)[0])
+    assert comm_long < _layer(False, attn_fwd_s=1e-4)[0] < comm_none
+
+
+def test_no_ring_without_cp():
+    comm, passes = _layer(True, 1e-3, cp=1)
+    assert comm == 0 and passes == 0
+    assert ring.ring_peak_bytes(load_model("llama-1.3b"), seq_len=4096, micro_batch=1, cp=1,
+                                tp=1) == 0
+
+
+def test_ring_peak_bytes():
+    m = tiny_model()
+    e = ring.ring_elems(m, seq_len=32, micro_batch=2, cp=4, tp=1)
+    # gathered K, V of the whole sequence (4 bytes x b s h) + fp32 dq and three dk, dv
+    assert ring.ring_peak_bytes(m, seq_len=32, micro_batch=2, cp=4, tp=1) == \
+        4 * 2 * 32 * 64 + 28 * e
+
+
+def test_plans_without_cp_predict_what_they_did_without_the_ring(monkeypatch):
+    """cp = 1 rows are bit for bit those of a planner with no ring at all; cp > 1 rows differ."""
+    m = load_model("llama-1.3b")
+    lay = layouts(dp=np.array([4, 2, 1, 2]), cp=np.array([1, 2, 4, 1]),
+                  tp=np.array([1, 1, 1, 2]), zero=np.array([3, 3, 3, 0]),
+                  dp_shard=np.array([4, 2, 1, 1]), micro_batch=np.array([1, 1, 1, 2]))
+    args = (m, easy_gpu(memory_gib=80.0), easy_cluster(gpus_per_node=8), lay, 8192)
+    with_ring = step_time.evaluate(*args)
+    monkeypatch.setattr(ring, "ring_layer_time", lambda *a, **k: (0.0, 0.0))
+    monkeypatch.setattr(ring, "ring_peak_bytes", lambda *a, **k: 0.0)
+    without = step_time.evaluate(*args)
+    plain = (lay.cp == 1)
+    cols = ["step_time_s", "total_gib", "activations_gib", "exposed_comm_s", "cp_comm_s"]
+    assert (with_ring.loc[plain, cols].to_numpy() == without.loc[plain, cols].to_numpy()).all()
+    assert (with_ring.loc[~plain, "step_time_s"] > without.loc[~plain, "step_time_s"]).all()
+    assert (with_ring.loc[~plain, "cp_comm_s"] > 0).all()
+    assert (with_ring.loc[plain, "cp_comm_s"] == 0).all()
+
+
+def test_ring_memory_counts_where_it_exceeds_the_logits(monkeypatch):
+    """Past the head's logits the ring's backward buffers set the peak: more activations."""
+    m = tiny_model(vocab=8)  # tiny vocabulary: logits smaller than the gathered K, V
+    lay = layouts(dp=1, cp=4, zero=3, dp_shard=1)
+    args = (m, easy_gpu(memory_gib=80.0), easy_cluster(), lay, 4096)
+    with_ring = step_time.evaluate(*args)["activations_gib"].iloc[0]
+    monkeypatch.setattr(ring, "ring_peak_bytes", lambda *a, **k: 0.0)
+    assert with_ring > step_time.evaluate(*args)["activations_gib"].iloc[0]
+
+
+def test_the_torch_code_the_terms_are_derived_from():
+    """The defaults and calls `ring` prices; a torch that changes them fails here."""
+    pytest.importorskip("torch")
+    from torch.distributed import _functional_collectives as fc
+    from torch.distributed.tensor.experimental._context_parallel import _attention as att
+
+    assert att._ContextParallelOptions().rotate_method == att._RotateMethod.ALL_GATHER
+    assert att._ContextParallelOptions().convert_to_f32 is True
+    bwd = inspect.getsource(att._templated_ring_attention_backward)
+    assert "method=_RotateMethod.ALL_TO_ALL" in bwd  # dk, dv passed every step
+    assert "dtype=accum_dtype" in bwd  # fp32 accumulators
+    assert "torch.cat([key.flatten(), value.flatten()])" in inspect.getsource(
+        att._templated_ring_attention)
+    assert "permute_tensor" in inspect.getsource(att._AllToAllRotater.exchange_buffers)
+    # traced (compiled) collectives are waited at once
+    assert "return wait_tensor(self)" in inspect.getsource(fc._maybe_wrap_tensor)
+    from torch._inductor import config
+
+    assert config.reorder_for_compute_comm_overlap is False
+
+
+def test_comms_has_no_p2p_ring_model_left():
+    assert not hasattr(comms, "cp_layer_time")
