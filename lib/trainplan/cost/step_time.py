@@ -11,6 +11,8 @@
 with m = grad_accum micro-batches per step. A micro-batch takes at least the host's time
 to issue it (`overheads.host_wait_per_step`, `trainplan.calibrate.host`): host and GPU
 overlap within a step and the slower sets the pace; the wait is a part of `compute_s`.
+The step's host work outside the blocks (clipping, optimizer) joins the last micro-batch
+(`overheads.last_microbatch_time`: a phase after the blocks where no FSDP2 runs).
 The 1F1B bubble is (p - 1) / v micro-batch slots (Narayanan et al. 2021) of a stage
 without the output layer and loss, which only the last stage runs.
 
