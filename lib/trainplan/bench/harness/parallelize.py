@@ -18,10 +18,9 @@ its recompute replays the TP collectives; compile sees the checkpointed block
 and can fuse the recompute; FSDP goes last so its all-gather/reduce-scatter
 hooks sit outside the compiled region and wrap whole blocks.
 
-Not implemented here (a `LayoutError` says so): expert parallel, context
-parallel on CPU or with learned positions, tied embeddings under pp or tp,
-learned positions under tp. ZeRO-1 has no FSDP2 form; it runs as ZeRO-2
-(gradients sharded as well) and the run says so in its summary.
+Not implemented (a `LayoutError` says so): expert parallel, context parallel
+on CPU or with learned positions, tied embeddings under pp or tp, learned
+positions under tp. ZeRO-1 has no FSDP2 form: it runs as ZeRO-2, and says so.
 """
 
 from __future__ import annotations
