@@ -140,6 +140,6 @@ def test_plan_json_says_which_plans_the_trainer_runs(capsys):
     assert cli.main(["plan", "--model", "llama-70b", "--gpu", "h100-sxm", "--gpus", "256",
                      "--top", "40", "--json"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
-    assert plans[0]["parallel"]["cp"] > 1 and plans[0]["runnable"], "cp runs (on GPUs)"
+    assert any(p["parallel"]["cp"] > 1 and p["runnable"] for p in plans), "cp runs (on GPUs)"
     assert all(p["runnable"] == (p["parallel"]["ep"] == 1) for p in plans)
     assert all("not_runnable_why" not in p for p in plans if p["runnable"])
