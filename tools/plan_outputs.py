@@ -6,7 +6,8 @@ change of structure left the planner's answers byte for byte as they were.
 
 Each scenario of data/scenarios/ is planned through the command line a user types (a fresh
 process, `--top 20`); `elapsed_s`, which depends on the machine, and each plan's
-`validation`, which depends on the committed records, are dropped. `--check` exits 1 and names the first scenario whose answer differs.
+`validation`, which depends on the committed records, are dropped. `--check` exits 1 and
+names the first scenario whose answer differs.
 """
 
 from __future__ import annotations
