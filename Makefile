@@ -14,26 +14,35 @@ export MPLBACKEND := Agg
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@echo "installing requirements.txt into $(VENV) (the first time takes about two minutes)"
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar off -r requirements.txt
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-## book: execute the notebooks for SCENARIO with papermill, build the HTML strictly, print the PDF
-book: browser $(STAMP)
+## book: execute the notebooks for SCENARIO with papermill, build the HTML strictly, print the
+## PDF where Chromium is installed (`make browser` installs Debian's; the HTML needs none)
+book: $(STAMP)
 	@$(BIN)/python -m trainplan.runbook.build --scenario $(SCENARIO)
 	$(BIN)/jupyter-book build . --all --builder html -n -W --keep-going
-	$(BIN)/python -m trainplan.runbook.pdf
-	@echo "runbook: $(CURDIR)/_build/html/index.html and $(CURDIR)/_build/pdf/trainplan-runbook.pdf"
+	@echo "runbook: $(CURDIR)/_build/html/index.html"
+	@if command -v chromium >/dev/null; then $(BIN)/python -m trainplan.runbook.pdf && \
+	  echo "PDF: $(CURDIR)/_build/pdf/trainplan-runbook.pdf"; else echo "PDF skipped: no \
+	  chromium here; 'make browser' installs Debian's (root or sudo), then 'make pdf'"; fi
 
 ## pdf: print the six runbook pages of the last `make book` to one PDF with headless Chromium
 pdf: browser $(STAMP)
 	$(BIN)/python -m trainplan.runbook.pdf
 
-## lab: JupyterLab on notebooks/ with the project's kernel (installs requirements-lab.txt once)
+## lab: JupyterLab on a scratch copy of the notebooks with SCENARIO's parameters, in
+## _build/lab/ (the committed notebooks, which nbval compares, stay as they are); on a remote
+## machine: make lab LAB_ARGS="--no-browser --ip=0.0.0.0" and open the printed URL
 lab: $(STAMP)
 	@test -x $(BIN)/jupyter-lab || $(BIN)/python -m pip install --quiet \
 	  --disable-pip-version-check -r requirements-lab.txt
-	$(BIN)/jupyter-lab --notebook-dir=notebooks $(if $(SUDO),,--allow-root)
+	@rm -rf _build/lab && mkdir -p _build/lab && for nb in notebooks/*.ipynb; do \
+	  $(BIN)/papermill --prepare-only -k python3 -p scenario $(SCENARIO) --cwd notebooks \
+	    "$$nb" "_build/lab/$$(basename $$nb)" 2>/dev/null || exit 1; done
+	$(BIN)/jupyter-lab --notebook-dir=_build/lab $(if $(SUDO),,--allow-root) $(LAB_ARGS)
 
 ## bench-book: time `make book` for the default scenario (figure quoted in the README)
 bench-book: browser $(STAMP)

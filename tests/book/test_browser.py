@@ -118,6 +118,12 @@ UNRENDERED = {
 }
 
 
+# where the page's plain-words box ends, in CSS pixels from the top (None: no box)
+BOX_JS = """(() => { const b = document.querySelector("div.admonition.tip");
+                     return b ? b.getBoundingClientRect().bottom + window.scrollY : null; })()"""
+FIRST_SCREEN = (1280, 800)
+
+
 def unrendered(text: str) -> list[str]:
     """What in a page's prose failed to render: [(what, the text around it)]."""
     return [f"{what}: {text[max(m.start() - 30, 0):m.end() + 30]!r}"
@@ -135,6 +141,7 @@ def visits(built_book):
             report["images"] = browser.evaluate(IMAGES_JS, await_promise=True)
             report["links"] = browser.evaluate(LINKS_JS)
             report["text"], report["maths"] = browser.evaluate(TEXT_JS, await_promise=True)
+            report["box_bottom"] = browser.evaluate(BOX_JS)
             out[str(page.relative_to(HTML))] = report
             if page.stem == "01_strategy":
                 SHOTS.mkdir(parents=True, exist_ok=True)
@@ -154,6 +161,15 @@ def test_every_page_of_the_toc_was_built_and_opened(visits):
         assert f"book/_generated/{path.stem}.html" in opened
     for name in ("index", "methods", "changelog"):
         assert f"book/{name}.html" in opened
+
+
+def test_each_box_fits_the_first_screen(visits):
+    """The plain-words box is the page for a hurried reader: at 1280 x 800 it ends on the
+    first screen (the browser's window is that wide)."""
+    assert Browser().width == FIRST_SCREEN[0]
+    long = {page: r["box_bottom"] for page, r in _reports(visits).items()
+            if r["box_bottom"] is not None and r["box_bottom"] > FIRST_SCREEN[1]}
+    assert not long
 
 
 def test_no_console_errors(visits):
@@ -176,6 +192,66 @@ def test_every_file_a_page_loads_is_there(visits):
 def test_nothing_on_a_page_failed_to_render(visits):
     problems = {page: unrendered(r["text"]) for page, r in _reports(visits).items()}
     assert not {k: v for k, v in problems.items() if v}
+
+
+GLOSSARY_JS = """[...document.querySelectorAll("dl.glossary dt")]
+                   .map(dt => [dt.id, dt.firstChild.textContent.trim()])"""
+# each page: its text outside code blocks (tables included), the glossary entries it links,
+# and its inline code spans
+WORDS_JS = """(() => {
+  const body = document.body.cloneNode(true);
+  body.querySelectorAll("pre, script, style, mjx-container, nav, .bd-sidebar, footer")
+      .forEach(e => e.remove());
+  const spans = [...body.querySelectorAll("code")].map(c => c.textContent);
+  body.querySelectorAll("code").forEach(e => e.remove());
+  const links = [...document.querySelectorAll('a[href*="glossary.html#"]')]
+      .map(a => decodeURIComponent(a.hash.slice(1)));
+  return [body.textContent, links, spans];
+})()"""
+
+
+def missing_glossary_links(text: str, links: list[str], spans: list[str],
+                           ids: dict[str, str]) -> list[str]:
+    """The glossary entries a page uses (a word of `glossary.TERMS` in its text, a config tag
+    among its code spans) but does not link; `ids` maps each entry to its anchor."""
+    from trainplan.runbook import glossary
+
+    used = [e for e, rx in glossary.PATTERNS.items() if rx.search(text)]
+    if any(glossary.TAG.fullmatch(s) for s in spans):
+        used.append("config tag")
+    return [e for e in used if ids.get(e.lower()) not in set(links)]
+
+
+@pytest.fixture(scope="module")
+def words(built_book):
+    """{page: (text, glossary links, code spans)} and the glossary's {entry: anchor}."""
+    out = {}
+    with Browser() as browser:
+        browser.open((HTML / "book" / "glossary.html").as_uri())
+        ids = {term.lower(): anchor for anchor, term in browser.evaluate(GLOSSARY_JS)}
+        for page in _pages():
+            if page.name != "glossary.html":
+                browser.open(page.as_uri())
+                out[str(page.relative_to(HTML))] = browser.evaluate(WORDS_JS)
+    return out, ids
+
+
+def test_every_page_links_the_glossary_words_it_uses(words):
+    pages, ids = words
+    from trainplan.runbook import glossary
+
+    assert set(glossary.TERMS) | {"config tag"} <= set(ids), "an entry is missing"
+    missing = {p: missing_glossary_links(*w, ids) for p, w in pages.items()}
+    assert not {p: m for p, m in missing.items() if m}
+
+
+def test_the_glossary_check_catches_an_unlinked_word():
+    ids = {"mfu": "term-MFU", "config tag": "term-config-tag", "hsdp": "term-HSDP"}
+    assert missing_glossary_links("at 45% MFU", [], [], ids) == ["MFU"]
+    assert missing_glossary_links("at 45% MFU", ["term-MFU"], [], ids) == []
+    assert missing_glossary_links("MFUs and HSDPs", [], [], ids) == []
+    assert missing_glossary_links("", [], ["p-z2-mb8"], ids) == ["config tag"]
+    assert missing_glossary_links("", [], ["make test"], ids) == []
 
 
 def test_the_methods_maths_is_typeset_offline(visits):

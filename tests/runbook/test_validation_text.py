@@ -63,3 +63,16 @@ def test_failed_note_names_the_out_of_memory_miss_and_its_bound():
     assert text.startswith("2 configs' launches failed") and "broken on" in text
     assert "--steps" in text
     assert validation_text.failed_note([]) == "No launch of a measured config failed."
+
+
+def test_layout_words_reads_a_config_without_its_tag():
+    from trainplan.runbook.figures.validation import layout_words
+
+    row = {"model": "data/models/llama3-8b.yaml:4-layers", "gpus": 4,
+           "layout": {"dp": 2, "tp": 2, "pp": 1, "cp": 1, "ep": 1, "zero": 3, "dp_shard": 2,
+                      "micro_batch": 2, "grad_accum": 8, "recompute": "selective",
+                      "compile": True}}
+    assert layout_words(row) == ("llama3-8b, 4 of its layers; 4 GPUs: TP2 x FSDP dp2, "
+                                 "micro-batch 2 x 8 accumulated, selective recompute, compiled")
+    one = {"model": "llama-1.3b", "gpus": 1, "layout": {"micro_batch": 16, "compile": False}}
+    assert layout_words(one) == "llama-1.3b; 1 GPU: micro-batch 16"

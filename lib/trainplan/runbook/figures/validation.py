@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from trainplan.runbook.figures.planning import HIGHLIGHT, TIME_PARTS, unnamed
+from trainplan.specs.layouts import strategy_label
 
 
 def _validation_frame(rows) -> pd.DataFrame:
@@ -15,11 +16,34 @@ def _validation_frame(rows) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def layout_words(row: dict) -> str:
+    """A config's model, GPUs and layout in words ("llama-13b, 4 of its layers; 4 GPUs: TP4,
+    micro-batch 2, selective recompute, compiled") from a `compare` row, for readers who do
+    not read config tags."""
+    lay = row["layout"]
+    model = row["model"].replace(".yaml", "").rsplit("/", 1)[-1]
+    name, _, cut = model.partition(":")
+    where = f"{name}, {cut.split('-')[0]} of its layers" if cut else name
+    split = strategy_label(lay.get("tp", 1), lay.get("pp", 1), lay.get("cp", 1),
+                           lay.get("ep", 1), lay.get("zero", 0), lay.get("dp", 1),
+                           lay.get("dp_shard", lay.get("dp", 1)))
+    batch = f"micro-batch {lay.get('micro_batch', 1)}"
+    if lay.get("grad_accum", 1) > 1:
+        batch += f" x {lay['grad_accum']} accumulated"
+    extra = [f"{lay['recompute']} recompute"] if lay.get("recompute", "none") != "none" else []
+    extra += ["compiled"] if lay.get("compile") else []
+    parts = ([] if split == "single GPU" else [split]) + [batch, *extra]
+    return f"{where}; {row['gpus']} GPU{'s' if row['gpus'] > 1 else ''}: " + ", ".join(parts)
+
+
 def validation_table(rows) -> pd.DataFrame:
-    """Predicted against measured step time and peak reserved memory, one row a config."""
+    """Predicted against measured step time and peak reserved memory, one row a config: its
+    tag, what it ran in words, and the host it ran on."""
     df = _validation_frame(rows)
     out = pd.DataFrame(index=[c + (" *" if f else "") for c, f in zip(df["config"],
                                                                        df["flagged"], strict=True)])
+    out["what ran"] = [layout_words(r) for r in df.to_dict("records")]
+    out["host"] = df["host"].to_numpy()
     out["launches"] = df["launches"].to_numpy()
     out["predicted s"] = [f"{v:.3f}" for v in df["predicted_step_time_s"]]
     out["measured s (95% interval)"] = [
