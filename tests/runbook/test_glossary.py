@@ -48,3 +48,16 @@ def test_overlapping_forms_keep_the_earlier():
         [(0, 15, "tensor parallel")]
     assert [e for *_, e in glossary.first_uses("FSDP with ZeRO-3", {"FSDP", "ZeRO"})] == \
         ["FSDP", "ZeRO"]
+
+
+def test_html_tables_link_their_first_use_but_not_inside_links_or_tags():
+    doc = _doc("Intro.\n")
+    table = ('<table><tr><th title="MFU here">MFU</th><td><a href="x">HSDP</a></td>'
+             "<td>HSDP dp16 and MFU</td></tr></table>")
+    doc += nodes.raw("", table, format="html")
+    linked = glossary.link_first_uses(doc, href=lambda e: f"g.html#{e}")
+    html = doc.children[-1].astext()
+    assert linked == ["MFU", "HSDP", "data parallel"]
+    assert 'title="MFU here"' in html and '<a href="x">HSDP</a>' in html
+    assert html.count('href="g.html#HSDP"') == 1 and html.count("g.html#MFU") == 1
+    assert glossary.link_first_uses(_doc("MFU.\n")) == ["MFU"], "no href: tables untouched"

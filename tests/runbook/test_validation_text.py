@@ -76,3 +76,39 @@ def test_layout_words_reads_a_config_without_its_tag():
                                  "micro-batch 2 x 8 accumulated, selective recompute, compiled")
     one = {"model": "llama-1.3b", "gpus": 1, "layout": {"micro_batch": 16, "compile": False}}
     assert layout_words(one) == "llama-1.3b; 1 GPU: micro-batch 16"
+
+
+def test_families_sentence_sorts_families_by_the_bar():
+    from trainplan.runbook.trust_text import families_sentence
+
+    def band(fam, step, mem, validated=True):
+        return {"family": fam, "card_class": "Hopper", "validated": validated,
+                "within_targets": step <= 0.10 and mem <= 0.10,
+                "step_time_error": {"max": step}, "memory_error": {"max": mem}}
+
+    text = families_sentence([band("HSDP", 0.02, 0.05), band("CP", 0.29, 0.04),
+                              band("TP + CP", 0.16, 0.08, validated=False),
+                              {**band("X", 0.0, 0.0), "card_class": "Ampere"}], "Hopper")
+    assert text == ("Of the 3 layout families measured on Hopper GPUs, 1 is within 10% on step "
+                    "time and memory (HSDP); the others miss by up to: CP step time 29%; "
+                    "measured once, so not validated: TP + CP.")
+    assert families_sentence([], "Hopper") == "No layout family has been measured on Hopper " \
+                                              "GPUs yet."
+
+
+def test_real_data_note_reads_the_newest_record(tmp_path):
+    import json
+
+    from trainplan.runbook.quickstart import real_data_note
+
+    assert "has not been measured" in real_data_note(tmp_path)
+    run = tmp_path / "data" / "measurements" / "real-vs-proxy-x"
+    (run / "train-log").mkdir(parents=True)
+    (run / "proxy.jsonl").write_text(json.dumps({"gpus": 2, "card": "NVIDIA H200",
+                                                 "warmup_steps_dropped": 1,
+                                                 "tokens_per_s_per_gpu": 100.0}) + "\n")
+    rows = [{"step": 1, "tokens_per_s_per_gpu": 5.0}, {"step": 2, "eval_loss": 1.0},
+            {"step": 2, "tokens_per_s_per_gpu": 90.0}, {"step": 3, "tokens_per_s_per_gpu": 94.0}]
+    (run / "train-log" / "training.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    assert real_data_note(tmp_path).startswith("On 2 x H200, the trainer on real shards ran at "
+                                               "0.92 times the proxy's speed")

@@ -2,10 +2,11 @@
 
 The runbook is read by people who are not systems engineers, so every page links the words
 of distributed training to their entry, once, where the page first uses them: typed prose,
-glued sentences (the decision boxes, the front page's copy of page 1's decision) and figure
-captions alike, but not headings, code or links. The first code span that is a config tag
-(`p-z2-mb8`) links to the entry that says how to read one. Each link is an ordinary `term`
-reference, so a word whose entry is missing fails the strict build (`-n -W`).
+glued sentences (the decision boxes, the front page's copy of page 1's decision), figure
+captions and the HTML tables of notebook outputs alike, but not headings, code or links.
+The first code span that is a config tag (`p-z2-mb8`) links to the entry that says how to
+read one. Each link is an ordinary `term` reference, so a word whose entry is missing fails
+the strict build (`-n -W`).
 
 Registered in _config.yml (`sphinx.extra_extensions`); tests/book/test_browser.py checks the
 built pages with the same table.
@@ -82,11 +83,46 @@ def first_uses(text: str, unlinked: set[str]) -> list[tuple[int, int, str]]:
     return out
 
 
-def link_first_uses(doctree: nodes.document) -> list[str]:
+HTML_TEXT = re.compile(r"(?<=>)[^<>]+(?=<)")  # text between tags, not attributes
+
+
+def _link_html(html: str, unlinked: set[str], href) -> tuple[str, list[str]]:
+    """Link the first use of each unlinked entry in a raw HTML output (a pandas table): text
+    between tags only, never inside a link."""
+    out, at, linked, depth, seen = [], 0, [], 0, 0
+    for m in HTML_TEXT.finditer(html):
+        between = html[seen:m.start()]  # the tags since the last text: track open links
+        depth += len(re.findall(r"<a[\s>]", between)) - between.count("</a>")
+        seen = m.end()
+        if depth > 0 or not unlinked:
+            continue
+        text, pieces, cut = m.group(), [], 0
+        for start, stop, entry in first_uses(text, unlinked):
+            pieces += [text[cut:start], f'<a class="reference internal" href="{href(entry)}">'
+                       f'<span class="xref std std-term">{text[start:stop]}</span></a>']
+            cut = stop
+            unlinked.discard(entry)
+            linked.append(entry)
+        if pieces:
+            out += [html[at:m.start()], "".join(pieces), text[cut:]]
+            at = m.end()
+    return "".join(out) + html[at:], linked
+
+
+def link_first_uses(doctree: nodes.document, href=None) -> list[str]:
     """Wrap each term's first use (and the first config-tag code span) in a `term` reference;
-    return the entries linked, in page order."""
+    with `href` (entry -> URL of its anchor), HTML tables of notebook outputs too. Return the
+    entries linked, in page order."""
     unlinked, linked, tag_done = set(TERMS), [], False
-    for node in list(doctree.findall(lambda n: isinstance(n, (nodes.Text, nodes.literal)))):
+    kinds = (nodes.Text, nodes.literal, nodes.raw)
+    for node in list(doctree.findall(lambda n: isinstance(n, kinds))):
+        if isinstance(node, nodes.raw):
+            if href is not None and "html" in node.get("format", "").split() and unlinked:
+                html, done = _link_html(node.astext(), unlinked, href)
+                if done:
+                    node.parent.replace(node, nodes.raw("", html, format="html"))
+                    linked += done
+            continue
         if isinstance(node, nodes.literal):
             if not tag_done and TAG.fullmatch(node.astext()) and not _skipped(node):
                 node.parent.replace(node, _xref("config tag", node.deepcopy()))
@@ -120,8 +156,15 @@ def setup(app):
         default_priority = 7
 
         def run(self, **kwargs) -> None:
-            if self.env.docname != GLOSSARY_DOC:
-                link_first_uses(self.document)
+            if self.env.docname == GLOSSARY_DOC:
+                return
+            std, builder = self.env.get_domain("std"), self.app.builder
+
+            def href(entry: str) -> str:
+                docname, anchor = std.objects[("term", entry)][:2]
+                return f"{builder.get_relative_uri(self.env.docname, docname)}#{anchor}"
+
+            link_first_uses(self.document, href if builder.format == "html" else None)
 
     app.add_post_transform(LinkGlossaryTerms)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

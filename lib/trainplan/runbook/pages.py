@@ -366,11 +366,11 @@ def memory_check(total_gib: float, card_gib: float) -> str:
     if over["factor"] is None:
         return "No layer slice of a model at its real width has been measured yet to check it."
     usable, high = card_gib - NON_ALLOCATOR_GIB, total_gib * over["factor"]
-    text = (f"Measured on the first layers of a model at its real width, peak memory ran up to "
-            f"{over['factor'] - 1:.0%} above its prediction ({over['config']}). Carried over, "
+    text = (f"On a model's first layers at real width, peak memory ran up to "
+            f"{over['factor'] - 1:.0%} above its prediction ({over['config']}); carried over, "
             f"this plan's {total_gib:.1f} GiB would be {high:.1f} GiB, "
             f"{'within' if high <= usable else 'more than'} the {usable:.1f} GiB the "
             "allocator can use.")
     if high > usable:
-        text += " Check peak memory in a short trial run before committing the budget."
+        text += " Check peak memory in a short trial run."
     return text

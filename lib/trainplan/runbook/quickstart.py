@@ -10,8 +10,11 @@ that `transformers.LlamaForCausalLM.from_pretrained` loads.
 
 from __future__ import annotations
 
+import json
 import shlex
+import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,23 @@ class Quickstart:
 def shell(cmd: list[str]) -> str:
     """One command as a shell line."""
     return " ".join(shlex.quote(a) for a in cmd)
+
+
+def real_data_note(root: Path | None = None) -> str:
+    """Page 6's sentence on the trainer's measured throughput on real data, from the newest
+    committed `data/measurements/real-vs-proxy-*` record (`tools/real_vs_proxy.sh`): the
+    trainer's median tokens/s/GPU after warm-up over the proxy harness's, same layout and
+    host; or that no such record exists (markdown)."""
+    root = root or Path(__file__).resolve().parents[3]
+    runs = sorted((root / "data" / "measurements").glob("real-vs-proxy-*"))
+    if not runs:
+        return "The trainer's throughput on real data has not been measured on GPUs yet."
+    run = runs[-1]
+    proxy = json.loads((run / "proxy.jsonl").read_text().splitlines()[-1])
+    warm = proxy["warmup_steps_dropped"]
+    steps = [json.loads(x) for x in (run / "train-log" / "training.jsonl").read_text().splitlines()]
+    real = statistics.median(r["tokens_per_s_per_gpu"] for r in steps
+                           if "tokens_per_s_per_gpu" in r and r["step"] > warm)
+    return (f"On {proxy['gpus']} x {proxy['card'].replace('NVIDIA ', '')}, the trainer on real "
+            f"shards ran at {real / proxy['tokens_per_s_per_gpu']:.2f} times the proxy's speed "
+            f"(`data/measurements/{run.name}/`).")

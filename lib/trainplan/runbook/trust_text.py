@@ -90,29 +90,29 @@ def throughput_paragraph(band: dict, days_low: float, days_high: float,
 def _misses(band: dict) -> str:
     """The measures of a family that miss the 10% bar, with their worst error."""
     worst = {"step time": band["step_time_error"]["max"], "memory": band["memory_error"]["max"]}
-    return ", ".join(f"{k} off by up to {v:.0%}" for k, v in worst.items()
-                     if v is not None and v > 0.10)
+    return ", ".join(f"{k} {v:.0%}" for k, v in worst.items() if v is not None and v > 0.10)
 
 
 def families_sentence(bands: list[dict], card_class: str) -> str:
     """Page 4's risk: which layout families measured on `card_class` are within the 10% bar
-    on step time and memory, which are outside it and by how much, and which have too few
+    on step time and memory, how far the others miss it, and which have too few
     configurations to be validated (markdown)."""
     own = [b for b in bands if b["card_class"] == card_class]
     if not own:
         return f"No layout family has been measured on {card_class} GPUs yet."
     within = [b["family"] for b in own if b["validated"] and b["within_targets"]]
-    outside = [f"{b['family']} ({_misses(b)})" for b in own
+    outside = [f"{b['family']} {_misses(b)}" for b in own
                if b["validated"] and not b["within_targets"]]
     single = [b["family"] for b in own if not b["validated"]]
-    parts = [f"Of the {len(own)} layout families measured on {card_class} GPUs, "
-             + (f"{len(within)} are within 10% on step time and memory: "
-                + ", ".join(within) + "." if within else "none is within 10% yet.")]
+    text = (f"Of the {len(own)} layout families measured on {card_class} GPUs, "
+            + (f"{len(within)} {'is' if len(within) == 1 else 'are'} within 10% on step time and "
+               f"memory ({', '.join(within)})"
+               if within else "none is within 10% on step time and memory yet"))
     if outside:
-        parts.append("Outside it: " + "; ".join(outside) + ".")
+        text += "; the others miss by up to: " + "; ".join(outside)
     if single:
-        parts.append("Measured once, so not validated: " + ", ".join(single) + ".")
-    return " ".join(parts)
+        text += "; measured once, so not validated: " + ", ".join(single)
+    return text + "."
 
 
 def family_table(bands: list[dict]) -> pd.DataFrame:
