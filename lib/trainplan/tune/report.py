@@ -335,3 +335,27 @@ def _missing_on_more_gpus(rep: dict, recheck: dict | None) -> str:
             + (f"Not run there: {', '.join(skipped)}. " if skipped else "")
             + "The NCCL settings were not re-checked: the study found no measurable effect "
               "for them on two GPUs, and larger hosts and other networks can differ.")
+
+
+def _in_level(value: int, level: str) -> bool:
+    """Whether `value` falls in a knob level as the report writes it ("4", "1-2", "3-8")."""
+    lo, _, hi = str(level).partition("-")
+    try:
+        return int(lo) <= value <= int(hi or lo)
+    except ValueError:
+        return False
+
+
+def plan_against_recipe(rep: dict | None, micro_batch: int, model: str) -> str:
+    """Where a scenario's plan runs a micro-batch in a range the study says to avoid, why the
+    advice does not carry over (markdown); "" otherwise. The study timed its own job, whose
+    memory leaves room for larger micro-batches; the planner priced every micro-batch that
+    fits the scenario's memory and chose the fastest."""
+    knobs = {k["knob"]: k for k in (rep or {}).get("knobs", [])}
+    for e in knobs.get("micro_batch", {}).get("effects", []):
+        if e["ci_pct"][1] < 0 and _in_level(micro_batch, e["level"]):
+            return (f"This scenario's plan ({model}) runs micro-batch {micro_batch}, in the range "
+                    f"the study says to avoid: the study timed `{rep['model']}`, which has memory "
+                    "to spare for larger ones, while the planner priced every micro-batch that "
+                    "fits this plan's memory and chose the fastest ({ref}`page-memory`).")
+    return ""
