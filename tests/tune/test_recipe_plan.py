@@ -14,8 +14,8 @@ def _rep(level="1-2", hi=-0.5):
 
 def test_a_plan_in_the_avoided_range_is_explained():
     note = report.plan_against_recipe(_rep(), 2, "llama-13b")
-    assert "runs micro-batch 2, in the range the study says to avoid" in note
-    assert "`llama-1.3b`" in note and "{ref}`page-memory`" in note
+    assert "The plan's micro-batch 2 (llama-13b) is in that range" in note
+    assert "`llama-1.3b`" in note and "Memory budget" in note
 
 
 def test_nothing_to_say_outside_the_range_or_without_an_interval_below_zero():

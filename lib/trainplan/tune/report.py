@@ -354,8 +354,7 @@ def plan_against_recipe(rep: dict | None, micro_batch: int, model: str) -> str:
     knobs = {k["knob"]: k for k in (rep or {}).get("knobs", [])}
     for e in knobs.get("micro_batch", {}).get("effects", []):
         if e["ci_pct"][1] < 0 and _in_level(micro_batch, e["level"]):
-            return (f"This scenario's plan ({model}) runs micro-batch {micro_batch}, in the range "
-                    f"the study says to avoid: the study timed `{rep['model']}`, which has memory "
-                    "to spare for larger ones, while the planner priced every micro-batch that "
-                    "fits this plan's memory and chose the fastest ({ref}`page-memory`).")
+            return (f"The plan's micro-batch {micro_batch} ({model}) is in that range: the "
+                    f"study's `{rep['model']}` had memory to spare, the plan takes the fastest "
+                    "micro-batch that fits (page 2, Memory budget).")
     return ""
