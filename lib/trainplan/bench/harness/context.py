@@ -23,13 +23,10 @@ total count, `reassemble_mean`) is the plain mean of the shard means: what
 `step.reduce_loss` reports (mean over ranks) and, for the gradient, what
 FSDP2's reduce-scatter computes (it averages over the dp_shard x cp ranks).
 
-GPU only: PyTorch's ring attention handles the flash, memory-efficient and
-cuDNN kernels; on CPU SDPA runs `_scaled_dot_product_flash_attention_for_cpu`
-(no sharding rule in torch 2.13) or the math path (mixes Tensor and DTensor).
-Pure functions here (positions, work, reassembly) need no GPU and are tested
-on CPU (tests/bench/test_context_parallel.py); the GPU parity record is made
-by `trainplan.bench.cp_parity`. torch is imported inside the functions that
-need it, so the CLI can read `NEEDS_CUDA` without starting torch.
+GPU only: on CPU, SDPA's kernel has no sharding rule (torch 2.13) and the math
+path mixes Tensor and DTensor. The pure functions are tested on CPU
+(tests/bench/test_context_parallel.py), the GPU parity by `bench.cp_parity`;
+torch is imported lazily, so the CLI reads `NEEDS_CUDA` without starting it.
 """
 
 from __future__ import annotations
