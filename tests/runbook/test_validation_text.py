@@ -112,3 +112,40 @@ def test_real_data_note_reads_the_newest_record(tmp_path):
     (run / "train-log" / "training.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
     assert real_data_note(tmp_path).startswith("On 2 x H200, the trainer on real shards ran at "
                                                "0.92 times the proxy's speed")
+
+
+def _row(config, host, pred, meas):
+    return {"config": config, "host": host, "flagged": False, "predicted_step_time_s": pred,
+            "measured_step_time_s": meas, "measured_step_time_ci": [meas * 0.98, meas * 1.02],
+            "predicted_split_s": {"compute": pred * 0.8, "exposed_comm": pred * 0.2,
+                                  "bubble": 0.0, "optimizer": 0.0}}
+
+
+def test_the_scatter_names_each_point_with_its_host_on_log_axes():
+    import matplotlib.pyplot as plt
+
+    from trainplan.runbook.figures.validation import predicted_vs_measured, short_host
+
+    assert short_host("4 x NVIDIA H100 80GB HBM3") == "4xH100"
+    assert short_host("2 x NVIDIA H200") == "2xH200" and short_host("cpu") == "cpu"
+    rows = [_row("fsdp-z2-mb8-c", "2 x NVIDIA H100 80GB HBM3", 0.30, 0.31),
+            _row("fsdp-z2-mb8-c", "2 x NVIDIA H200", 0.28, 0.26)]
+    fig = predicted_vs_measured(rows)
+    ax, key = fig.axes
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    text = key.texts[0].get_text()
+    assert "fsdp-z2-mb8-c (2xH100)" in text and "fsdp-z2-mb8-c (2xH200)" in text
+    plt.close(fig)
+
+
+def test_the_split_figure_grows_a_third_of_an_inch_a_config():
+    import matplotlib.pyplot as plt
+
+    from trainplan.runbook.figures.validation import validation_split
+
+    heights = []
+    for n in (4, 40):
+        fig = validation_split([_row(f"c{i}", "4 x NVIDIA H200", 0.2, 0.21) for i in range(n)])
+        heights.append(fig.get_size_inches()[1])
+        plt.close(fig)
+    assert abs((heights[1] - heights[0]) / 36 - 0.36) < 1e-9

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import FuncFormatter
 
 from trainplan.runbook.figures.planning import HIGHLIGHT, TIME_PARTS, unnamed
 from trainplan.specs.layouts import strategy_label
@@ -82,14 +85,16 @@ def per_layer_table(pairs) -> pd.DataFrame:
 def predicted_vs_measured(rows) -> plt.Figure:
     """Predicted against measured step time, the measurement's 95% interval as a bar.
 
-    Points are numbered in the order of `rows`; the key beside the plot names them.
+    Points are numbered in the order of `rows`; the key beside the plot names them with their
+    host. Both axes are logarithmic: step times span an order of magnitude, and the band
+    within 10% keeps one width all along the diagonal.
     """
     df = _validation_frame(rows)
-    fig, (ax, key) = plt.subplots(1, 2, figsize=(8, 4.8), width_ratios=(3, 1.3))
+    fig, (ax, key) = plt.subplots(1, 2, figsize=(8.6, 5.2), width_ratios=(3, 1.6))
     meas, pred = df["measured_step_time_s"].to_numpy(), df["predicted_step_time_s"].to_numpy()
     ci = np.array(df["measured_step_time_ci"].tolist())
-    hi = max(meas.max(), pred.max()) * 1.1
-    line = np.array([0, hi])
+    lo, hi = min(meas.min(), pred.min()) / 1.3, max(meas.max(), pred.max()) * 1.3
+    line = np.array([lo, hi])
     ax.fill_between(line, line * 0.9, line * 1.1, color="#8c8c8c", alpha=0.15,
                     label="within 10%")
     ax.plot(line, line, color="#8c8c8c", lw=1, label="predicted = measured")
@@ -103,21 +108,35 @@ def predicted_vs_measured(rows) -> plt.Figure:
     for i, (x, y) in enumerate(zip(meas, pred, strict=True), 1):
         ax.annotate(str(i), (x, y), xytext=(-3, 5), textcoords="offset points", fontsize=7,
                     ha="right")
-    ax.set(xlim=(0, hi), ylim=(0, hi), xlabel="measured step time, s (95% interval)",
-           ylabel="predicted step time, s")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+           xlabel="measured step time, s (95% interval)", ylabel="predicted step time, s")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 0.2, not 2 x 10^-1
+    some = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}".strip("0.")[:1] in "235" else "")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(some)  # 0.2, 0.3, 0.5 between the decades
     ax.legend(loc="upper left", frameon=False, fontsize=8)
     key.axis("off")
-    key.text(0, 1, "\n".join(f"{i:>2}  {c}" for i, c in enumerate(df["config"], 1)),
-             va="top", family="monospace", fontsize=8, transform=key.transAxes)
+    names = [f"{i:>2}  {c} ({short_host(h)})"
+             for i, (c, h) in enumerate(zip(df["config"], df["host"], strict=True), 1)]
+    key.text(0, 1, "\n".join(names), va="top", family="monospace",
+             fontsize=min(8.0, 300 / max(len(names), 1)), transform=key.transAxes)
     fig.tight_layout()
     return fig
 
 
+def short_host(host: str) -> str:
+    """'4 x NVIDIA H100 80GB HBM3' -> '4xH100': a host as a figure's key names it."""
+    m = re.match(r"(\d+) x (?:NVIDIA )?(\S+)", str(host))
+    return f"{m[1]}x{m[2]}" if m else str(host)
+
+
 def validation_split(rows) -> plt.Figure:
-    """Each config's predicted step split into its terms, with the measured step beside it."""
+    """Each config's predicted step split into its terms, with the measured step beside it
+    (0.36 in a config: the caller picks the rows, e.g. one host's)."""
     df = _validation_frame(rows)
     n = len(df)
-    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.5 * n))
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.36 * n))
     ypos = np.arange(n)[::-1].astype(float)
     left = np.zeros(n)
     for col, (label, colour) in TIME_PARTS.items():
@@ -135,7 +154,7 @@ def validation_split(rows) -> plt.Figure:
     ax.grid(axis="y", alpha=0)
     fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, frameon=False,
                fontsize=8)
-    fig.tight_layout(rect=(0, 0.55 / (0.9 + 0.5 * n), 1, 1))
+    fig.tight_layout(rect=(0, 0.55 / (0.9 + 0.36 * n), 1, 1))
     return fig
 
 
