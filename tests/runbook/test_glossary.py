@@ -43,6 +43,12 @@ def test_the_first_config_tag_links_to_how_to_read_one():
     assert _xrefs(doc) == [("config tag", "p-z2-mb8")]
 
 
+def test_a_config_tag_in_prose_links_too():
+    doc = _doc("Memory ran 15% over (s13b-1gpu-mb1-l2-c), then ``p-z2-mb8``.\n")
+    assert glossary.link_first_uses(doc) == ["config tag"]
+    assert _xrefs(doc) == [("config tag", "s13b-1gpu-mb1-l2-c")]
+
+
 def test_overlapping_forms_keep_the_earlier():
     assert glossary.first_uses("tensor parallel TP2", {"tensor parallel"}) == \
         [(0, 15, "tensor parallel")]

@@ -42,9 +42,10 @@ TERMS: dict[str, str] = {
     "layer slice": r"(?i:layer slices?)",
     "validated": r"(?i:validated|not validated)",
     "bf16": r"bf16",
+    "config tag": r"(?:p|g8|g13|g70|s13b|s70b)(?:-[a-z0-9]+)+|[a-z0-9]+(?:-[a-z0-9]+)+-c",
 }
 PATTERNS = {entry: re.compile(rf"(?<![\w-])(?:{form})(?![\w-])") for entry, form in TERMS.items()}
-TAG = re.compile(r"(?:p|g8|g13|g70|s13b|s70b)(?:-[a-z0-9]+)+|[a-z0-9]+(?:-[a-z0-9]+)+-c")
+TAG = re.compile(TERMS["config tag"])  # a tag in a code span, matched whole
 GLOSSARY_DOC = "book/glossary"
 SKIP = (nodes.literal, nodes.literal_block, nodes.reference, nodes.title, nodes.raw,
         nodes.math, nodes.math_block, nodes.target, nodes.term, nodes.FixedTextElement)
@@ -113,7 +114,7 @@ def link_first_uses(doctree: nodes.document, href=None) -> list[str]:
     """Wrap each term's first use (and the first config-tag code span) in a `term` reference;
     with `href` (entry -> URL of its anchor), HTML tables of notebook outputs too. Return the
     entries linked, in page order."""
-    unlinked, linked, tag_done = set(TERMS), [], False
+    unlinked, linked = set(TERMS), []
     kinds = (nodes.Text, nodes.literal, nodes.raw)
     for node in list(doctree.findall(lambda n: isinstance(n, kinds))):
         if isinstance(node, nodes.raw):
@@ -124,9 +125,9 @@ def link_first_uses(doctree: nodes.document, href=None) -> list[str]:
                     linked += done
             continue
         if isinstance(node, nodes.literal):
-            if not tag_done and TAG.fullmatch(node.astext()) and not _skipped(node):
+            if "config tag" in unlinked and TAG.fullmatch(node.astext()) and not _skipped(node):
                 node.parent.replace(node, _xref("config tag", node.deepcopy()))
-                tag_done = True
+                unlinked.discard("config tag")
                 linked.append("config tag")
             continue
         if not unlinked or _skipped(node):
