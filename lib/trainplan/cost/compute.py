@@ -128,10 +128,11 @@ def ddp_layout(dp, zero, tp, pp, cp=1):
     return (dp > 1) & (zero == 0) & (tp == 1) & (pp == 1) & (cp == 1)
 
 
-def fsdp_layout(dp, zero, tp, pp):
+def fsdp_layout(dp, zero, tp, pp, cp=1):
     """True where the harness wraps every block in FSDP2 (`fully_shard`): the layouts that do
-    not autocast, dp > 1 with zero > 0 or beside tp or pp (bench/parallelize.py)."""
-    return ~autocast_layout(dp, zero, tp, pp)
+    not autocast, any cp > 1, or dp > 1 with zero > 0 or beside tp or pp
+    (bench/harness/parallelize.py)."""
+    return ~autocast_layout(dp, zero, tp, pp, cp)
 
 
 def _interp_log(x, xs, ys):

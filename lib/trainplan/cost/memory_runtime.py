@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainplan.cost import params
-from trainplan.cost.compute import BF16, NONE
+from trainplan.cost.compute import BF16, NONE, fsdp_layout
 from trainplan.cost.measured import per_wrapper
 from trainplan.specs import ModelSpec
 from trainplan.specs.layouts import shard_degree
@@ -56,7 +56,7 @@ def harness_path(dp, tp, pp, zero, cp=1):
     if np.any(dp < 1) or np.any(tp < 1) or np.any(pp < 1) or np.any(zero < 0):
         raise ValueError(f"dp, tp, pp must be >= 1 and zero >= 0; got dp={dp}, tp={tp}, "
                          f"pp={pp}, zero={zero}")
-    fsdp = (cp > 1) | ((dp > 1) & ((zero > 0) | (tp > 1) | (pp > 1)))
+    fsdp = fsdp_layout(dp, zero, tp, pp, cp)
     return np.where(fsdp, FSDP, np.where(dp > 1, DDP, AUTOCAST))
 
 
