@@ -23,7 +23,6 @@ upper bound ("upper"); the overlapped part and the idle time are then lower boun
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from trainplan.compare.matching import EXTRA_KEYS, LAYOUT_KEYS
 from trainplan.errors import RecordError
+from trainplan.loader import MAX_LOG_BYTES, load_json
 from trainplan.specs import DATA_DIR
 
 # profiler labels that key_averages() lists beside the kernels (`is_annotation`'s fallback):
@@ -166,10 +166,7 @@ def load(path) -> dict:
     `_where` names its file.
 
     Anything malformed raises one RecordError naming the file and the field."""
-    try:
-        prof = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise RecordError(f"{path}: not a readable JSON file ({e})") from None
+    prof = load_json(path, error=RecordError, max_bytes=MAX_LOG_BYTES, what="profile (JSON)")
     if not isinstance(prof, dict):
         raise _bad(path, "(top level)", type(prof).__name__, "is not a JSON object")
     missing = [k for k in REQUIRED if k not in prof]

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trainplan.errors import RecordError
+from trainplan.loader import MAX_LOG_BYTES, parse_json, read_text, shown
 from trainplan.records.provenance import env_knobs, provenance, utc_now  # noqa: F401 (re-exported)
 from trainplan.records.stats import median_ci, rate_ci
 
@@ -300,11 +301,7 @@ def append(path: str | Path, record: dict) -> None:
 
 def load(path: str | Path) -> list[dict]:
     """All records of one file, each validated; the first problem raises RecordError."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise RecordError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") \
-            from None
+    text = read_text(path, max_bytes=MAX_LOG_BYTES, error=RecordError, what="record file")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the newline that ends the last record
@@ -312,11 +309,7 @@ def load(path: str | Path) -> list[dict]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             raise RecordError(f"{path}:{number}: empty line (records are one JSON object a line)")
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RecordError(f"{path}:{number}: bad JSON ({err.msg} at column {err.colno})") \
-                from None
+        record = parse_json(line, f"{shown(path)}:{number}", error=RecordError)
         try:
             records.append(validate(record))
         except RecordError as err:

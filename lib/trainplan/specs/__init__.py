@@ -8,12 +8,13 @@ this same code. Each spec checks its own fields in `__post_init__` and raises
 Presets are YAML files under data/ (models/, hardware/, clusters/,
 scenarios/); anywhere a preset name is accepted, a path to a YAML file works
 too, and for a model a Hugging Face Llama `config.json` or its folder
-(`specs.hf`). Only `yaml.safe_load` and `json.loads` are used.
+(`specs.hf`). Every file is read through `trainplan.loader` (bounded, no aliases).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import typing
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from trainplan.errors import PresetNotFound, SpecError
+from trainplan.loader import load_yaml, quote, shown
+from trainplan.specs.bounds import MAX_NAME
 from trainplan.specs.checks import (  # noqa: F401 (MAX_INT: re-exported)
     MAX_INT,
     check_curve,
@@ -46,7 +47,8 @@ GiB = 1024**3
 def from_mapping(cls, mapping, source: str):
     """Build spec `cls` from a YAML mapping; unknown or missing keys are errors."""
     if not isinstance(mapping, dict):
-        raise SpecError(f"{source}: expected a mapping of {cls.__name__} fields, got {mapping!r}")
+        raise SpecError(f"{source}: expected a mapping of {cls.__name__} fields, got "
+                        f"{quote(mapping)}")
     names = {f.name for f in dataclasses.fields(cls)}
     required = {
         f.name
@@ -55,7 +57,10 @@ def from_mapping(cls, mapping, source: str):
     }
     unknown = sorted(set(mapping) - names, key=str)
     if unknown:
-        raise SpecError(f"{source}: unknown field {unknown[0]!r}; valid fields: {sorted(names)}")
+        near = difflib.get_close_matches(str(unknown[0]), names, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise SpecError(f"{source}: unknown field {quote(unknown[0])}; {hint}valid fields: "
+                        f"{quote(sorted(names), 200)}")
     missing = sorted(required - set(mapping))
     if missing:
         raise SpecError(f"{source}: missing field {missing[0]!r} (required: {sorted(required)})")
@@ -83,6 +88,7 @@ class GPUSpec:
     memory_efficiency: float  # achieved fraction of HBM bandwidth on streaming kernels
     fp8_tflops: float = 0.0
     source: str = ""
+    cluster: str = ""  # the interconnect preset this card comes in (--cluster's default); "" none
     calibration: str = "datasheet"  # where the efficiencies come from (calibrate.py sets it)
     collectives: tuple = ()  # measured (op, latency_us, busbw_gbps) inside a node; () = cluster's
     # Scales on the analytic terms, measured on the model's own pieces (calibrate_pieces.py);
@@ -125,12 +131,8 @@ class GPUSpec:
             for row in getattr(self, name):
                 if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
                     unit = "seconds" if name.startswith("host") else "scale"
-                    raise SpecError(f"GPUSpec.{name} row {row!r} is not (wrapper, {unit} >= 0)")
-        if self.overlap_exposed > 1:
-            raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
-        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
-            if getattr(self, name) > 1:
-                raise SpecError(f"GPUSpec.{name} = {getattr(self, name)} must be <= 1")
+                    raise SpecError(f"GPUSpec.{name} row {quote(row)} is not (wrapper, "
+                                    f"{unit} >= 0)")
 
 
 @dataclass(frozen=True)
@@ -241,31 +243,42 @@ def preset_names(cls) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
+def _is_name(name_or_path) -> bool:
+    """Whether a spec argument is a preset's name (else a file's path)."""
+    return not (Path(name_or_path).suffix in (".yaml", ".yml") or os.sep in str(name_or_path))
+
+
+def preset_of(cls, name_or_path: str) -> str | None:
+    """The preset `name_or_path` is (its name, or the path of its file under data/), or None
+    for any other file, whatever that file is called."""
+    folder = DATA_DIR / _KINDS[cls]
+    path = folder / f"{name_or_path}.yaml" if _is_name(name_or_path) else Path(name_or_path)
+    try:
+        same = path.resolve().parent == folder.resolve() and path.is_file()
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return path.stem if same else None
+
+
 def load(cls, name_or_path: str):
     """Load a preset by name, or a YAML file by path, as spec `cls`."""
     kind = _KINDS[cls]
     path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path)):
+    if _is_name(name_or_path):
         path = DATA_DIR / kind / f"{name_or_path}.yaml"
         if not path.is_file():
             raise PresetNotFound(
-                f"unknown {kind[:-1] if kind != 'hardware' else 'gpu'} {name_or_path!r}; "
+                f"unknown {kind[:-1] if kind != 'hardware' else 'gpu'} {quote(name_or_path)}; "
                 f"presets: {preset_names(cls)} (or a path to a .yaml file)"
             )
     if path.is_dir():
-        raise PresetNotFound(f"{str(name_or_path)!r} is a directory, not a YAML file")
-    if not path.is_file():
-        raise PresetNotFound(f"no such file {str(name_or_path)!r}")
-    try:
-        mapping = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise SpecError(f"{path}: not valid YAML ({first})") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+        raise PresetNotFound(f"{quote(str(name_or_path))} is a directory, not a YAML file")
+    if not path.is_file() and not path.exists():
+        raise PresetNotFound(f"no such file {quote(str(name_or_path))}")
+    mapping = load_yaml(path, what=f"{kind[:-1] if kind != 'hardware' else 'gpu'} YAML file")
     if isinstance(mapping, dict) and "name" in cls.__dataclass_fields__:
-        mapping.setdefault("name", path.stem)
-    return from_mapping(cls, mapping, str(path))
+        mapping.setdefault("name", path.stem[:MAX_NAME])
+    return from_mapping(cls, mapping, shown(path))
 
 
 def load_model(name: str) -> ModelSpec:
@@ -280,7 +293,7 @@ def load_model(name: str) -> ModelSpec:
         return _load_model(name)
     spec, n = _load_model(sliced["base"]), int(sliced["layers"])
     if not 1 <= n <= spec.n_layers:
-        raise SpecError(f"model {name!r}: {spec.name!r} has {spec.n_layers} layers; "
+        raise SpecError(f"model {quote(name)}: {quote(spec.name)} has {spec.n_layers} layers; "
                         f"slice 1..{spec.n_layers} of them")
     return dataclasses.replace(spec, n_layers=n, name=str(name))
 
@@ -295,6 +308,18 @@ def _load_model(name) -> ModelSpec:
 
         return model_from_hf(path)
     return load(ModelSpec, name)
+
+
+def cluster_for(gpu: GPUSpec, given: str | None) -> tuple[str, str | None]:
+    """(the cluster a verb uses, a note saying so where it was not given): `given`, else the
+    one `gpu` names (A100 -> dgx-a100); a GPU that names none needs `--cluster`."""
+    if given:
+        return given, None
+    if not gpu.cluster:
+        raise SpecError(f"--cluster is needed: GPU {quote(gpu.name)} names no cluster (a "
+                        f"'cluster:' field); presets: {preset_names(ClusterSpec)} or a YAML file")
+    return gpu.cluster, (f"--cluster {gpu.cluster} (the cluster of --gpu {gpu.name}; pass "
+                         "--cluster to choose another)")
 
 
 def slice_name(model: str, layers: int) -> str:
@@ -320,6 +345,6 @@ __all__ = [
     "DATA_DIR", "GiB", "ModelSpec", "GPUSpec", "ClusterSpec", "ParallelConfig", "Scenario",
     "LAYOUT_FIELDS", "PLAN_FIELDS", "SLICE", "SUITE_CLUSTER", "load", "load_model", "slice_name",
     "load_gpu_preset",
-    "load_cluster", "load_scenario", "preset_names",
+    "load_cluster", "load_scenario", "preset_names", "preset_of", "cluster_for",
     "from_mapping",
 ]
