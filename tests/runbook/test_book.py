@@ -31,8 +31,9 @@ NOTEBOOKS = notebook_paths(ROOT / "notebooks")
 EXPECTED_PARAMETERS = ["scenario", "model", "gpu", "cluster", "gpus", "gpus_per_node", "seq_len",
                        "global_batch_tokens", "token_budget"]
 PAGES = ["01_strategy", "02_memory", "03_throughput", "04_validation", "05_checkpoint",
-         "06_launch", "07_recipe", "08_gallery", "09_provenance"]  # 07-09: appendices, framed
-# like the six pages (recipe, scenario gallery, data provenance)
+         "06_launch", "07_recipe", "08_gallery", "09_provenance", "10_validation_detail"]
+# 07-10: appendices, framed like the six pages (recipe, scenario gallery, data provenance,
+# page 4's validation in detail)
 
 
 def _cells(path: Path) -> list[dict]:
