@@ -65,12 +65,12 @@ def bench_ring(model: str, seq: int, micro_batch: int, *, compiled: bool, warmup
     full = [torch.randn(shape, device=dev, dtype=torch.bfloat16, generator=gen)
             for _ in range(4)]
     attn = torch.compile(_sdpa) if compiled else _sdpa
-    kernels = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                           SDPBackend.CUDNN_ATTENTION])
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.CUDNN_ATTENTION]
 
     q, k, v = (t.detach().requires_grad_(True) for t in full[:3])
     g = full[3]
-    with kernels:
+    with sdpa_kernel(backends):
         plain = time_blocks(lambda: _sdpa_step(q, k, v, g, attn), dev, warmup, iters, repeats)
     del q, k, v
     torch._dynamo.reset()
@@ -83,7 +83,7 @@ def bench_ring(model: str, seq: int, micro_batch: int, *, compiled: bool, warmup
     full = g = None  # free the whole-sequence tensors before the ring's peak is measured
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
-    with kernels, context_parallel(mesh, buffers=[], buffer_seq_dims=[]):
+    with sdpa_kernel(backends), context_parallel(mesh, buffers=[], buffer_seq_dims=[]):
         ring = time_blocks(lambda: _sdpa_step(q, k, v, grad_out, attn), dev, warmup, iters,
                            repeats)
         peak = torch.cuda.max_memory_allocated(dev) - base
