@@ -83,7 +83,8 @@ def bench_ring(model: str, seq: int, micro_batch: int, *, compiled: bool, warmup
     full = g = None  # free the whole-sequence tensors before the ring's peak is measured
     torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
-    with sdpa_kernel(backends), context_parallel(mesh, buffers=[], buffer_seq_dims=[]):
+    dummy = torch.zeros(2 * cp, device=dev)  # context_parallel needs one buffer to shard
+    with sdpa_kernel(backends), context_parallel(mesh, buffers=[dummy], buffer_seq_dims=[0]):
         ring = time_blocks(lambda: _sdpa_step(q, k, v, grad_out, attn), dev, warmup, iters,
                            repeats)
         peak = torch.cuda.max_memory_allocated(dev) - base
