@@ -102,7 +102,7 @@ def bench_ring(model: str, seq: int, micro_batch: int, *, compiled: bool, warmup
               "compile": compiled, "heads": spec.n_heads, "head_dim": spec.head_dim,
               "rotate": "allgather", "load_balance": True, "warmup": warmup, "iters": iters,
               "repeats": repeats}
-    return microbenchmark_record(bench="ring-attention", config=config, results=results,
+    return microbenchmark_record(bench="ring", config=config, results=results,
                                  gpus=cp, card=card(dev))
 
 
