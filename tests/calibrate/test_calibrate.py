@@ -16,8 +16,10 @@ from trainplan.specs import ClusterSpec
 
 PEAK = 989.0
 MICRO = "data/measurements/micro-h200x2-20261126.jsonl"
-COMMITTED_MICRO = ["data/measurements/validate-h200x4-20261126b/micro.jsonl",
-                   "data/measurements/micro-layouts-h200x4host-20261126.jsonl"]  # its records
+COMMITTED_MICRO = ["data/measurements/validate-h200x4-20261126d/vA/micro.jsonl",  # its records
+                   "data/measurements/validate-h200x4-20261127/wide/micro-wide.jsonl",
+                   "data/measurements/validate-h200x4-20261127c/micro/attn.jsonl",
+                   "data/measurements/validate-h200x2-20261127/ring/ring-host.jsonl"]
 PROV = {"git_commit": "abc", "date": "2026-11-26T00:00:00+00:00"}
 
 
@@ -83,7 +85,9 @@ def test_committed_calibration_matches_its_records():
     assert stored is not None
     for key in ("matmul_efficiency", "attention_efficiency", "label", "pieces"):
         assert stored[key] == cal[key]
-    assert stored["label"] == "h200-sxm (85 microbenchmark records, 2026-11-26)"
+    assert stored["label"] == "h200-sxm (157 microbenchmark records, 2026-11-27)"
+    assert stored["pieces"]["attention_curve"][0][0] == 2048.0  # longer lengths measured
+    assert [row[:2] for row in stored["pieces"]["ring_host_s"]] == [[2, 0], [2, 1]]
 
 
 def test_load_gpu_uses_calibration_where_present(monkeypatch):
