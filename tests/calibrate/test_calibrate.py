@@ -92,7 +92,7 @@ def test_committed_calibration_matches_its_records():
 
 def test_load_gpu_uses_calibration_where_present(monkeypatch):
     h200, a100 = load_gpu("h200-sxm"), load_gpu("a100-80gb")  # a100: no calibration file
-    assert h200.calibration.startswith("h200-sxm (85 microbenchmark records")
+    assert h200.calibration.startswith("h200-sxm (157 microbenchmark records")
     assert h200.matmul_efficiency == calibration.load("h200-sxm")["matmul_efficiency"]
     assert {op for op, *_ in h200.collectives} == set(calibrate.COLLECTIVES)
     assert a100.calibration == "datasheet" and a100.collectives == ()
@@ -155,6 +155,6 @@ def test_cli_calibrate_writes_and_refuses(tmp_path, capsys):
 def test_plan_says_which_constants(capsys):
     args = ["plan", "--model", "llama-1.3b", "--gpus", "2", "--top", "1", "--json", "--gpu"]
     assert main([*args, "h200-sxm"]) == 0
-    assert json.loads(capsys.readouterr().out)["calibration"].startswith("h200-sxm (85 ")
+    assert json.loads(capsys.readouterr().out)["calibration"].startswith("h200-sxm (157 ")
     assert main([*args, "a100-80gb"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration"] == "datasheet"
