@@ -28,6 +28,7 @@ from trainplan.specs.checks import (  # noqa: F401 (MAX_INT: re-exported)
     MAX_INT,
     check_curve,
     check_fields,
+    check_seq_curve,
     yaml11_float,
 )
 from trainplan.specs.model import ModelSpec  # its own module, so specs.hf can build one
@@ -103,10 +104,12 @@ class GPUSpec:
     fsdp_block_scale: float = 1.0  # FSDP2-wrapped block, less copies and collectives / alone
     tp_block_scales: tuple = ()  # ((tp, with FSDP2 0|1, TP block less priced comm / compute),)
     matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
+    attention_curve: tuple = ()  # ((seq, dense-equivalent fraction of peak), ...); () = one
     host_block_s: tuple = ()  # ((wrapper, host s per block), ...) (calibrate_host); () = no floor
     host_step_s: tuple = ()  # ((wrapper, host s a step outside the blocks), ...); () = none
     host_step_layer_s: tuple = ()  # ((wrapper, host s a layer outside its block), ...); () = none
     host_overlap_k: float = 0.0  # host/GPU interleave exponent (calibrate_host); 0 = max()
+    ring_host_s: tuple = ()  # ((cp, compiled 0|1, host s a block's ring beyond SDPA), ...)
     # ((wrapper, compute-stream reserve per layer / kept bytes), ...) (calibrate_memory);
     # () = memory_runtime.FRAGMENTATION for every layout
     fragmentation_scales: tuple = ()
@@ -121,11 +124,16 @@ class GPUSpec:
                                 "eager_autocast_elementwise_scale", "compiled_head_scale",
                                 "host_overlap_k"))
         check_curve("GPUSpec.matmul_curve", self.matmul_curve)
+        check_seq_curve("GPUSpec.attention_curve", self.attention_curve)
         for name in ("host_block_s", "host_step_s", "host_step_layer_s", "fragmentation_scales"):
             for row in getattr(self, name):
                 if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
                     unit = "seconds" if name.startswith("host") else "scale"
                     raise SpecError(f"GPUSpec.{name} row {row!r} is not (wrapper, {unit} >= 0)")
+        for row in self.ring_host_s:
+            if len(row) != 3 or not int(row[0]) >= 2 or not float(row[2]) >= 0:
+                raise SpecError(f"GPUSpec.ring_host_s row {row!r} is not (cp >= 2, compiled, "
+                                "seconds >= 0)")
         if self.overlap_exposed > 1:
             raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
         for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):

@@ -66,6 +66,23 @@ def yaml11_float(value):
 
 
 
+def check_seq_curve(name: str, rows) -> None:
+    """Raise SpecError unless `rows` is ((seq > 0, fraction in (0, 1]), ...), seq increasing.
+
+    The form of a measured attention efficiency table (`GPUSpec.attention_curve`: the
+    sequence length and the dense-equivalent fraction of peak SDPA reached there).
+    """
+    last = 0.0
+    for i, row in enumerate(rows):
+        ok = isinstance(row, (tuple, list)) and len(row) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in row)
+        if not ok or row[0] <= last or not 0 < row[1] <= 1:
+            raise SpecError(f"{name}[{i}] = {row!r} is not valid; use (seq > 0, fraction of "
+                            "peak in (0, 1]) in increasing seq order")
+        last = row[0]
+
+
 def check_curve(name: str, rows) -> None:
     """Raise SpecError unless `rows` is ((tokens > 0, width > 0, fraction in (0, 1]), ...)
     in strictly increasing (tokens, width) order.
