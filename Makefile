@@ -5,12 +5,14 @@ PYTHON   ?= python3
 VENV     := .venv
 BIN      := $(VENV)/bin
 STAMP    := $(VENV)/.installed
-SCENARIO ?= llama-13b-32xh100
+DEFAULT_SCENARIO := llama-13b-32xh100
+SCENARIO ?= $(DEFAULT_SCENARIO)
+SCENARIOS := $(sort $(basename $(notdir $(wildcard data/scenarios/*.yaml))))
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: book pdf lab bench-book browser test notebooks bench-search clean lint system-deps snap \
-        validate fault-matrix
+.PHONY: book book-all pdf lab bench-book browser test test-scenarios notebooks bench-search clean \
+        lint system-deps snap validate fault-matrix
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,19 +21,26 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-## book: execute the notebooks for SCENARIO with papermill, build the HTML strictly, print the
-## PDF where Chromium is installed (`make browser` installs Debian's; the HTML needs none)
+## book: execute the notebooks for SCENARIO with papermill, build the HTML strictly into
+## _build/SCENARIO/html, print its six pages to _build/SCENARIO/pdf/trainplan-runbook-SCENARIO.pdf
+## where Chromium is installed (`make browser` installs Debian's; the HTML needs none)
 book: $(STAMP)
 	@$(BIN)/python -m trainplan.runbook.build --scenario $(SCENARIO)
-	$(BIN)/jupyter-book build . --all --builder html -n -W --keep-going
-	@echo "runbook: $(CURDIR)/_build/html/index.html"
-	@if command -v chromium >/dev/null; then $(BIN)/python -m trainplan.runbook.pdf && \
-	  echo "PDF: $(CURDIR)/_build/pdf/trainplan-runbook.pdf"; else echo "PDF skipped: no \
-	  chromium here; 'make browser' installs Debian's (root or sudo), then 'make pdf'"; fi
+	@$(BIN)/python -m trainplan.runbook.site --scenario $(SCENARIO)
+	@if command -v chromium >/dev/null; then \
+	  $(BIN)/python -m trainplan.runbook.pdf --scenario $(SCENARIO); else echo "PDF skipped: no \
+	  chromium here; 'make browser' installs Debian's (root or sudo), then 'make pdf \
+	  SCENARIO=$(SCENARIO)'"; fi
 
-## pdf: print the six runbook pages of the last `make book` to one PDF with headless Chromium
+## book-all: `make book` for every scenario in data/scenarios/, each into _build/<scenario>/;
+## the default last, so that book/_generated/ holds its notebooks afterwards
+book-all: $(STAMP)
+	@for s in $(filter-out $(DEFAULT_SCENARIO),$(SCENARIOS)) $(DEFAULT_SCENARIO); do \
+	  $(MAKE) --no-print-directory book SCENARIO=$$s || exit 1; done
+
+## pdf: print SCENARIO's six runbook pages, from its last `make book`, with headless Chromium
 pdf: browser $(STAMP)
-	$(BIN)/python -m trainplan.runbook.pdf
+	$(BIN)/python -m trainplan.runbook.pdf --scenario $(SCENARIO)
 
 ## lab: JupyterLab on a scratch copy of the notebooks with SCENARIO's parameters, in
 ## _build/lab/ (the committed notebooks, which nbval compares, stay as they are); on a remote
@@ -67,6 +76,12 @@ browser:
 test: system-deps $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 tests
 	$(BIN)/python -m pytest -q --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+## test-scenarios: build every scenario (about a minute each on two cores), then check that
+## each prints six pages named by it and fits its boxes on the first screen (make test checks
+## the default scenario's; the others' are skipped there unless built at this version)
+test-scenarios: browser book-all
+	$(BIN)/python -m pytest -q tests/book/test_print.py
 
 ## snap: a git-archive of HEAD's code and specs in .snap/ (ignored), for device calls to carry
 snap:

@@ -5,9 +5,11 @@ change of structure left the planner's answers byte for byte as they were.
     .venv/bin/python tools/plan_outputs.py --check tests/golden/plan-outputs.json
 
 Each scenario of data/scenarios/ is planned through the command line a user types (a fresh
-process, `--top 20`); `elapsed_s`, which depends on the machine, and each plan's
-`validation`, which depends on the committed records, are dropped. `--check` exits 1 and
-names the first scenario whose answer differs.
+process, `--top 20`); `elapsed_s`, which depends on the machine, and the bands the committed
+records give (each plan's `validation`, the decision's `memory_margin`) are dropped. The
+verdicts stay (the decision, each plan's `memory_fits_band`): a record that changes what a
+scenario launches is a change to name in a commit. `--check` exits 1 and names the first
+scenario whose answer differs.
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ def outputs() -> dict[str, str]:
                               capture_output=True, text=True, cwd=ROOT, check=True)
         answer = json.loads(proc.stdout)
         answer.pop("elapsed_s")
-        for plan in answer["plans"]:  # the records' verdict on the plan, not the planner's
+        for plan in answer["plans"]:  # the records' bands, not the planner's answer
             plan.pop("validation")
+        decision = answer["decision"]
+        for plan in (decision["plan"], decision["passed_over"] or {}):
+            plan.pop("memory_margin", None)
         out[path.stem] = json.dumps(answer, sort_keys=True)
     return out
 

@@ -54,7 +54,9 @@ COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the
 GPU_MICRO = ["--block-modes",
              "compiled:none,eager:none,compiled:selective,compiled:none:autocast-fp32",
              "--head-modes", "eager,compiled",
-             "--matmul-tp", "1,2,4", "--matmul-tokens", "2048,4096,8192,16384"]
+             "--matmul-tp", "1,2,4", "--matmul-tokens", "2048,4096,8192,16384",
+             "--attention-seqs", "2048,4096,8192,16384"]
+RING_SEQS, RING_LIMIT_S = "256,1024", 120.0  # host-bound lengths; ~40 s a cp on 2 x H200
 MICRO_LIMIT_S = 360.0  # 4 x H100: about 184 s with the host bench, + ~60-90 s host-step
 CPU_MICRO = ["--benches", "matmul,attention,collectives", "--tokens", "64", "--seq-len", "32",
              "--sizes", "4K,1M,16M", "--warmup", "1", "--iters", "3", "--repeats", "6"]  # seconds
@@ -176,6 +178,24 @@ def run_micro(out: Path, gpus: int, model: str, cuda: bool, clock: Clock) -> Pat
     return path
 
 
+def run_ring_micro(path: Path, gpus: int, model: str, clock: Clock) -> None:
+    """Stage 1b: the host time of torch's ring attention, cp 2 and 4 where the GPUs allow, at
+    host-bound lengths (`bench.micro.ring`), appended to `path`; a failure is said, not fatal
+    (the planner then prices no ring host time)."""
+    from trainplan.bench.series.suite import NO_MULTICAST, run_group  # pandas: not loaded at import
+
+    env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
+    for cp in (c for c in (2, 4) if c <= gpus):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={cp}", "-m", "trainplan.bench.micro.ring", "--model", model,
+               "--seq-lens", RING_SEQS, "--out", str(path)]
+        rc, _, _ = run_group(cmd, env, min(RING_LIMIT_S, clock.left() - COMPARE_RESERVE_S),
+                             capture=False)
+        if rc != 0:
+            clock.say(f"ring-attention microbenchmark at cp {cp} failed (exit {rc}); no ring "
+                      "host time from it")
+
+
 def micro_kinds(path: Path) -> set[str]:
     """The benchmark kinds a (possibly cut) micro.jsonl holds whole records of."""
     kinds = set()
@@ -228,6 +248,8 @@ def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
     t0 = time.monotonic()
     clock.say(f"microbenchmarks on {args.gpus} {'GPUs' if cuda else 'CPU ranks'}")
     micro = run_micro(out, args.gpus, model, cuda, clock)
+    if cuda and args.gpus >= 2:
+        run_ring_micro(micro, args.gpus, model, clock)
     cal = calibrate.build([micro], gpu)
     calibrate.write(cal, target)
     clock.say(f"calibrated {preset} from {micro.name} ({time.monotonic() - t0:.0f} s): "

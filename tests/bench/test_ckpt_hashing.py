@@ -92,9 +92,8 @@ def test_a_failed_write_leaves_no_hash(tmp_path):
 def test_the_manifest_from_hashes_taken_while_writing_catches_damage(tmp_path):
     folder = tmp_path / "step-000001"
     _save(folder, threads=2, hash_while_writing=True)
-    files = json.loads((folder / "rank-00000.files.json").read_text())
-    files.update({".metadata": mf.file_entry(folder / ".metadata")})
-    mf.write_json(folder / mf.MANIFEST, {"step": 1, "world_size": 1, "files": files})
+    mf.write_json(folder / "rank-00000.json", mf.rank_state(1, 0, 1, torch.device("cpu")))
+    mf.write_json(folder / mf.MANIFEST, mf.build(folder, step=1, world=1))
     assert mf.verify(folder)[0] is not None
     shard = sorted(folder.glob("*.distcp"))[0]
     data = bytearray(shard.read_bytes())

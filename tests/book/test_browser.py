@@ -1,75 +1,41 @@
 """The built runbook in a real browser: Debian's headless Chromium, driven over the DevTools
 protocol through a pipe (tests/book/cdp.py, stdlib only), with the network off.
 
-One strict build per test session (`built_book`): the notebooks are executed with papermill
-only when book/_generated/ has none, then `jupyter-book build -n -W` must succeed with no
-warning. Every built page is then opened once (`visits`): it must log no console error and
-no uncaught exception, ask for nothing off the machine, every file it loads must be there,
-every image must have rendered (naturalWidth > 0), every internal link must reach an
-existing page and anchor, and its text must hold nothing that failed to render (a
-figure's repr, a glue role, LaTeX that MathJax did not typeset). Page 1 is saved as a
-screenshot, _build/browser/01_strategy.png.
+One strict build of the default scenario per test session (`built_book`): the notebooks are
+executed with papermill only when book/_generated/ holds none of that scenario's, then
+`jupyter-book build -n -W` must succeed with no warning, into _build/<scenario>/html
+(`trainplan.runbook.site`, as `make book` runs it). Every built page is then opened once
+(`visits`): it must log no console error and no uncaught exception, ask for nothing off the
+machine, every file it loads must be there, every image must have rendered (naturalWidth >
+0), every internal link must reach an existing page and anchor, and its text must hold
+nothing that failed to render (a figure's repr, a glue role, LaTeX that MathJax did not
+typeset). Page 1 is saved as a screenshot, _build/browser/01_strategy.png. The PDF and the
+other scenarios are tests/book/test_print.py's.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import re
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from tests.book.built import BOX_JS, FIRST_SCREEN, HTML, ROOT, needs_chromium
 from tests.book.cdp import Browser
 
 from trainplan.runbook.build import notebook_paths
-from trainplan.runbook.pdf import BROWSERS, PRINT_PAGE
+from trainplan.runbook.pdf import PRINT_PAGE
 
-ROOT = Path(__file__).resolve().parents[2]
-HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "browser"
-GENERATED = ROOT / "book" / "_generated"
-BUILD = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--all",
-         "--builder", "html", "-n", "-W", "--keep-going"]  # as `make book` runs it
-SKIP_PAGES = {"genindex.html", "search.html"}  # Sphinx's own, not runbook pages
+SKIP_PAGES = {"genindex.html", "search.html", PRINT_PAGE}  # Sphinx's own, and the PDF's source
 
-pytestmark = pytest.mark.skipif(not any(shutil.which(b) for b in BROWSERS),
-                                reason="no chromium: run `make system-deps` (make test does)")
-
-
-def _run(cmd, timeout):
-    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=env)
-
-
-@pytest.fixture(scope="session")
-def built_book():
-    """Build the HTML once per test run (xdist workers share it through a lock and a stamp)."""
-    HTML.parent.mkdir(exist_ok=True)
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-    stamp = HTML.parent / ".browser-test-build"
-    with open(HTML.parent / ".browser-test.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.is_file() and stamp.read_text().startswith(run_id + "\n"):
-            return stamp.read_text().split("\n", 1)[1]
-        pages = {p.name for p in notebook_paths(ROOT / "notebooks")}
-        if not pages <= {p.name for p in GENERATED.glob("*.ipynb")}:
-            proc = _run([sys.executable, "-m", "trainplan.runbook.build"], timeout=600)
-            assert proc.returncode == 0, proc.stderr
-        proc = _run(BUILD, timeout=600)
-        log = proc.stdout + proc.stderr
-        assert proc.returncode == 0, log[-3000:]
-        stamp.write_text(f"{run_id}\n{log}")
-        return log
+pytestmark = needs_chromium
 
 
 def test_strict_build_succeeds_without_warnings(built_book):
     assert "build succeeded" in built_book
+    assert f"runbook: {HTML / 'index.html'}" in built_book, "into _build/<scenario>/html"
     assert not re.search(r"WARNING|ERROR", built_book), built_book[-3000:]
 
 
@@ -119,10 +85,6 @@ UNRENDERED = {
 }
 
 
-# where the page's plain-words box ends, in CSS pixels from the top (None: no box)
-BOX_JS = """(() => { const b = document.querySelector("div.admonition.tip");
-                     return b ? b.getBoundingClientRect().bottom + window.scrollY : null; })()"""
-FIRST_SCREEN = (1280, 800)
 
 
 def unrendered(text: str) -> list[str]:
@@ -348,13 +310,3 @@ def test_the_checks_catch_what_did_not_render(tmp_path):
     assert "code block" not in " ".join(found) and maths == 0
     assert "https://example.invalid/x.png" in report["requested"]
     assert any(u == "https://example.invalid/x.png" for u, _ in report["failed"])
-
-
-def test_pdf_of_the_six_pages(built_book, tmp_path):
-    """About six printed pages, one PDF, the version in its title (and on every page)."""
-    from trainplan.runbook.pdf import pdf_pages, print_page, print_pdf
-    from trainplan.runbook.version import version
-
-    out = print_pdf(print_page(HTML), tmp_path / "runbook.pdf")
-    assert 5 <= pdf_pages(out) <= 9
-    assert f"trainplan runbook {version()}".encode() in out.read_bytes()

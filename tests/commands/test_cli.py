@@ -139,8 +139,12 @@ def test_plan_human_output(tmp_path):
     assert "strategy" in lines[1] and "MFU" in lines[1]
     rows = lines[2:2 + 5]
     assert all(line[:2].strip().isdigit() and "yes" in line for line in rows)
-    # after the five plans, only the note on plans the trainer cannot run yet
-    assert all(line.startswith("not runnable yet: ") for line in lines[2 + 5:])
+    # after the five plans: notes on plans the trainer cannot run yet, then the decision
+    rest = lines[2 + 5:]
+    heads = ("not runnable yet: ", "band: ", "decision: #", "  passed over: #",
+             "  no plan fits")
+    assert all(line.startswith(heads) for line in rest)
+    assert sum(line.startswith("decision: #") for line in rest) == 1
     with pytest.raises(json.JSONDecodeError):
         json.loads(r.stdout)
 

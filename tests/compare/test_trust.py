@@ -13,6 +13,7 @@ from trainplan.cli import main
 from trainplan.compare import accuracy as compare
 from trainplan.compare import trust
 from trainplan.cost.compute import matmul_ceiling_tokens_per_s, model_flops_per_token
+from trainplan.cost.memory import NON_ALLOCATOR_GIB
 from trainplan.plan.planner import plan
 from trainplan.specs import load_cluster, load_model
 
@@ -122,3 +123,56 @@ def test_plan_names_each_plans_trust(capsys):
                  "--top", "3", "--cp", "4"]) == 0
     text = capsys.readouterr().out
     assert "trust" in text.splitlines()[1] and "not validated" in text  # no CP run anywhere
+
+
+def test_a_memory_band_is_its_familys_where_measured_twice_else_the_class_pooled():
+    """The upper end of measured over predicted peak memory: the family's own over two or more
+    configs, else the largest of every family on the card class, never below 1; none on a
+    class with no memory measured. A plan fits with margin when its prediction times that
+    upper end is within the card less what lives outside the allocator."""
+    fsdp, tp = {"dp": 4, "zero": 3, "dp_shard": 4}, {"tp": 2}
+    rows = [_row(fsdp, 0.0, mem=-0.1, config="a"), _row(fsdp, 0.0, mem=0.05, config="b"),
+            _row(tp, 0.0, mem=-0.2, config="c"),
+            _row({"dp": 2}, 0.0, mem=0.1, config="d"), _row({"dp": 2}, 0.0, mem=0.2, config="e")]
+    bands = trust.family_bands({"rows": rows})
+    own = trust.memory_band(bands, "FSDP", "h100-sxm")
+    assert own["source"] == "family" and own["factor"] == pytest.approx(1 / 0.9)
+    assert own["configs"] == 2 and own["card_class"] == "Hopper"
+    pooled = trust.memory_band(bands, "TP", "h200-sxm")  # one TP config: pooled
+    assert pooled["source"] == "pooled" and pooled["factor"] == pytest.approx(1 / 0.8)
+    assert pooled["configs"] == 5
+    assert trust.memory_band(bands, "DDP", "h100-sxm")["factor"] == 1.0  # over-predicted
+    assert trust.memory_band(bands, "FSDP", "a100-80gb") == {
+        "factor": None, "source": "none", "configs": 0, "card_class": "Ampere"}
+
+    usable = 80.0 - NON_ALLOCATOR_GIB
+    edge = usable / own["factor"]
+    fits = trust.memory_margin(own, edge * 0.999, 80.0)
+    assert fits["fits"] and fits["usable_gib"] == usable
+    over = trust.memory_margin(own, edge * 1.001, 80.0)
+    assert over["fits"] is False
+    assert over["upper_gib"] == pytest.approx(edge * 1.001 * own["factor"])
+    assert trust.memory_margin(trust.memory_band(bands, "FSDP", "a100-80gb"), 70.0, 80.0)[
+        "fits"] is None
+
+
+def test_plan_json_says_whether_each_plan_fits_with_its_memory_band(capsys):
+    assert main(["plan", "--model", "llama-13b", "--gpu", "h100-sxm", "--gpus", "32",
+                 "--top", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for p in out["plans"]:
+        m = p["validation"]["memory"]
+        assert m["upper_gib"] == pytest.approx(p["memory_gib"]["total"] * m["factor"])
+        assert p["memory_fits_band"] == (m["upper_gib"] <= m["usable_gib"])
+    d = out["decision"]
+    if d["passed_over"]:  # the plans ahead of the decision do not fit with their band
+        assert not any(p["memory_fits_band"] for p in out["plans"][:d["rank"] - 1])
+    assert main(["plan", "--model", "llama-13b", "--gpu", "h100-sxm", "--gpus", "32",
+                 "--top", "8"]) == 0
+    text = capsys.readouterr().out
+    rows = text.splitlines()[2:10]
+    for p, line in zip(out["plans"], rows, strict=True):  # the band column: "!" when over
+        assert (f"{p['validation']['memory']['upper_gib']:.1f}!" in line) == (
+            not p["memory_fits_band"])
+    assert f"decision: #{d['rank']} {d['plan']['strategy']}" in text
+    assert (d["plan"]["memory_fits_band"] is False) == ("no plan fits" in text)

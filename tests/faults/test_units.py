@@ -58,22 +58,18 @@ def test_fault_specs_parse_and_bad_ones_name_the_clause():
             faults.parse(bad)
 
 
-def _fake_checkpoint(root, step, payload=b"x" * 100):
-    folder = root / mf.step_name(step)
-    folder.mkdir(parents=True)
-    (folder / "__0_0.distcp").write_bytes(payload)
-    (folder / ".metadata").write_bytes(b"meta")
-    files = {n: mf.file_entry(folder / n) for n in ("__0_0.distcp", ".metadata")}
-    mf.write_json(folder / mf.MANIFEST, {"step": step, "world_size": 1, "files": files})
-    return folder
-
-
-def test_manifest_verification_and_retention(tmp_path):
+def test_manifest_verification_and_retention(tmp_path, no_signal_handlers):
+    model, opt = _trained()
+    saver = ckpt.Checkpointer(_args(ckpt_dir=tmp_path, ckpt_keep=50),
+                              Parallelized(parts=[model]), opt, rank=0, world=1,
+                              device=torch.device("cpu"))
     for step in (2, 4, 6, 8):
-        _fake_checkpoint(tmp_path, step)
+        saver.save(step)
+    saver.join_prune()
     (tmp_path / mf.step_name(3)).mkdir()  # an old unfinished save
     (tmp_path / mf.step_name(10)).mkdir()  # a save in flight
-    assert mf.verify(tmp_path / mf.step_name(8)) == (mf.verify(tmp_path / mf.step_name(8))[0], "")
+    manifest, why = mf.verify(tmp_path / mf.step_name(8))
+    assert why == "" and manifest["step"] == 8
     removed = mf.prune(tmp_path, keep=2)
     assert sorted(removed) == ["step-000002", "step-000003", "step-000004"]
     assert [d.name for _, d in mf.step_dirs(tmp_path)] == ["step-000010", "step-000008",

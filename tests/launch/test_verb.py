@@ -239,8 +239,9 @@ def test_out_that_is_a_file_is_refused(tmp_path):
 
 
 def test_a_plan_file_sets_the_layout(tmp_path):
-    """`trainplan plan --json` written to a file, then `launch --plan FILE`: the file's first
-    plan is what the scripts run (its layout pinned whole), not the search's own choice."""
+    """`trainplan plan --json` written to a file, then `launch --plan FILE`: the file's
+    decision is what the scripts run (its layout pinned whole), not the search's own choice;
+    a file without a decision gives its first plan."""
     import json
     import subprocess
     import sys
@@ -252,11 +253,17 @@ def test_a_plan_file_sets_the_layout(tmp_path):
                              "--top", "1", "--json"], capture_output=True, text=True,
                             env=run_env(), check=True).stdout
     (tmp_path / "plan.json").write_text(answer)
-    want = json.loads(answer)["plans"][0]["parallel"]
+    want = json.loads(answer)["decision"]["plan"]["parallel"]
     got = launch_json(["--plan", tmp_path / "plan.json", "--model", "llama-13b", "--gpu",
                        "h100-sxm", "--data", "shards", "--steps", "10", "--target", "slurm",
                        "--out", tmp_path / "job"], tmp_path)
     assert got["plan"]["parallel"] == want and want["zero"] == 2
+    first = {k: v for k, v in json.loads(answer).items() if k != "decision"}
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    got = launch_json(["--plan", tmp_path / "first.json", "--model", "llama-13b", "--gpu",
+                       "h100-sxm", "--data", "shards", "--steps", "10", "--target", "slurm",
+                       "--out", tmp_path / "job1"], tmp_path)
+    assert got["plan"]["parallel"] == first["plans"][0]["parallel"]
     (tmp_path / "bad.json").write_text("{}")
     _one_line_exit_2(launch(["--plan", tmp_path / "bad.json", "--model", "llama-13b", "--gpu",
                              "h100-sxm", "--steps", "10", "--target", "slurm", "--out",

@@ -31,8 +31,9 @@ NOTEBOOKS = notebook_paths(ROOT / "notebooks")
 EXPECTED_PARAMETERS = ["scenario", "model", "gpu", "cluster", "gpus", "gpus_per_node", "seq_len",
                        "global_batch_tokens", "token_budget"]
 PAGES = ["01_strategy", "02_memory", "03_throughput", "04_validation", "05_checkpoint",
-         "06_launch", "07_recipe", "08_gallery", "09_provenance"]  # 07-09: appendices, framed
-# like the six pages (recipe, scenario gallery, data provenance)
+         "06_launch", "07_recipe", "08_gallery", "09_provenance", "10_validation_detail"]
+# 07-10: appendices, framed like the six pages (recipe, scenario gallery, data provenance,
+# page 4's validation in detail)
 
 
 def _cells(path: Path) -> list[dict]:
@@ -305,17 +306,16 @@ def test_records_note_says_so_when_the_card_was_not_measured():
 
 
 def test_the_decision_passes_over_what_the_trainer_cannot_run():
-    """70B: every layout of the search runs (context parallel included), so the decision is
-    the fastest plan. A mixture of experts is not launchable; nothing is passed over by
-    default."""
-    _, chosen, fastest, why = decision.decide(resolve_inputs("llama-70b-256xh100"))
-    assert why is None and chosen.name == fastest.name
-    assert decision.passed_over(chosen, fastest, why) == ""
-    _, chosen, fastest, why = decision.decide(resolve_inputs("mixtral-8x7b-64xh100"))
-    assert chosen.name == fastest.name and "mixture of experts" in why
-    assert "Not launchable yet" in decision.passed_over(chosen, fastest, why)
-    _, chosen, fastest, why = decision.decide(resolve_inputs(DEFAULT_SCENARIO))
-    assert why is None and decision.passed_over(chosen, fastest, why) == ""
+    """70B: every layout of the search runs (context parallel included), and the fastest fits
+    with its memory band, so it is the decision. A mixture of experts is not launchable."""
+    _, d = decision.decided(resolve_inputs("llama-70b-256xh100"))
+    assert d.not_runnable is None and d.chosen.name == d.fastest.name
+    assert d.fits_band and decision.passed_over(d) == ""
+    _, d = decision.decided(resolve_inputs("mixtral-8x7b-64xh100"))
+    assert not d.launchable and "mixture of experts" in d.not_runnable
+    assert "Not launchable yet" in decision.passed_over(d)
+    _, d = decision.decided(resolve_inputs(DEFAULT_SCENARIO))
+    assert d.not_runnable is None and "Not launchable" not in decision.passed_over(d)
 
 
 def test_version_is_package_plus_short_commit(tmp_path):
@@ -346,21 +346,3 @@ def test_the_gallery_adds_a_scenario_file_from_elsewhere(tmp_path):
     path.write_text((ROOT / "data" / "scenarios" / f"{DEFAULT_SCENARIO}.yaml").read_text())
     rows, _ = pages.gallery(resolve_inputs(str(path)))
     assert len(rows) == len(SCENARIOS) + 1 and rows.index[-1] == f"{path} (this build)"
-
-
-def test_memory_check_carries_the_width_checks_overrun_over_to_the_plan(monkeypatch):
-    from trainplan.compare import accuracy as compare
-    from trainplan.compare import views as compare_views
-    from trainplan.cost.memory import NON_ALLOCATOR_GIB
-
-    band = compare_views.memory_band(compare.compare(repredictions=False))
-    card, factor = 80.0, band["factor"]
-    usable = card - NON_ALLOCATOR_GIB
-    tight = usable / factor * 1.01  # predicted to fit, over once carried over
-    text = pages.memory_check(tight, card)
-    assert f"{tight * factor:.1f} GiB, more than the {usable:.1f} GiB" in text
-    assert "trial run" in text and band["config"] in text
-    roomy = pages.memory_check(usable / factor * 0.9, card)
-    assert ", within the" in roomy and "trial run" not in roomy
-    monkeypatch.setattr(compare_views, "memory_band", lambda out: {"factor": None})
-    assert pages.memory_check(tight, card).startswith("No layer slice")

@@ -90,8 +90,13 @@ def test_families_sentence_sorts_families_by_the_bar():
                               band("TP + CP", 0.16, 0.08, validated=False),
                               {**band("X", 0.0, 0.0), "card_class": "Ampere"}], "Hopper")
     assert text == ("Of the 3 layout families measured on Hopper GPUs, 1 is within 10% on step "
-                    "time and memory (HSDP); the others miss by up to: CP step time 29%; "
-                    "measured once, so not validated: TP + CP.")
+                    "time and memory (HSDP); CP misses it (step time 29%); 1 measured only "
+                    "once, so not validated. The table below gives each family.")
+    text = families_sentence([band("CP", 0.29, 0.04), band("FSDP", 0.05, 0.31),
+                              band("PP", 0.12, None)], "Hopper")
+    assert text == ("Of the 3 layout families measured on Hopper GPUs, none is within 10% on "
+                    "step time and memory yet; 3 miss it, worst FSDP (memory 31%). The table "
+                    "below gives each family.")
     assert families_sentence([], "Hopper") == "No layout family has been measured on Hopper " \
                                               "GPUs yet."
 
@@ -149,3 +154,34 @@ def test_the_split_figure_grows_a_third_of_an_inch_a_config():
         heights.append(fig.get_size_inches()[1])
         plt.close(fig)
     assert abs((heights[1] - heights[0]) / 36 - 0.36) < 1e-9
+
+
+def _compared(config, model, host, step_error, memory_error, **extra):
+    return {"config": config, "model": model, "host": host, "predicted_step_time_s": 1.0,
+            "step_time_error": step_error, "memory_error": memory_error, "launches": 3,
+            **extra}
+
+
+def test_page_four_and_its_appendix_glue_one_headline():
+    from trainplan.compare import views
+
+    rows = [_compared("a", "llama-1.3b", "4 x H100", -0.3, 0.1),
+            _compared("b", "llama-1.3b", "4 x H100", 0.1, -0.2),
+            _compared("c", "llama-1.3b", "2 x H200", 0.5, 0.0),
+            _compared("old", "llama-1.3b", "4 x H100", 0.9, 0.9, superseded_by="a"),
+            _compared("s", "llama-13b:4-layers", "4 x H100", 0.2, -0.1)]
+    error = {"step_time_error": {"median": 0.1, "max": 0.5},
+             "memory_error": {"median": 0.1, "max": 0.2}}
+    out = {"rows": rows, "headline_host": "4 x H100", "refused": [], "superseded": 1,
+           "flagged_configs": 0, "all_hosts": {"configs": 3, **error},
+           "hosts": {"4 x H100": {"configs": 2, **error}, "2 x H200": {"configs": 1, **error}}}
+    split = views.split_rows(out)
+    assert [r["config"] for r in split["current"]] == ["a", "b", "c"], "no slice, no old series"
+    assert [r["config"] for r in split["sliced"]] == ["s"]
+    assert [r["config"] for r in split["head_rows"]] == ["a", "b"]
+    values = vt.headline_values(out, split)
+    assert values["step_worst"] == "c" and values["head_step_worst"] == "a"
+    assert values["head_mem_worst"] == "b" and values["n_optimistic"] == 1
+    assert values["n_launches"] == 9 and values["slice_base"] == "llama-13b"
+    assert values["hosts_list"] == "4 x H100 (2 configurations) and 2 x H200 (1)"
+    assert vt.headline_values(out, {**split, "sliced": []})["slice_base"] is None

@@ -24,7 +24,12 @@ def add_checkpoint_arguments(p) -> None:
                    help="when each shard's sha256 for the manifest is taken: as its bytes are "
                         "written (default), or by reading it back after all writing (to compare)")
     g.add_argument("--resume", action="store_true",
-                   help="continue from the newest verified checkpoint in --ckpt-dir, if any")
+                   help="continue from the newest verified checkpoint in --ckpt-dir; an empty "
+                        "folder starts at step 0, one whose checkpoints all fail verification "
+                        "is refused (exit 2)")
+    g.add_argument("--fresh", action="store_true",
+                   help="with --resume: where no checkpoint in --ckpt-dir verifies, start at "
+                        "step 0 instead of refusing (the folders that fail are left as they are)")
     g.add_argument("--collective-timeout-s", type=float, default=None,
                    help="process-group timeout: a step with a hung rank fails after this long")
 

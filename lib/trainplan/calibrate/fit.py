@@ -87,12 +87,29 @@ def dense_equivalent_tflops(rec: dict) -> float:
 
 
 def attention_fraction(recs: list[dict], peak_tflops: float) -> dict:
-    """Dense-equivalent attention FLOPs over total time, as a fraction of peak."""
-    flops = sum(dense_equivalent_tflops(r) * r["results"]["time_s"] for r in recs)
-    time = sum(r["results"]["time_s"] for r in recs)
+    """Dense-equivalent attention FLOPs over total time, as a fraction of peak, at the shortest
+    sequence recorded (longer ones run faster: they set `pieces.attention_curve`, and the
+    planner reads the curve where there is one)."""
+    shortest = min(r["config"]["seq"] for r in recs)
+    base = [r for r in recs if r["config"]["seq"] == shortest]
+    flops = sum(dense_equivalent_tflops(r) * r["results"]["time_s"] for r in base)
+    time = sum(r["results"]["time_s"] for r in base)
     shapes = [{k: r["config"].get(k) for k in ("batch", "heads", "seq", "head_dim", "causal")}
               | {"tflops_dense_equiv": round(dense_equivalent_tflops(r), 1)} for r in recs]
     return {"fraction": round(flops / time / peak_tflops, 4), "shapes": shapes}
+
+
+def attention_curve(recs: list[dict], peak_tflops: float) -> list[list[float]]:
+    """[[seq, median dense-equivalent fraction of peak at that length], ...] sorted by seq,
+    for `compute.attention_efficiency_at`; [] where one length was timed. From causal SDPA
+    records (`bench.micro` attention, `--attention-seqs`); batches and head counts pool."""
+    by_seq: dict[float, list[float]] = {}
+    for r in recs:
+        by_seq.setdefault(float(r["config"]["seq"]), []).append(
+            dense_equivalent_tflops(r) / peak_tflops)
+    if len(by_seq) < 2:
+        return []
+    return [[s, round(min(1.0, float(np.median(v))), 4)] for s, v in sorted(by_seq.items())]
 
 
 def ring_bytes(op: str, size_bytes, n) -> np.ndarray:
@@ -185,10 +202,14 @@ def build(paths, gpu: GPUSpec) -> dict:
             coll[op] = collective_fit(worlds[max(worlds)])
     n = sum(s["records"] for s in sources)
     day = max(s["recorded"][1] for s in sources)[:10]
+    curve = attention_curve(by_bench["attention"], gpu.bf16_tflops)
     base = dataclasses.replace(  # the pieces are priced at the links just fitted (TP blocks)
         gpu, matmul_efficiency=mm["fraction"], attention_efficiency=att["fraction"],
+        attention_curve=tuple(map(tuple, curve)),
         collectives=tuple((op, f["latency_us"], f["busbw_gbps"]) for op, f in sorted(coll.items())))
     scales, checks = calibrate_pieces.fit(by_bench, base)
+    if curve:  # set before the pieces are fitted: block_terms prices attention with it
+        scales = {"attention_curve": curve, **scales}
     return {
         "gpu": gpu.name, "card": sorted({r["card"] for v in by_bench.values() for r in v}),
         "label": f"{gpu.name} ({n} microbenchmark records, {day})",

@@ -156,3 +156,26 @@ def overlap_k(host_records: list[dict], device_time, host_block_s) -> dict:
     t = np.array([float(r["results"]["time_s"]) for r in sweep])
     loss = [float(np.sum(np.log(interleaved(d, h, k) / t) ** 2)) for k in K_GRID]
     return {"host_overlap_k": float(K_GRID[int(np.argmin(loss))])}
+
+
+RING_HOST_SEQ = 1024  # at or below it one block's SDPA, plain or ring, is host-bound on Hopper
+
+
+def ring_host_scales(ring_records: list[dict]) -> dict:
+    """ring_host_s: [[cp, compiled 0|1, s], ...], the host's issue time of one block's
+    attention under torch's ring attention (fwd + bwd) beyond plain SDPA's.
+
+    From `bench.micro.ring` records at sequences of at most `RING_HOST_SEQ`, where both
+    calls are host-bound (their GPU work a fraction of the host's): ring `time_s` less
+    `plain_s`, the median over models and lengths for each (cp, compiled). {} without them.
+    """
+    by_key: dict[tuple[int, int], list[float]] = {}
+    for r in ring_records:
+        c = r["config"]
+        if c["seq"] <= RING_HOST_SEQ:
+            by_key.setdefault((int(c["cp"]), int(bool(c["compile"]))), []).append(
+                max(0.0, r["results"]["time_s"] - r["results"]["plain_s"]))
+    if not by_key:
+        return {}
+    return {"ring_host_s": [[cp, comp, round(statistics.median(v), 6)]
+                            for (cp, comp), v in sorted(by_key.items())]}

@@ -77,6 +77,7 @@ def block_terms(m: ModelSpec, gpu: GPUSpec, *, tokens: float, seq: int, recomput
     mm_rate *= compute.block_matmul_efficiency(m, gpu.matmul_curve, tokens=tokens, tp=1,
                                                default=gpu.matmul_efficiency) \
         / gpu.matmul_efficiency  # the GEMMs at the curve's fraction for their size, as priced
+    attn_rate *= compute.attention_efficiency_at(gpu, seq) / gpu.attention_efficiency
     code = RECOMPUTE.index(recompute)
     passes = 3.0 + float(compute.recompute_matmul_factor(code))
     return {
@@ -172,6 +173,7 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
     out.update(_ddp_scales(every, gpu))
     out.update(_fsdp_scales(every, gpu))
     out.update(calibrate_host.host_scales(host))
+    out.update(calibrate_host.ring_host_scales(by_bench.get("ring", [])))
     now = apply(gpu, out)
     out.update(calibrate_host.overlap_k(host, lambda r: block_predicted_s(r, now),
                                         out.get("host_block_s")))

@@ -42,8 +42,9 @@ def register(verbs) -> None:
     a = p.add_argument
     a("--scenario", default=None, help="data/scenarios NAME or YAML: model, GPUs, sequence, "
                                        "batch and token budget, as the runbook has them")
-    a("--plan", default=None, metavar="FILE", help="the layout of a `trainplan plan --json` "
-                                                   "file's first plan")
+    a("--plan", default=None, metavar="FILE",
+      help="the layout of a `trainplan plan --json` file's decision (its first plan in older "
+           "files)")
     a("--model", default=None, help="preset, YAML or Hugging Face config.json (the scenario's)")
     a("--gpu", default=None, help="preset name or YAML file (the scenario's)")
     a("--cluster", default=None, help="interconnect preset or YAML file (the scenario's, "

@@ -89,11 +89,11 @@ def _specs(args):
 def cmd_plan(args) -> dict:
     m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
     from trainplan.compare.trust import validation  # pandas: not loaded for --help
-    from trainplan.plan.planner import plan  # pandas: not loaded for --help
+    from trainplan.launch.choice import decided
     from trainplan.train.support import not_runnable
-    out = plan(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
-               global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args), top=args.top,
-               gpus_per_node=args.gpus_per_node)
+    out = decided(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
+                  global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args),
+                  top=args.top, gpus_per_node=args.gpus_per_node)
     for p in out["plans"]:  # what `trainplan train` and `launch` can run (train.support)
         why = not_runnable(p["parallel"], m)
         p["runnable"] = why is None
@@ -117,8 +117,8 @@ def format_plan(out: dict) -> str:
             f"{out['seq_len']}, {out['global_batch_tokens']:,} tokens a step: "
             f"{out['searched']:,} layouts in {out['elapsed_s']:.3f} s")
     lines = [head, f"{'#':>2}  {'strategy':<28}{'zero':>5}{'mb':>4}{'accum':>6}  {'recompute':<10}"
-                   f"{'schedule':<15}{'GiB':>7}{'fits':>6}{'step s':>9}{'tok/s/GPU':>11}{'MFU':>7}"
-                   f"  trust"]
+                   f"{'schedule':<15}{'GiB':>7}{'fits':>6}{'band':>7}{'step s':>9}"
+                   f"{'tok/s/GPU':>11}{'MFU':>7}  trust"]
     for i, p in enumerate(out["plans"], 1):
         par = p["parallel"]
         sched = "-" if par["pp"] == 1 else par["pp_schedule"] + (
@@ -127,13 +127,45 @@ def format_plan(out: dict) -> str:
             f"{i:>2}  {p['strategy']:<28}{par['zero']:>5}{par['micro_batch']:>4}"
             f"{par['grad_accum']:>6}  {par['recompute']:<10}{sched:<15}"
             f"{p['memory_gib']['total']:>7.1f}"
-            f"{'yes' if p['fits'] else 'NO':>6}{p['step_time_s']:>9.3f}"
+            f"{'yes' if p['fits'] else 'NO':>6}{_band(p['validation']['memory']):>7}"
+            f"{p['step_time_s']:>9.3f}"
             f"{p['tokens_per_s_per_gpu']:>11,.0f}{p['mfu']:>7.1%}  {_trust(p['validation'])}"
             + ("" if p["runnable"] else "; not runnable yet"))
     why = sorted({p["not_runnable_why"] for p in out["plans"] if not p["runnable"]})
-    lines += [f"not runnable yet: {w} (`trainplan launch` picks the best runnable plan)"
-              for w in why]
-    return "\n".join(lines)
+    then = ("`trainplan launch` runs the decision below" if out["decision"]["launchable"]
+            else "nothing of this model can be launched yet")
+    lines += [f"not runnable yet: {w} ({then})" for w in why]
+    return "\n".join(lines + _decision_lines(out["decision"]))
+
+
+def _band(margin: dict) -> str:
+    """A plan's memory with its band's margin: the band's upper end in GiB, and "!" where
+    it is above what the allocator can use; "-" where no band was measured."""
+    if margin["upper_gib"] is None:
+        return "-"
+    return f"{margin['upper_gib']:.1f}" + ("" if margin["fits"] else "!")
+
+
+def _decision_lines(d: dict) -> list[str]:
+    """The decision (`launch.choice`) in a line or two below the table."""
+    p, m = d["plan"], d["plan"]["memory_margin"]
+    upper = "no memory band on this card" if m["upper_gib"] is None else (
+        f"up to {m['upper_gib']:.1f} of {m['usable_gib']:.1f} GiB usable with its band")
+    lines = ["band: predicted GiB x the upper end of the family's measured memory band ('!': "
+             "above what the allocator can use)",
+             f"decision: #{d['rank']} {p['strategy']} (micro-batch "
+             f"{p['parallel']['micro_batch']}, recompute {p['parallel']['recompute']}), "
+             f"{p['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, {p['memory_gib']['total']:.1f} GiB, "
+             f"{upper}" + ("" if d["launchable"] else "; not launchable yet")]
+    if m["fits"] is False:
+        lines.append("  no plan fits with its band's margin: this one has the most headroom; "
+                     "check peak memory in a short trial run")
+    if d["passed_over"]:
+        q, qm = d["passed_over"], d["passed_over"]["memory_margin"]
+        lines.append(f"  passed over: #{q['rank']} {q['strategy']}, up to {qm['upper_gib']:.1f} "
+                     f"GiB with its band; the decision is "
+                     f"{1 - p['tokens_per_s'] / q['tokens_per_s']:.1%} slower")
+    return lines
 
 
 def _trust(v: dict) -> str:

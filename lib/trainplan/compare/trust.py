@@ -16,7 +16,9 @@ series of each config counts. The project's older proxy runs, predicted by plann
 were refitted since, stay in `trainplan compare` and on page 4, in no band. A family is
 validated on a class when at least `MIN_CONFIGS` of its configs were compared there; a
 plan of another family says `validated: false`: the planner prices it from the same
-terms, but nothing has checked how they combine.
+terms, but nothing has checked how they combine. The same runs give each family's memory
+band: the largest measured peak (reserved) over its prediction (`memory_band`), which
+decides whether a plan fits with margin (`memory_margin`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections import defaultdict
 from trainplan.compare.accuracy import compare
 from trainplan.compare.matching import TARGETS, error_summary
 from trainplan.cost.compute import matmul_ceiling_tokens_per_s
+from trainplan.cost.memory import NON_ALLOCATOR_GIB
 from trainplan.specs import DATA_DIR
 from trainplan.specs.layouts import strategy_family
 
@@ -54,8 +57,9 @@ def family_bands(out: dict) -> list[dict]:
     """One band per (card class, family) compared in `out` (`compare.accuracy.compare`),
     the best-measured first: factors low / median / high of measured over predicted
     throughput (low and high over every config's measurement interval, `factor_span`),
-    the |error| summaries of step time and memory, what it pools, and whether it is
-    validated (`MIN_CONFIGS`) and within the planner's targets (`TARGETS` max)."""
+    the |error| summaries of step time and memory, the largest measured over predicted peak
+    memory (`memory_high` over `memory_configs`; None where none), what it pools, and whether it
+    is validated (`MIN_CONFIGS`) and within the planner's targets (`TARGETS` max)."""
     groups = defaultdict(list)
     for r in out["rows"]:
         if r["step_time_error"] is None or "superseded_by" in r:
@@ -67,6 +71,7 @@ def family_bands(out: dict) -> list[dict]:
         spans = [factor_span(r) for r in rows]
         step = error_summary(r["step_time_error"] for r in rows)
         mem = error_summary(r["memory_error"] for r in rows if r["memory_error"] is not None)
+        peaks = [1.0 / (1.0 + r["memory_error"]) for r in rows if r["memory_error"] is not None]
         bands.append({
             "family": family, "card_class": cls, "configs": len(rows),
             "low": min(lo for lo, _ in spans), "median": statistics.median(f),
@@ -78,7 +83,8 @@ def family_bands(out: dict) -> list[dict]:
             "cards": sorted({r["card"] for r in rows}),
             "hosts": sorted({r["host"] for r in rows}),
             "models": sorted({r["model"] for r in rows}),
-            "configs_compared": sorted(r["config"] for r in rows)})
+            "configs_compared": sorted(r["config"] for r in rows),
+            "memory_high": max(peaks, default=None), "memory_configs": len(peaks)})
     return sorted(bands, key=lambda b: (b["card_class"], -b["configs"], b["family"]))
 
 
@@ -124,21 +130,54 @@ def suite_bands(paths=None) -> list[dict]:
     return family_bands(compare(files, repredictions=False)) if files else []
 
 
+def memory_band(bands: list[dict], family: str, gpu: str) -> dict:
+    """The upper end of measured over predicted peak memory that a plan of `family` on card or
+    preset `gpu` carries: its family's on the card class where `MIN_CONFIGS` of its configs
+    compared memory, else the largest of every family measured on that class (`source: "pooled"`, as
+    `plan_band` pools throughput); never below 1 (a plan must fit as predicted in any case).
+    {"factor", "source": "family" | "pooled" | "none", "configs", "card_class"}; factor None
+    where no memory was compared on the class."""
+    cls = card_class(gpu)
+    own = next((b for b in bands if b["family"] == family and b["card_class"] == cls), None)
+    if own and own["memory_configs"] >= MIN_CONFIGS:
+        return {"factor": max(1.0, own["memory_high"]), "source": "family",
+                "configs": own["memory_configs"], "card_class": cls}
+    same = [b for b in bands if b["card_class"] == cls and b["memory_configs"]]
+    if not same:
+        return {"factor": None, "source": "none", "configs": 0, "card_class": cls}
+    return {"factor": max(1.0, max(b["memory_high"] for b in same)), "source": "pooled",
+            "configs": sum(b["memory_configs"] for b in same), "card_class": cls}
+
+
+def memory_margin(band: dict, total_gib: float, card_gib: float) -> dict:
+    """Whether a plan of predicted peak `total_gib` fits with its `memory_band`: the band's
+    upper end (`upper_gib` = total x factor) against what the allocator can use of a
+    `card_gib` card (less `NON_ALLOCATOR_GIB`). `fits` None where there is no band."""
+    usable = card_gib - NON_ALLOCATOR_GIB
+    upper = None if band["factor"] is None else total_gib * band["factor"]
+    return {**band, "upper_gib": upper, "usable_gib": usable,
+            "fits": None if upper is None else upper <= usable}
+
+
 def validation(out: dict, m, gpu, paths=None) -> dict:
     """`out` (`plan.planner.plan`'s answer for model `m` on GPUSpec `gpu`) with each plan's
-    `validation`: its family's band from the suite's records (`suite_bands`, `band_for`)
-    and, where validated, the throughput range it implies, capped at the physical
-    ceiling."""
+    `validation`: its family's band from the suite's records (`suite_bands`, `band_for`),
+    where validated the throughput range it implies, capped at the physical ceiling, and
+    its memory margin (`memory_margin`, also as the plan's `memory_fits_band`)."""
     bands = suite_bands(paths)
     ceiling = matmul_ceiling_tokens_per_s(m, gpu, out["seq_len"])
     for p in out["plans"]:
-        v = band_for(bands, family_of(p["parallel"]), gpu.name)
+        family = family_of(p["parallel"])
+        v = band_for(bands, family, gpu.name)
         if v["validated"]:
             v["tokens_per_s_per_gpu"] = {
                 "low": capped(p["tokens_per_s_per_gpu"], v["low"], ceiling),
                 "high": capped(p["tokens_per_s_per_gpu"], v["high"], ceiling),
                 "ceiling": ceiling}
+        v["memory"] = memory_margin(memory_band(bands, family, gpu.name),
+                                    p["memory_gib"]["total"], gpu.memory_gib)
         p["validation"] = v
+        p["memory_fits_band"] = v["memory"]["fits"]
     return out
 
 

@@ -1,8 +1,8 @@
 """Views of a comparison (`compare.compare`) that the runbook's pages draw: pairs of configs
 that differ in one setting (which term misses), the band of measured over predicted
 throughput that page 3 carries over to the target's plan, how far peak memory ran over its
-prediction at the target's width (pages 1 and 2), and the cost of one of the target's layers
-from slices of two depths (page 4)."""
+prediction at the target's width (pages 1 and 2), the cost of one of the target's layers
+from slices of two depths, and the rows page 4 and its appendix draw (`split_rows`)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,19 @@ def memory_band(out: dict) -> dict:
             "n": len(rows)}
 
 
+def split_rows(out: dict) -> dict:
+    """The rows of a comparison the validation pages draw, each config's latest series only:
+    {"current": the proxy's, "rows": those of them with a prediction, "sliced": the width
+    check's (the target's layer slices, `SLICE`, drawn in no proxy figure), "head": the
+    headline host, "head_rows": its rows with a prediction}."""
+    latest = [r for r in out["rows"] if "superseded_by" not in r]
+    current = [r for r in latest if not SLICE.fullmatch(r["model"])]
+    rows = [r for r in current if r["predicted_step_time_s"] is not None]
+    head = out["headline_host"]
+    return {"current": current, "rows": rows, "head": head,
+            "sliced": [r for r in latest if SLICE.fullmatch(r["model"])
+                       and r["predicted_step_time_s"] is not None],
+            "head_rows": [r for r in rows if r["host"] == head]}
 
 
 def per_layer(rows: list[dict]) -> list[dict]:

@@ -140,6 +140,24 @@ def _interp_log(x, xs, ys):
     return np.interp(np.log(x), np.log(np.asarray(xs, dtype=float)), np.asarray(ys, dtype=float))
 
 
+def attention_efficiency_at(gpu: GPUSpec, seq_len):
+    """Dense-equivalent fraction of peak of causal SDPA (fwd + bwd) at sequence length `seq_len`.
+
+    From `gpu.attention_curve` (attention records at several lengths,
+    `calibrate_pieces.attention_curve`), interpolated in log seq and held flat beyond
+    the lengths measured: FlashAttention's tiles fill the SMs better and its per-call
+    work shrinks in share as the sequence grows. Without a curve, the single
+    `gpu.attention_efficiency`.
+    """
+    seq = np.asarray(seq_len, dtype=float)
+    if not len(gpu.attention_curve):
+        out = np.full(seq.shape, float(gpu.attention_efficiency))
+    else:
+        rows = np.asarray(gpu.attention_curve, dtype=float)
+        out = np.interp(np.log(seq), np.log(rows[:, 0]), rows[:, 1])
+    return out if out.shape else float(out)
+
+
 def matmul_efficiency_at(curve, tokens, width, default: float):
     """Fraction of peak of a (tokens x n) @ (n x k)-shaped GEMM with width = n k (its weight size).
 
@@ -244,7 +262,7 @@ def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch,
     peak = gpu.bf16_tflops * 1e12
     mm_rate = peak * block_matmul_efficiency(m, gpu.matmul_curve, tokens=tokens, tp=tp,
                                              default=gpu.matmul_efficiency)
-    attn_rate = peak * gpu.attention_efficiency
+    attn_rate = peak * attention_efficiency_at(gpu, seq_len)
     mem_rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
 
     passes = 3.0 + recompute_matmul_factor(recompute)  # fwd = 1, bwd = 2, recompute = +1

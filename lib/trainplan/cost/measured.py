@@ -80,6 +80,26 @@ def host_time_per_microbatch(gpu: GPUSpec, layers, tp, fsdp):
     return np.asarray(layers, dtype=float) * per_wrapper(gpu.host_block_s, tp, fsdp)
 
 
+def ring_host_time(gpu: GPUSpec, cp, compiled):
+    """Seconds the host spends issuing one block's ring attention, fwd + bwd, beyond plain
+    SDPA (`gpu.ring_host_s`, `trainplan.calibrate.host.ring_host_scales`).
+
+    The ring's Python work runs once per ring step (cp - 1 of them, each way): a cp not
+    measured takes the nearest measured cp's time per step, times its own cp - 1. 0 where
+    cp = 1 or nothing is measured for the compile mode.
+    """
+    cp = np.asarray(cp, dtype=float)
+    rows = [(float(c), float(s)) for c, comp, s in gpu.ring_host_s
+            if bool(comp) == bool(compiled)]
+    if not rows:
+        return np.zeros(cp.shape) if cp.shape else 0.0
+    cps = np.array([c for c, _ in rows])
+    per_step = np.array([s / (c - 1.0) for c, s in rows])
+    near = np.abs(np.log2(np.maximum(cp, 2.0))[..., None] - np.log2(cps)).argmin(-1)
+    out = np.where(cp > 1, per_step[near] * (cp - 1.0), 0.0)
+    return out if out.shape else float(out)
+
+
 def host_step_time(gpu: GPUSpec, tp, fsdp, layers):
     """Seconds the host spends once a step outside the blocks of a stage of `layers` blocks:
 
@@ -100,7 +120,8 @@ def host_step_time(gpu: GPUSpec, tp, fsdp, layers):
         + np.asarray(layers, dtype=float) * per_wrapper(gpu.host_step_layer_s, tp, fsdp)
 
 
-def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accum):
+def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accum, cp=1,
+                       compiled=True):
     """Seconds a step waits on the host beyond the device time `t_dev` of each micro-batch.
 
     A micro-batch whose FSDP2 hooks gather and reduce-scatter costs the host the "fsdp2"
@@ -116,11 +137,12 @@ def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accu
     head and loss, clipping, the optimizer's step and zero_grad, FSDP2's root) is issued
     once a step, after the last micro-batch's backward: `last_microbatch_time` says how it
     meets that micro-batch's device time. With no `host_step_s` nor `host_step_layer_s`
-    the extra is 0.
+    the extra is 0. Context parallel adds each block's ring attention (`ring_host_time`).
     """
-    blocks = host_time_per_microbatch(gpu, layers, tp, fsdp)
+    ring = np.asarray(layers, dtype=float) * ring_host_time(gpu, cp, compiled)
+    blocks = host_time_per_microbatch(gpu, layers, tp, fsdp) + ring
     no_sync = np.asarray(fsdp, dtype=bool) & (np.asarray(zero) < 3)
-    light = np.where(no_sync, host_time_per_microbatch(gpu, layers, tp, False), blocks)
+    light = np.where(no_sync, host_time_per_microbatch(gpu, layers, tp, False) + ring, blocks)
     ga = np.asarray(grad_accum, dtype=float)
     k = gpu.host_overlap_k
     last = last_microbatch_time(t_dev, blocks, host_step_time(gpu, tp, fsdp, layers), k,

@@ -95,7 +95,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     compute_mb = compute_mb + compute.grad_accum_time(
         gpu, stage_params, ga, zero=L.zero, shard_ranks=L.dp_shard * cp, fsdp=~autocast) / ga
     attn_fwd_layer = tokens_mb * compute.attention_flops_per_token_per_layer(m, seq_len, tp) / (
-        gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
+        gpu.bf16_tflops * 1e12 * compute.attention_efficiency_at(gpu, seq_len))
 
     # communication of one micro-batch
     act_bytes = compute.BF16 * tokens_mb * m.hidden
@@ -131,7 +131,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     # the host's issue time sets a floor (a roofline's second roof; calibrate_host), the
     # step's host work outside the blocks priced for this stage's layers
     host_wait = overheads.host_wait_per_step(gpu, t_dev, layers=layers, tp=tp,
-                                             fsdp=~autocast, zero=L.zero, grad_accum=ga)
+                                             fsdp=~autocast, zero=L.zero, grad_accum=ga,
+                                             cp=cp, compiled=compiled)
     t_mb = t_dev + host_wait / ga  # 0 wait where device-bound or nothing measured
 
     # once per step

@@ -3,10 +3,11 @@
 Pages 1, 5 and 6 and `trainplan launch` all take these numbers from here, so the script a
 team runs cannot disagree with the page that justifies it:
 
-- the layout, micro-batch, gradient accumulation and recompute: the planner's best plan
-  that the trainer can run (expert parallel pinned to 1 until it runs it; context parallel
-  too for CPU processes, which cannot run it),
-  or the layout a plan file (`trainplan plan --json`) or pins name;
+- the layout, micro-batch, gradient accumulation and recompute: page 1's decision
+  (`launch.choice`: the fastest plan the trainer runs that fits with its memory band's
+  margin; expert parallel pinned to 1 until the trainer runs it, context parallel too for
+  CPU processes, which cannot run it), or the layout a plan file's decision
+  (`trainplan plan --json`) or pins name;
 - the run's length: the scenario's token budget over the global batch, in whole steps;
 - the checkpoint interval and keep count: page 5's plan (`resilience.checkpoint`) at the
   conservative node MTBF, whose interval also meets the 30-minute limit at the nominal
@@ -74,12 +75,14 @@ def steps_for(token_budget: float, tokens_per_step: int) -> int:
 
 
 def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
-    """(layout pins, {gpus, seq_len, global_batch_tokens, model}) of the first plan in a
-    `trainplan plan --json` file; one line if it is not one."""
+    """(layout pins, {gpus, seq_len, global_batch_tokens, model}) of a `trainplan plan
+    --json` file's decision (of its first plan where it has none); one line if it is not
+    one."""
     path = Path(path)
     out = load_json(path, error=TrainplanError, what="plan file (`trainplan plan --json`)")
     try:
-        parallel = out["plans"][0]["parallel"]
+        chosen = out["decision"]["plan"] if "decision" in out else out["plans"][0]
+        parallel = chosen["parallel"]
         pins = {k: parallel[k] for k in PLAN_FIELDS if k in parallel}
         facts = {k: out[k] for k in ("gpus", "seq_len", "global_batch_tokens", "model")}
         if not isinstance(pins.get("dp"), int) or not isinstance(facts["model"], str):
@@ -101,9 +104,11 @@ UNVALIDATED_ALERT = 0.8  # share of the prediction where nothing was measured on
 
 def best_runnable(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_tokens: int,
                   pins: dict | None = None, gpus_per_node: int) -> dict:
-    """`plan.planner.plan`'s answer (top 1) among the layouts the trainer runs: expert
-    parallel pinned to 1 unless `pins` ask otherwise (then the trainer refuses)."""
-    from trainplan.plan.planner import plan  # pandas: not loaded at import
+    """`plan.planner.plan`'s answer whose one plan is the decision (`launch.choice`, page
+    1's rule) among the layouts the trainer runs: expert parallel pinned to 1 unless
+    `pins` ask otherwise (then the trainer refuses); a fully pinned layout as it is."""
+    from trainplan.launch import choice  # pandas: not loaded at import
+    from trainplan.plan.planner import answer, ranked, row_to_plan
 
     asked = {**RUNNABLE_PINS, **(pins or {})}
     why = not_runnable(asked, m)
@@ -111,9 +116,16 @@ def best_runnable(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_toke
         bad = ", ".join(f"{k}={asked[k]}" for k in RUNNABLE_PINS if int(asked[k]) > 1)
         fix = f"; pin {' '.join(f'--{k} 1' for k in RUNNABLE_PINS)}" if bad else ""
         raise TrainplanError(f"no launch for {bad or m.name}: {why}{fix}")
-    return plan(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
-                global_batch_tokens=global_batch_tokens,
-                pins={**RUNNABLE_PINS, **(pins or {})}, top=1, gpus_per_node=gpus_per_node)
+    result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
+                    global_batch_tokens=global_batch_tokens, pins=asked,
+                    gpus_per_node=gpus_per_node)
+    out = answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
+                 global_batch_tokens=global_batch_tokens, top=1)
+    d = choice.choose(result.table, m, gpu)
+    margin = choice.margin_of(d.chosen)
+    out["plans"] = [{**row_to_plan(d.chosen), "memory_margin": margin,
+                     "memory_fits_band": margin["fits"]}]
+    return out
 
 
 def alert(m, gpu, seq_len: int, plan_row: dict, paths=None) -> dict:
@@ -139,8 +151,7 @@ def alert(m, gpu, seq_len: int, plan_row: dict, paths=None) -> dict:
     basis = (f"{ALERT_MARGIN:.0%} below the slowest that the {band['family']} family's "
              f"measured runs reached against their predictions ({slowest})"
              if band["source"] == "family" else
-             f"{ALERT_MARGIN:.0%} below the slowest that any layout measured on "
-             f"{band['card_class']} GPUs reached against its prediction ({slowest}; every "
-             f"family pooled, since {band['family']} is not validated yet)")
+             f"{ALERT_MARGIN:.0%} below the slowest run of any family on {band['card_class']} "
+             f"GPUs against its prediction ({slowest}; {band['family']} is not validated yet)")
     return {"tokens_per_s_per_gpu": factor * rate, "factor": factor, "source": band["source"],
             "basis": basis}

@@ -46,15 +46,14 @@ def fully_pinned(pins: dict) -> bool:
     return all(k in pins for k in ("dp", "tp", "pp", "cp", "zero", "micro_batch", "recompute"))
 
 
-def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
-         global_batch_tokens: int, pins: dict | None = None, top: int = 5,
-         gpus_per_node: int | None = None, compiled: bool = True) -> dict:
-    """The best `top` plans, best first; with every dimension pinned, exactly that layout.
+def ranked(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
+           global_batch_tokens: int, pins: dict | None = None,
+           gpus_per_node: int | None = None, compiled: bool = True) -> SearchResult:
+    """The search behind `plan`: every layout the pins allow, ranked; with every dimension
+    pinned, exactly that layout (the unpinned fields at ParallelConfig's defaults), priced
+    whether it fits or not.
 
     `compiled`: blocks under torch.compile (default); False prices eager blocks.
-
-    A fully pinned layout is priced whether it fits or not (`fits` says), so a
-    known configuration can be predicted and checked against a measurement.
     """
     pins = dict(pins or {})
     exact = fully_pinned(pins)
@@ -62,11 +61,20 @@ def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len
         pins.setdefault("dp_shard", pins["dp"] if pins["zero"] else 1)
         pins.setdefault("pp_schedule", "1f1b")
         pins.setdefault("pp_virtual", 1)
-    result: SearchResult = search(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
-                                  global_batch_tokens=global_batch_tokens, pins=pins,
-                                  gpus_per_node=gpus_per_node, require_fit=not exact,
-                                  compiled=compiled)
-    rows = result.table.head(1) if exact else result.best(top)
+    result = search(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
+                    global_batch_tokens=global_batch_tokens, pins=pins,
+                    gpus_per_node=gpus_per_node, require_fit=not exact, compiled=compiled)
+    if exact:
+        result.table = result.table.head(1)
+    return result
+
+
+def answer(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, result: SearchResult, *,
+           gpus: int, seq_len: int, global_batch_tokens: int, top: int = 5) -> dict:
+    """The `plan` answer of a `ranked` search: its best `top` fitting layouts, best first
+    (the one layout of an exact search, whether it fits or not)."""
+    first_fits = bool(result.table["fits"].iloc[0])  # False only for an exact search
+    rows = result.best(top) if first_fits else result.table.head(1)
     return {
         "model": m.name, "gpu": gpu.name, "calibration": gpu.calibration,
         "cluster": cluster.name, "gpus": gpus,
@@ -75,6 +83,19 @@ def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len
         "searched": result.searched,
         "elapsed_s": round(result.elapsed_s, 4),
     }
+
+
+def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
+         global_batch_tokens: int, pins: dict | None = None, top: int = 5,
+         gpus_per_node: int | None = None, compiled: bool = True) -> dict:
+    """The best `top` plans, best first; with every dimension pinned, exactly that layout
+    (`ranked`, `answer`), so a known configuration can be predicted and checked against a
+    measurement."""
+    result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
+                    global_batch_tokens=global_batch_tokens, pins=pins,
+                    gpus_per_node=gpus_per_node, compiled=compiled)
+    return answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
+                  global_batch_tokens=global_batch_tokens, top=top)
 
 
 def memory(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, cfg: ParallelConfig,

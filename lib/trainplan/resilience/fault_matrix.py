@@ -74,8 +74,30 @@ SCENARIOS = {
         "malformed fault-injection spec", "refused, naming the bad clause"),
     "test_manifest_verification_and_retention": (
         "retention with an old unfinished save, a save in flight and a damaged file",
-        "the last k complete checkpoints are kept, a save in flight is never deleted, a "
+        "the last k verified checkpoints are kept, a save in flight is never deleted, a "
         "damaged checkpoint is skipped"),
+    "test_every_single_bit_flip_of_a_manifest_is_refused_or_loads_the_saved_state": (
+        "every single-bit flip of a checkpoint's manifest",
+        "each is refused (its own checksum, JSON, UTF-8) or parses to the same manifest, "
+        "whose load is exactly the saved state"),
+    "test_a_duplicate_key_is_refused_even_where_the_checksum_matches": (
+        "a manifest with a key twice", "refused, even where its checksum matches"),
+    "test_every_file_of_the_folder_must_be_listed_and_every_listed_file_there": (
+        "manifest and folder disagree: {param}",
+        "the checkpoint does not verify; the reason names the file or field"),
+    "test_retention_counts_only_verified_checkpoints": (
+        "retention with the newest checkpoints corrupt",
+        "only verified checkpoints count: the newest verified one is never deleted"),
+    "test_retention_keeps_the_newest_verified_when_newer_ones_are_corrupt": (
+        "the last k checkpoints corrupt, the run started again (--fresh) and killed early",
+        "its new checkpoints survive; the next resume loads the newest verified one and the "
+        "run ends identical"),
+    "test_resume_with_every_checkpoint_corrupt_refuses_with_exit_2": (
+        "--resume where every checkpoint fails verification",
+        "refused with exit 2 in one line naming each folder and why; nothing is deleted"),
+    "test_a_failed_final_save_exits_non_zero_in_one_line": (
+        "the final save fails (ENOSPC)",
+        "the run exits 1, saying in one line that its last steps are not on disk"),
     "test_rng_state_round_trips_through_json": (
         "RNG state across a restart", "torch, numpy and Python RNG states restored exactly"),
     "test_data_position_resumes_the_same_sample_stream": (

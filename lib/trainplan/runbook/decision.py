@@ -1,53 +1,137 @@
-"""Page 1's decision: the fastest plan that fits and that the trainer runs, and what was
-passed over for it.
+"""Page 1's decision and what it passed over, in the words pages 1, 2 and 6 share.
 
-The search ranks every layout (`plan.search`); the runbook recommends the first one the
-trainer can run (`train.support.not_runnable`), because page 6 launches what page 1
-recommends. Where a faster plan needs what the trainer lacks (expert parallel),
-the page names it, its rate and why it was passed over; where nothing of the model runs
-(a mixture of experts), the fastest plan stays the decision and the page says it cannot
-be launched yet.
+The rule is `launch.choice`'s (the fastest plan the trainer runs that fits with its memory
+band's margin), so page 6 and `trainplan launch` run what page 1 recommends. Where a faster
+plan was passed over, the page names it and why: the trainer cannot run it (expert
+parallel), or its band says it may not fit, with what the safe choice costs. Where no plan
+fits with margin, or nothing of the model runs (a mixture of experts), the page says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+from trainplan.launch.choice import Decision, choose
 from trainplan.plan.search import search
-from trainplan.train.support import not_runnable
 
 
-def _parallel(row) -> dict:
-    return {k: row[k] for k in ("cp", "ep")}
+def decided(inputs):
+    """(the search's result, its table best first with the memory margins; page 1's
+    `launch.choice.Decision`) for `inputs` (`pages.Inputs`)."""
+    result = search(inputs.model, inputs.gpu, inputs.cluster, gpus=inputs.gpus,
+                    seq_len=inputs.seq_len, global_batch_tokens=inputs.global_batch_tokens)
+    d = choose(result.table, inputs.model, inputs.gpu)
+    return dataclasses.replace(result, table=d.table), d
 
 
 def decide(inputs):
-    """(the search's result, its table best first; the chosen row; the fastest row; why the
-    fastest was passed over, or None): page 1's decision for `inputs` (`pages.Inputs`)."""
-    result = search(inputs.model, inputs.gpu, inputs.cluster, gpus=inputs.gpus,
-                    seq_len=inputs.seq_len, global_batch_tokens=inputs.global_batch_tokens)
-    table = result.table
-    fastest = table.iloc[0]
-    why = not_runnable(_parallel(fastest), inputs.model)
-    if why is None:
-        return result, fastest, fastest, None
-    for _, row in table.iterrows():
-        if not row["fits"]:
-            break
-        if not_runnable(_parallel(row), inputs.model) is None:
-            return result, row, fastest, why
-    return result, fastest, fastest, why
+    """(the search's result; the chosen row; the fastest row; why the trainer cannot run the
+    fastest, or None): page 1's decision for `inputs` (`decided`)."""
+    result, d = decided(inputs)
+    return result, d.chosen, d.fastest, d.not_runnable
 
 
-def passed_over(chosen, fastest, why: str | None) -> str:
-    """Page 1's sentence on what the decision passed over (markdown; empty when nothing)."""
-    if why is None:
+def _recompute(row) -> str:
+    return "no recompute" if row["recompute"] == "none" else f"{row['recompute']} recompute"
+
+
+def headline(d: Decision) -> str:
+    """Page 1's decision in one line for its box (markdown); the page says it in plain words
+    below (`pages.describe_layout`)."""
+    c = d.chosen
+    mb = int(c["micro_batch"])
+    return (f"Train with **{c['strategy']}**, micro-batches of {mb} sequence"
+            f"{'s' if mb > 1 else ''} and {_recompute(c)} (in plain words below).")
+
+
+def _overrun(row) -> str:
+    """The runs behind a row's memory band and how far their peak memory ran over."""
+    runs = ("runs of its family" if row["memory_source"] == "family"
+            else "runs of every layout family")
+    return (f"{runs} on {row['memory_card_class']} GPUs peaked up to "
+            f"{row['memory_factor'] - 1:.0%} above their predicted memory")
+
+
+def passed_over(d: Decision) -> str:
+    """Page 1's sentences on what the decision passed over and whether it fits with margin
+    (markdown; empty when the fastest plan is the decision and fits with margin)."""
+    chosen, fastest, why = d.chosen, d.fastest, d.not_runnable
+    parts = []
+    if not d.launchable:
+        parts.append(f"**Not launchable yet.** The fastest plan, {fastest['strategy']}, cannot "
+                     f"be run by the trainer: {why}. The figures below are the planner's; page "
+                     "6's scripts wait for that support.")
+    elif why is not None:
+        gain = fastest["tokens_per_s"] / chosen["tokens_per_s"] - 1.0
+        parts.append(f"**Passed over.** {fastest['strategy']} would be {gain:.0%} faster, but "
+                     f"{why}; the decision is a plan the trainer runs, so that page 6 launches "
+                     "what this page recommends.")
+    if d.passed_over is not None:
+        q = d.passed_over
+        slower = 1.0 - chosen["tokens_per_s"] / q["tokens_per_s"]
+        parts.append(
+            f"**Passed over for memory.** {q['strategy']} is faster, but {_overrun(q)}, so it "
+            f"may need "
+            f"{q['memory_upper_gib']:.1f} GiB, more than the {q['usable_gib']:.1f} GiB the "
+            f"allocator can use; this plan costs {slower:.1%} of its throughput "
+            f"({chosen['tokens_per_s_per_gpu']:,.0f} against {q['tokens_per_s_per_gpu']:,.0f} "
+            "tokens/s per GPU).")
+    if d.fits_band is False:
+        parts.append(
+            f"**No plan fits with margin.** With its band every plan may need more than the "
+            f"{chosen['usable_gib']:.1f} GiB the allocator can use; this one keeps the most "
+            f"headroom (up to {chosen['memory_upper_gib']:.1f} GiB). Check peak memory in a "
+            "short trial run before the full job.")
+    return " ".join(parts)
+
+
+def memory_check(d: Decision) -> str:
+    """The decision's memory risk in plain sentences, the same on pages 1 and 2: its predicted
+    peak times its band's upper end (`launch.choice`), against what the allocator can use."""
+    c = d.chosen
+    if c["memory_factor"] is None:
+        return (f"No run on {c['memory_card_class']} GPUs has measured peak memory yet, so "
+                f"the predicted {c['total_gib']:.1f} GiB is unchecked: check it in a short "
+                "trial run.")
+    overrun = _overrun(c)
+    text = (f"{overrun[0].upper()}{overrun[1:]}; with that margin this plan needs up to "
+            f"{c['memory_upper_gib']:.1f} ")
+    if c["fits_band"]:
+        return text + f"of the {c['usable_gib']:.1f} GiB the allocator can use."
+    return text + (f"GiB, more than the {c['usable_gib']:.1f} GiB the allocator can use, and "
+                   "no plan does better: check peak memory in a short trial run.")
+
+
+def launch_note(d: Decision) -> str:
+    """Page 6's box: whether the decision can be launched (markdown; empty when it can)."""
+    if d.launchable:
         return ""
-    if chosen.name == fastest.name:
-        return (f"**Not launchable yet.** The fastest plan, {fastest['strategy']}, cannot be "
-                f"run by the trainer: {why}. Its figures below are the planner's; page 6's "
-                "scripts wait for that support.")
-    gain = fastest["tokens_per_s"] / chosen["tokens_per_s"] - 1.0
-    return (f"**Passed over.** {fastest['strategy']} would be {gain:.0%} faster "
-            f"({fastest['tokens_per_s_per_gpu']:,.0f} against "
-            f"{chosen['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU), but {why}; the "
-            "decision is the fastest plan the trainer runs, so that page 6 launches what this "
-            "page recommends.")
+    return f"**Not launchable yet.** The trainer cannot run this model: {d.not_runnable}."
+
+
+def short_note(d: Decision) -> str:
+    """What page 1 passed over, in a sentence or two for pages 2 and 6 (markdown; empty when
+    the fastest plan is the decision and fits with margin)."""
+    parts = [launch_note(d)] if not d.launchable else []
+    if d.launchable and d.not_runnable is not None:
+        parts.append(f"{d.fastest['strategy']} would be faster, but {d.not_runnable}.")
+    if d.passed_over is not None:
+        q = d.passed_over
+        parts.append(f"Page 1 passed over the faster {q['strategy']}: with its "
+                     f"memory band it may need {q['memory_upper_gib']:.1f} GiB, more than the "
+                     f"{q['usable_gib']:.1f} GiB the allocator can use.")
+    if d.fits_band is False:
+        parts.append("No plan fits with its memory band's margin; this one keeps the most "
+                     "headroom.")
+    return " ".join(parts)
+
+
+def memory_decision(d: Decision, card_gib: float) -> str:
+    """Page 2's decision: the chosen plan's batch shape and memory (markdown)."""
+    c = d.chosen
+    text = (f"Run **{c['strategy']}** with micro-batches of {int(c['micro_batch'])} "
+            f"sequence{'s' if c['micro_batch'] > 1 else ''} and recompute *{c['recompute']}*: "
+            f"it needs {c['total_gib']:.1f} GiB on each GPU, of the {card_gib:g} GiB the card "
+            "has.")
+    note = short_note(d)
+    return f"{text} {note}" if note else text

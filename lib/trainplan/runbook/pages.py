@@ -13,9 +13,6 @@ import io
 from dataclasses import dataclass
 
 from trainplan.calibrate.store import card_preset, load_gpu
-from trainplan.compare import accuracy as compare
-from trainplan.compare import views as compare_views
-from trainplan.cost.memory import NON_ALLOCATOR_GIB
 from trainplan.cost.step_time import time_to_train
 from trainplan.errors import TrainplanError
 from trainplan.runbook import decision
@@ -266,11 +263,16 @@ def describe_batch(row, inputs: Inputs) -> str:
 
 
 def compare_sentence(chosen, alt, card_gib: float) -> str:
-    """Why `alt` ranks below `chosen`: it does not fit, or the time term that costs it most."""
+    """Why `alt` is not the decision: it does not fit, it is faster but its memory band may
+    not fit (`launch.choice` columns), or the time term that costs it most."""
     name = f"**{alt['strategy']}**"
     if not alt["fits"]:
         return (f"{name} does not fit: even its smallest layout needs "
                 f"{alt['total_gib']:,.0f} GiB per GPU, against {card_gib:g} GiB on the card.")
+    if alt["tokens_per_s"] > chosen["tokens_per_s"] and alt.get("fits_band") is False:
+        return (f"{name}: {alt['tokens_per_s']:,.0f} tokens/s, faster, but with its memory "
+                f"band it may need {alt['memory_upper_gib']:.1f} GiB per GPU, more than the "
+                f"{alt['usable_gib']:.1f} GiB the allocator can use, so it was passed over.")
     extra = {k: float(alt[k] - chosen[k]) for k in _TERMS}
     worst = max(extra, key=extra.get)
     longer = float(alt["step_time_s"] - chosen["step_time_s"])
@@ -356,21 +358,3 @@ def records_note(inputs: Inputs, record_cards: list[str], record_gpus: int) -> s
                 "assumptions until the card is measured.")
     return (f"The proxy records were measured on {cards}, the card of this scenario, on "
             f"{record_gpus} GPUs against the scenario's {inputs.gpus:,}.")
-
-
-def memory_check(total_gib: float, card_gib: float) -> str:
-    """Plain sentences for a page's risk: the plan's predicted peak memory times how far peak
-    memory ran above its prediction at a model's real width (page 4's width check,
-    `compare_views.memory_band`), against what the allocator can use of the card."""
-    over = compare_views.memory_band(compare.compare(repredictions=False))
-    if over["factor"] is None:
-        return "No layer slice of a model at its real width has been measured yet to check it."
-    usable, high = card_gib - NON_ALLOCATOR_GIB, total_gib * over["factor"]
-    text = (f"On a model's first layers at real width, peak memory ran up to "
-            f"{over['factor'] - 1:.0%} above its prediction ({over['config']}); carried over, "
-            f"this plan's {total_gib:.1f} GiB would be {high:.1f} GiB, "
-            f"{'within' if high <= usable else 'more than'} the {usable:.1f} GiB the "
-            "allocator can use.")
-    if high > usable:
-        text += " Check peak memory in a short trial run."
-    return text

@@ -94,25 +94,28 @@ def _misses(band: dict) -> str:
 
 
 def families_sentence(bands: list[dict], card_class: str) -> str:
-    """Page 4's risk: which layout families measured on `card_class` are within the 10% bar
-    on step time and memory, how far the others miss it, and which have too few
-    configurations to be validated (markdown)."""
+    """Page 4's risk, short enough for its box (the table below it gives each family): which
+    layout families measured on `card_class` are within the 10% bar on step time and memory,
+    how many miss it and the worst of them, how many have too few configurations to be
+    validated (markdown)."""
     own = [b for b in bands if b["card_class"] == card_class]
     if not own:
         return f"No layout family has been measured on {card_class} GPUs yet."
     within = [b["family"] for b in own if b["validated"] and b["within_targets"]]
-    outside = [f"{b['family']} {_misses(b)}" for b in own
-               if b["validated"] and not b["within_targets"]]
+    outside = [b for b in own if b["validated"] and not b["within_targets"]]
     single = [b["family"] for b in own if not b["validated"]]
     text = (f"Of the {len(own)} layout families measured on {card_class} GPUs, "
             + (f"{len(within)} {'is' if len(within) == 1 else 'are'} within 10% on step time and "
                f"memory ({', '.join(within)})"
                if within else "none is within 10% on step time and memory yet"))
     if outside:
-        text += "; the others miss by up to: " + "; ".join(outside)
+        worst = max(outside, key=lambda b: max(v or 0.0 for v in (
+            b["step_time_error"]["max"], b["memory_error"]["max"])))
+        text += (f"; {worst['family']} misses it ({_misses(worst)})" if len(outside) == 1 else
+                 f"; {len(outside)} miss it, worst {worst['family']} ({_misses(worst)})")
     if single:
-        text += "; measured once, so not validated: " + ", ".join(single)
-    return text + "."
+        text += f"; {len(single)} measured only once, so not validated"
+    return text + ". The table below gives each family."
 
 
 def family_table(bands: list[dict]) -> pd.DataFrame:

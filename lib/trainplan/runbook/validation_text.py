@@ -1,8 +1,11 @@
-"""Page 4's plain-words sentences that depend on which records exist (markdown)."""
+"""Page 4's plain-words sentences that depend on which records exist (markdown), and the
+headline figures that page 4 and its appendix (validation in detail) glue alike."""
 
 from __future__ import annotations
 
 import statistics
+
+from trainplan.specs import SLICE
 
 
 def hosts_list(hosts: dict) -> str:
@@ -10,6 +13,40 @@ def hosts_list(hosts: dict) -> str:
     parts = [f"{h} ({v['configs']} configuration{'s' if v['configs'] != 1 else ''})"
              if i == 0 else f"{h} ({v['configs']})" for i, (h, v) in enumerate(hosts.items())]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def worst_config(rows: list[dict], key: str) -> str:
+    """The config among `rows` whose `key` error ("step_time" or "memory") is largest."""
+    return max(rows, key=lambda r: abs(r[f"{key}_error"]))["config"]
+
+
+def headline_values(out: dict, split: dict) -> dict:
+    """The headline of a comparison (`compare.compare`, split by `views.split_rows`) to glue:
+    median and worst |error| of step time and peak memory over every host and on the headline
+    host, the configs behind the worst, counts, the hosts in words, and the model whose layers
+    the width check slices (`slice_base`, None without slices)."""
+    rows, head, head_rows = split["rows"], split["head"], split["head_rows"]
+    every, host = out["all_hosts"], out["hosts"][head]
+    return {
+        "n_configs": every["configs"], "n_refused": len(out["refused"]),
+        "n_superseded": out["superseded"], "n_flagged": out["flagged_configs"],
+        "step_median": every["step_time_error"]["median"],
+        "step_max": every["step_time_error"]["max"],
+        "mem_median": every["memory_error"]["median"], "mem_max": every["memory_error"]["max"],
+        "step_worst": worst_config(rows, "step_time"), "mem_worst": worst_config(rows, "memory"),
+        "n_optimistic": sum(r["step_time_error"] < 0 for r in rows),
+        "proxy_model": rows[0]["model"], "headline_host": head, "head_configs": len(head_rows),
+        "head_step_median": host["step_time_error"]["median"],
+        "head_step_max": host["step_time_error"]["max"],
+        "head_mem_median": host["memory_error"]["median"],
+        "head_mem_max": host["memory_error"]["max"],
+        "head_step_worst": worst_config(head_rows, "step_time"),
+        "head_mem_worst": worst_config(head_rows, "memory"),
+        "hosts_list": hosts_list(out["hosts"]),
+        "n_launches": sum(r["launches"] for r in split["current"]),
+        "slice_base": SLICE.fullmatch(split["sliced"][0]["model"])["base"]
+        if split["sliced"] else None,
+    }
 
 
 def not_measured_note(out: dict, target_slice: str = "llama-13b", traced: bool = False) -> str:
@@ -25,7 +62,7 @@ def not_measured_note(out: dict, target_slice: str = "llama-13b", traced: bool =
                      "extrapolation from the proxy to the full model should rest")
     if not traced:
         items.append("a profiler trace of one config, so the split of each measured step into "
-                     "its terms below is the planner's, not the run's")
+                     "its terms is the planner's, not the run's")
     if not items:
         return "nothing the page relies on."
     return "; ".join(items[:-1]) + (", and " if len(items) > 1 else "") + items[-1] + "."

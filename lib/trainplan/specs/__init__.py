@@ -29,6 +29,10 @@ from trainplan.specs.checks import (  # noqa: F401 (MAX_INT: re-exported)
     MAX_INT,
     check_curve,
     check_fields,
+    check_rows,
+    check_seq_curve,
+    is_row,
+    number,
     yaml11_float,
 )
 from trainplan.specs.model import ModelSpec  # its own module, so specs.hf can build one
@@ -75,6 +79,12 @@ def from_mapping(cls, mapping, source: str):
 # ---------------------------------------------------------------- hardware
 
 
+def check_collectives(spec: str, rows) -> None:
+    check_rows(spec, "collectives", rows, "(op, latency_us >= 0, busbw_gbps > 0)",
+               lambda r: is_row(r, 3) and isinstance(r[0], str) and number(r[1]) >= 0
+               and number(r[2]) > 0)
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """One accelerator: datasheet peaks plus the fractions of them that real kernels reach."""
@@ -109,10 +119,12 @@ class GPUSpec:
     fsdp_block_scale: float = 1.0  # FSDP2-wrapped block, less copies and collectives / alone
     tp_block_scales: tuple = ()  # ((tp, with FSDP2 0|1, TP block less priced comm / compute),)
     matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
+    attention_curve: tuple = ()  # ((seq, dense-equivalent fraction of peak), ...); () = one
     host_block_s: tuple = ()  # ((wrapper, host s per block), ...) (calibrate_host); () = no floor
     host_step_s: tuple = ()  # ((wrapper, host s a step outside the blocks), ...); () = none
     host_step_layer_s: tuple = ()  # ((wrapper, host s a layer outside its block), ...); () = none
     host_overlap_k: float = 0.0  # host/GPU interleave exponent (calibrate_host); 0 = max()
+    ring_host_s: tuple = ()  # ((cp, compiled 0|1, host s a block's ring beyond SDPA), ...)
     # ((wrapper, compute-stream reserve per layer / kept bytes), ...) (calibrate_memory);
     # () = memory_runtime.FRAGMENTATION for every layout
     fragmentation_scales: tuple = ()
@@ -127,12 +139,23 @@ class GPUSpec:
                                 "eager_autocast_elementwise_scale", "compiled_head_scale",
                                 "host_overlap_k"))
         check_curve("GPUSpec.matmul_curve", self.matmul_curve)
+        check_seq_curve("GPUSpec.attention_curve", self.attention_curve)
         for name in ("host_block_s", "host_step_s", "host_step_layer_s", "fragmentation_scales"):
             for row in getattr(self, name):
-                if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
+                if not (is_row(row, 2) and isinstance(row[0], str) and number(row[1]) >= 0):
                     unit = "seconds" if name.startswith("host") else "scale"
                     raise SpecError(f"GPUSpec.{name} row {quote(row)} is not (wrapper, "
                                     f"{unit} >= 0)")
+        check_rows("GPUSpec", "ring_host_s", self.ring_host_s, "(cp >= 2, compiled, seconds >= 0)",
+                   lambda r: is_row(r, 3) and number(r[0]) >= 2 and number(r[2]) >= 0)
+        check_collectives("GPUSpec", self.collectives)
+        check_rows("GPUSpec", "activation_scales", self.activation_scales,
+                   "(compiled, recompute none|selective|full, scale > 0)",
+                   lambda r: is_row(r, 3) and r[1] in ("none", "selective", "full")
+                   and number(r[2]) > 0)
+        check_rows("GPUSpec", "tp_block_scales", self.tp_block_scales,
+                   "(tp >= 1, with FSDP2 0|1, scale > 0)",
+                   lambda r: is_row(r, 3) and number(r[0]) >= 1 and number(r[2]) > 0)
 
 
 @dataclass(frozen=True)
@@ -157,6 +180,7 @@ class ClusterSpec:
         check_fields(self, positive=("gpus_per_node", "intra_node_gbps", "inter_node_gbps",
                                   "intra_node_efficiency", "inter_node_efficiency"),
                   non_negative=("intra_node_latency_us", "inter_node_latency_us"))
+        check_collectives("ClusterSpec", self.collectives)
 
 
 # ---------------------------------------------------------------- layout

@@ -42,6 +42,8 @@ def _check_field(spec: str, name: str, value, hint) -> None:
                 value):
             raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a finite number")
         return
+    if hint is tuple and not isinstance(value, (tuple, list)):
+        raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a list of rows")
     if hint is str and not isinstance(value, str):
         raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a string")
     if name == "name" and len(value) > MAX_NAME:
@@ -68,6 +70,25 @@ def check_fields(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, .
             raise SpecError(f"{spec}.{f.name} = {value!r} is out of range; use {low} to {high}")
 
 
+def number(value) -> float:
+    """`value` as a float if it is a finite int or float (not a bool), else NaN, which fails
+    every comparison: `number(row[1]) >= 0` is a whole check."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else math.nan
+
+
+def is_row(row, n: int) -> bool:
+    """Whether `row` is a list or tuple of `n` items (a row of a measured table)."""
+    return isinstance(row, (tuple, list)) and len(row) == n
+
+
+def check_rows(spec: str, name: str, rows, form: str, ok) -> None:
+    """Raise SpecError naming the first row of table `name` for which `ok(row)` is false."""
+    for row in rows:
+        if not ok(row):
+            raise SpecError(f"{spec}.{name} row {quote(row)} is not {form}")
+
+
 def yaml11_float(value):
     """YAML 1.1 reads 2.6e11 (no sign in the exponent) as a string; take it as the number meant."""
     if isinstance(value, str):
@@ -77,6 +98,23 @@ def yaml11_float(value):
             return value
     return value
 
+
+
+def check_seq_curve(name: str, rows) -> None:
+    """Raise SpecError unless `rows` is ((seq > 0, fraction in (0, 1]), ...), seq increasing.
+
+    The form of a measured attention efficiency table (`GPUSpec.attention_curve`: the
+    sequence length and the dense-equivalent fraction of peak SDPA reached there).
+    """
+    last = 0.0
+    for i, row in enumerate(rows):
+        ok = isinstance(row, (tuple, list)) and len(row) == 2 and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in row)
+        if not ok or row[0] <= last or not 0 < row[1] <= 1:
+            raise SpecError(f"{name}[{i}] = {quote(row)} is not valid; use (seq > 0, fraction of "
+                            "peak in (0, 1]) in increasing seq order")
+        last = row[0]
 
 
 def check_curve(name: str, rows) -> None:

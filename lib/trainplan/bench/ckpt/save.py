@@ -12,8 +12,8 @@ back instead, to compare). Synchronous saves block until DCP is
 done and then commit; asynchronous ones return once DCP has staged a CPU copy
 and are committed when the background write ends (`_poll` between steps,
 `_wait` before the next save or at the end). The commit is rank 0 writing
-the manifest (temporary name, fsync, rename), then pruning to the last k on a
-background thread (`_prune`).
+the manifest (temporary name, fsync, rename), then pruning to the last k
+verified checkpoints on a background thread (`_prune`).
 
 Times recorded per save: `stall_s` (the training loop blocked in `save`),
 `persist_s` (from the save's start until the manifest is renamed: durable
@@ -23,7 +23,6 @@ the commit, not the time of the next poll).
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 import time
@@ -42,13 +41,14 @@ from trainplan.bench.ckpt.dcp_io import (
     shard_writer,
 )
 
-FORMAT = 1  # of the manifest
+FORMAT = mf.FORMAT  # of the manifest
 
 
 class SaveMixin:
     """save / _poll / _wait / _done / _commit / _failed of `ckpt.Checkpointer`."""
 
     async_options: dict | None = None  # what dcp.async_save was given (dcp_io.async_save)
+    _checked: dict[tuple, bool]  # manifest file -> verifies (`_remember`); set by the class
 
     def save(self, step: int, reason: str = "interval") -> None:
         """Save `step` (every rank calls it); async for periodic saves with --ckpt-async."""
@@ -76,7 +76,8 @@ class SaveMixin:
                 error = err
         if not self._all(error is None):
             self.faults.restore()
-            return self._failed(step, path, error or RuntimeError("another rank failed"))
+            return self._failed(step, path, error or RuntimeError("another rank failed"),
+                                reason)
         timings = self.timings.setdefault(step, {})
         timings["prepare_s"] = time.perf_counter() - started  # folder, RNG file, agreement
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
@@ -105,7 +106,7 @@ class SaveMixin:
                          no_dist=solo)
         except dcp_errors() as err:
             self.faults.restore()
-            return self._failed(step, path, err)
+            return self._failed(step, path, err, reason)
         self.faults.restore()
         self._done(step, path, started, time.perf_counter() - started, reason)
         return None
@@ -123,7 +124,7 @@ class SaveMixin:
             p.future.result()
         except dcp_errors() as err:
             self.faults.restore()
-            return self._failed(p.step, p.path, err)
+            return self._failed(p.step, p.path, err, p.reason)
         self.faults.restore()
         self._done(p.step, p.path, p.started, p.stall_s, p.reason, p.written)
         return None
@@ -138,7 +139,7 @@ class SaveMixin:
             try:
                 size = self._commit(step, path, reason)
             except (OSError, CheckpointError) as err:
-                return self._failed(step, path, err)
+                return self._failed(step, path, err, reason)
         now = time.perf_counter()
         persist_s = (written or commit_start) - started + (now - commit_start)
         self.last_committed = step
@@ -151,55 +152,78 @@ class SaveMixin:
     def _commit(self, step: int, path: Path, reason: str) -> int:
         """Write the manifest (the commit point), prune; return the checkpoint's bytes."""
         self.faults.at("save:metadata", step)
-        files = {}
-        for listing in sorted(path.glob("rank-*.files.json")):
-            files.update(json.loads(listing.read_text()))
-        small = [".metadata", *(p.name for p in sorted(path.glob("rank-*.json")))]
-        files.update({name: mf.file_entry(path / name) for name in small})
-        unlisted = [p.name for p in path.glob("*.distcp") if p.name not in files]
-        if unlisted:
-            raise CheckpointError(f"{path.name}: shard(s) {unlisted} were not hashed by any rank")
-        manifest = {"format": FORMAT, "step": step, "world_size": self.world,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "reason": reason, "async": self.use_async and reason == "interval",
-                    "param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                     for g in self.optimizer.param_groups],
-                    "files": files}
+        try:
+            manifest = mf.build(path, step=step, world=self.world, **{
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "reason": reason, "async": self.use_async and reason == "interval",
+                "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                 for g in self.optimizer.param_groups]})
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
         mf.write_json(path / mf.MANIFEST, manifest,
                       before_rename=lambda: self.faults.at("save:manifest", step))
+        self._remember(path, True)  # its hashes were taken from the bytes as written
         self.faults.at("save:committed", step)
-        removed = self._prune()
+        self._prune()
+        files = manifest["files"]
         size = sum(e["bytes"] for e in files.values())
-        self.say(f"saved {path.name} ({len(files)} files, {size / 1e6:.2f} MB, {reason})"
-                 + (f"; removed {', '.join(removed)}" if removed else ""))
+        self.say(f"saved {path.name} ({len(files)} files, {size / 1e6:.2f} MB, {reason})")
         return size
 
-    def _prune(self) -> list[str]:
-        """Delete checkpoints beyond the last k on a background thread; return their names.
-        On 2 H200s (torch 2.11) a second asynchronous save stalled 4.8 s waiting for rank
-        0 to commit the first, most of it (by elimination: the rest of the commit reads a
-        few small files) removing a 16 GB checkpoint while the other ranks waited.
-        The folders are chosen here (older than the one just committed, so nothing a
-        later save writes); `join_prune` waits for the deletion (`finish` calls it)."""
+    def _remember(self, path: Path, ok: bool | None = None) -> bool:
+        """Whether checkpoint `path` verifies, remembered per manifest file (name, inode, size,
+        time): `ok` records it (a folder this run committed, or the one it resumed from);
+        without `ok` an unknown folder is verified once (`mf.verify`), a corrupt one too."""
+        checked = self._checked
+        try:
+            st = (path / mf.MANIFEST).stat()
+        except OSError:
+            return False
+        key = (path.name, st.st_ino, st.st_size, st.st_mtime_ns)
+        if ok is not None:
+            checked[key] = ok
+        elif key not in checked:
+            checked[key] = mf.verify(path)[0] is not None
+        return checked[key]
+
+    def _prune(self) -> None:
+        """Delete checkpoints beyond the last k verified ones (`mf.prunable`) on a background
+        thread, which says which. On 2 H200s (torch 2.11) a second asynchronous save
+        stalled 4.8 s waiting for rank 0 to commit the first, most of it (by elimination:
+        the rest of the commit reads a few small files) removing a 16 GB checkpoint while
+        the other ranks waited; choosing may verify a folder this run has not seen (after a
+        resume), which reads it whole. Only folders older than the newest verified one are
+        chosen, so nothing a later save writes; `join_prune` waits (`finish` calls it)."""
         self.join_prune()
-        doomed = mf.prunable(self.root, self.keep)
-        if doomed:  # not a daemon: the interpreter waits for it at exit
-            self._pruner = threading.Thread(target=mf.remove, args=(doomed,), name="ckpt-prune")
-            self._pruner.start()
-        return [d.name for d in doomed]
+
+        def prune() -> None:
+            try:
+                doomed = mf.prunable(self.root, self.keep, verified=self._remember)
+            except OSError:
+                return  # the folder is unreadable now; the next commit tries again
+            mf.remove(doomed)
+            if doomed:
+                self.say(f"removed {', '.join(d.name for d in doomed)} (keeping the newest "
+                         f"{self.keep} verified)")
+
+        # not a daemon: the interpreter waits for it at exit
+        self._pruner = threading.Thread(target=prune, name="ckpt-prune")
+        self._pruner.start()
 
     def join_prune(self) -> None:
         pruner, self._pruner = getattr(self, "_pruner", None), None
         if pruner is not None:
             pruner.join()
 
-    def _failed(self, step: int, path: Path, err: BaseException) -> None:
+    def _failed(self, step: int, path: Path, err: BaseException,
+                reason: str = "interval") -> None:
         """A save that did not commit: report it in one line, drop its folder, train on."""
         line = one_line(err)
         self.stats["failed"].append({"step": step, "error": line})
         if self.rank == 0:
             shutil.rmtree(path, ignore_errors=True)
             last = mf.step_name(self.last_committed) if self.last_committed is not None else "none"
-            self.say(f"save of {path.name} FAILED ({line}); training goes on, last committed "
-                     f"checkpoint: {last}")
+            self.say(f"save of {path.name} FAILED ({line}); "
+                     + ("" if reason == "final" else "training goes on, ")
+                     + f"last committed checkpoint: {last}")
             self.event("save_failed", step=step, error=line, last_committed=self.last_committed)

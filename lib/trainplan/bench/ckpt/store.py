@@ -6,8 +6,10 @@ documentation), so the manifest (every file's sha256 and size, renamed into plac
 every rank's shards and DCP's .metadata are on disk) is the commit record, and a directory
 without it is ignored. Resume takes the newest checkpoint that verifies, says in one line
 which and why, and `dcp.load` reshards it to the current layout; only tensors are stored,
-so nothing is unpickled beyond DCP's verified index. Retention keeps the last k >= 2
-complete checkpoints. The layout on disk is in bench/README.md, "Checkpoints on disk".
+so nothing is unpickled beyond DCP's verified index. Where folders claim to be checkpoints
+but none verifies, --resume refuses (exit 2) unless --fresh. Retention keeps the last k >= 2
+verified checkpoints. A run whose final save failed ends in failure (`final_failure`).
+The layout on disk is in bench/README.md, "Checkpoints on disk".
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ def check_args(args) -> None:
         raise CheckpointError(f"--ckpt-every = {args.ckpt_every} must be >= 0 (0 = at the end)")
     if not args.ckpt_dir and (args.resume or args.ckpt_async or args.ckpt_every):
         raise CheckpointError("--resume, --ckpt-async and --ckpt-every need --ckpt-dir DIR")
+    if args.fresh and not args.resume:
+        raise CheckpointError("--fresh qualifies --resume (start at step 0 where no checkpoint "
+                              "verifies); pass both, or neither")
     if args.ckpt_threads < 1:
         raise CheckpointError(f"--ckpt-threads = {args.ckpt_threads} must be >= 1")
     if args.collective_timeout_s is not None and args.collective_timeout_s <= 0:
@@ -61,6 +66,18 @@ def check_args(args) -> None:
 
 def timeout(args) -> timedelta | None:
     return timedelta(seconds=args.collective_timeout_s) if args.collective_timeout_s else None
+
+
+def final_failure(summary: dict) -> str | None:
+    """The one line for a run that ended (not preempted) without its final checkpoint, else
+    None; the run must then exit with a failure (1), not success."""
+    ck = summary.get("checkpoint") or {}
+    if not ck.get("final_failed") or summary.get("preempted"):
+        return None
+    last = ck.get("last_committed")
+    return (f"the run ended but its final checkpoint was not saved (the FAILED line above "
+            f"says why); newest committed: {mf.step_name(last) if last is not None else 'none'}"
+            "; rerun with --resume to redo the steps after it")
 
 
 # ---------------------------------------------------------------- the run's checkpointer
@@ -77,7 +94,7 @@ class Checkpointer(SaveMixin):
         self.stateful = dict(stateful or {})
         self.root = Path(args.ckpt_dir) if args.ckpt_dir else None
         self.every, self.keep, self.use_async = args.ckpt_every, args.ckpt_keep, args.ckpt_async
-        self.want_resume = args.resume
+        self.want_resume, self.fresh = args.resume, args.fresh
         self.threads = args.ckpt_threads
         self.hash_while_writing = args.ckpt_hash == "while-writing"
         self.timings: dict[int, dict] = {}  # step -> this rank's phases of its save (seconds)
@@ -90,6 +107,7 @@ class Checkpointer(SaveMixin):
         self._stepped = False
         self._stager = make_stager(device) if self.use_async else None
         self.last_committed: int | None = None
+        self._checked: dict[tuple, bool] = {}  # manifest file -> verifies (`_remember`)
         self.stats = {"resumed_from": None, "saves": [], "failed": [], "emergency": []}
         if self.root is not None and len(par.parts) > 1:
             raise CheckpointError(f"--ckpt-dir with {len(par.parts)} pipeline stages on one rank "
@@ -172,13 +190,12 @@ class Checkpointer(SaveMixin):
             return 0
         choice = None
         if self.rank == 0:
-            complete = [d.name for _, d in mf.step_dirs(self.root) if (d / mf.MANIFEST).is_file()]
+            complete = mf.committed(self.root)
             if complete and not self.want_resume:
                 choice = ("error", f"--ckpt-dir {self.root} already holds checkpoints (newest "
                           f"{complete[0]}); pass --resume to continue, or use an empty folder")
             elif self.want_resume:
-                path, manifest, line = mf.choose(self.root)
-                choice = ("ok", str(path) if path else None, manifest, line)
+                choice = self._choose(complete)
             else:
                 choice = ("ok", None, None, None)
         choice = self._from_rank0(choice)
@@ -192,6 +209,7 @@ class Checkpointer(SaveMixin):
                 self.event("resume", step=0, line=line)
             return 0
         start = time.perf_counter()
+        self._remember(Path(path), True)  # verified by `mf.choose` just now
         self._load(Path(path), manifest)
         step = manifest["step"]
         self.last_committed = step
@@ -204,6 +222,18 @@ class Checkpointer(SaveMixin):
         if self.digest_on:
             self.log_digest(step, "load")
         return step
+
+    def _choose(self, complete: list[str]) -> tuple:
+        """Rank 0's answer to --resume: ("ok", path or None, manifest, line), or ("error", line)
+        where folders claim to be checkpoints (`complete`) but none verifies and not --fresh:
+        starting again at step 0 would lose the run, and its saves would not count."""
+        path, manifest, line = mf.choose(self.root)
+        if path is not None or not complete:
+            return "ok", str(path) if path else None, manifest, (
+                line if path else f"{line}; starting at step 0")
+        if not self.fresh:
+            return "error", f"--resume: {line}; pass --fresh to start at step 0 anyway"
+        return "ok", None, None, f"{line}; starting at step 0 (--fresh)"
 
     def _load(self, path: Path, manifest: dict) -> None:
         import torch.distributed.checkpoint as dcp
@@ -222,7 +252,7 @@ class Checkpointer(SaveMixin):
                                          "param_groups": optim_sd["param_groups"]})
         own = path / f"rank-{self.rank:05d}.json"
         if own.is_file():  # a rank the saving run did not have keeps its fresh RNG
-            saved = json.loads(own.read_text())
+            saved = mf.read_json(own)  # its sha256 was verified with the manifest
             mf.restore_rank_state(saved, self.device)
             for name, obj in self.stateful.items():
                 if name not in saved.get("extra", {}):
@@ -260,7 +290,8 @@ class Checkpointer(SaveMixin):
         return False
 
     def finish(self, step: int) -> dict:
-        """Wait for a save in flight, save the final step; return the checkpoint summary."""
+        """Wait for a save in flight, save the final step; return the checkpoint summary, with
+        `final_failed` True on every rank where the last step is not committed."""
         if self.root is not None:
             self._wait()
             if step > 0 and self.last_committed != step:
@@ -269,6 +300,7 @@ class Checkpointer(SaveMixin):
                 self._stager.close()
                 self._stager = None
             self.join_prune()
+            self.stats["final_failed"] = not self._all(step == 0 or self.last_committed == step)
         if self.digest_on:
             self.stats["digest"] = self.log_digest(step, "end")
         return dict(self.stats, last_committed=self.last_committed)

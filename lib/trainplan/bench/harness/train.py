@@ -378,17 +378,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         summary = run(args)
+        failed = ckpt.final_failure(summary)  # the last steps are not on disk: exit 1
         if not dist.is_initialized() or dist.get_rank() == 0:
             if args.records:
                 write_record(args.records, summary, args.run_id)
             print(json.dumps(summary))
+            if failed:
+                print(f"error: {failed}", file=sys.stderr)
     except TrainplanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 143 if summary["preempted"] else 0  # 128 + SIGTERM: not done, resume me
+    return 1 if failed else 143 if summary["preempted"] else 0  # 143: SIGTERM, resume me
 
 
 if __name__ == "__main__":

@@ -198,6 +198,8 @@ def _parser():
     p.add_argument("--matmul-tokens", default=None,
                    help="more GEMM row counts to time, e.g. 4096,16384 (default: --tokens)")
     p.add_argument("--seq-len", type=int, default=2048, help="attention sequence length")
+    p.add_argument("--attention-seqs", default=None,
+                   help="more attention lengths to time, e.g. 4096,16384 (default: --seq-len)")
     p.add_argument("--sizes", default="64K..1G", help="collective sizes: 64K..1G or 64K,1M")
     p.add_argument("--ops", default=",".join(COLLECTIVES), help="collectives to time")
     p.add_argument("--dtype", default=None, help="bfloat16 (GPU default) or float32 (CPU)")
@@ -231,10 +233,12 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     tasks = []
     if rank == 0 and "matmul" in benches:
         tasks += matmuls
+    seqs = sorted({args.seq_len, *micro_layouts.whole_list(args.attention_seqs,
+                                                           "--attention-seqs")})
     if rank == 0 and "attention" in benches:
-        batch = max(1, args.tokens // args.seq_len)
-        tasks.append(("attention", {"batch": batch, "heads": spec.n_heads // args.tp,
-                                    "seq": args.seq_len, "head_dim": spec.head_dim}))
+        tasks += [("attention", {"batch": max(1, args.tokens // s), "seq": s,
+                                 "heads": spec.n_heads // args.tp, "head_dim": spec.head_dim})
+                  for s in seqs]
     batch = max(1, args.tokens // args.seq_len)
     piece = {"model": args.model, "micro_batch": batch, "seq": args.seq_len}
     if rank == 0 and "hbm" in benches:

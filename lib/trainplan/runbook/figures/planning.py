@@ -60,17 +60,18 @@ def representatives(table: pd.DataFrame, families: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows).reset_index(drop=True)
 
 
-def alternatives(table: pd.DataFrame) -> pd.DataFrame:
-    """The chosen plan (first row) and the best layout answering each usual question.
+def alternatives(table: pd.DataFrame, chosen: pd.Series | None = None) -> pd.DataFrame:
+    """`chosen` (page 1's decision, a row of `table`; the first row where none is given), then
+    the best layout answering each usual question.
 
     The questions: with (or, if the plan uses it, without) tensor parallelism;
     with (or without) pipeline parallelism; plain FSDP over every GPU; plain
     data parallelism (DDP). Each answer is the best fitting layout, or, when
     none fits, the smallest one (`fits` False). Column `question` names it.
     """
-    chosen = table.iloc[0]
+    chosen = table.iloc[0] if chosen is None else chosen
     questions = {
-        "chosen plan": table.index == table.index[0],
+        "chosen plan": table.index == chosen.name,
         ("without" if chosen["tp"] > 1 else "with") + " tensor parallel":
             (table["tp"] > 1) != (chosen["tp"] > 1),
         ("without" if chosen["pp"] > 1 else "with") + " pipeline parallel":
@@ -217,11 +218,13 @@ def layout_table(row: pd.Series) -> pd.DataFrame:
 # ---------------------------------------------------------------- figures
 
 
-def candidates_tokens_per_s(table: pd.DataFrame) -> plt.Figure:
+def candidates_tokens_per_s(table: pd.DataFrame, chosen: pd.Series | None = None
+                            ) -> plt.Figure:
     """Predicted tokens/s of every fitting layout, one row per strategy family (page 1).
 
     Families are ordered by their best layout; small dots are all fitting
-    candidates, the large marker each family's best, the red one the chosen plan.
+    candidates, the large marker each family's best, the red one `chosen` (page 1's
+    decision; the fastest fitting layout where none is given).
     """
     fitting = table[table["fits"]]
     order = list(fitting["family"].drop_duplicates())[::-1]  # the search's ranking, best on top
@@ -232,7 +235,7 @@ def candidates_tokens_per_s(table: pd.DataFrame) -> plt.Figure:
     best = fitting.groupby("family", sort=False).head(1)
     ax.scatter(best["tokens_per_s"] / 1e3, best["family"].map(y), s=28, color="#4c72b0",
                label="best of its family")
-    chosen = fitting.iloc[0]
+    chosen = fitting.iloc[0] if chosen is None else chosen
     ax.scatter([chosen["tokens_per_s"] / 1e3], [y[chosen["family"]]], s=70, color=HIGHLIGHT,
                zorder=3, label=f"chosen: {chosen['strategy']}")
     ax.set_yticks(range(len(order)), order)
