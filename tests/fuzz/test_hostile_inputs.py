@@ -177,6 +177,15 @@ def test_the_committed_journal_still_reads(cli_runner, tmp_path):
     assert json.loads(result["stdout"])["trials"] > 0
 
 
+def test_a_checkpoint_manifest_nested_deep(cli_runner, tmp_path):
+    """Found by the fuzz test: json's decoder recursed past Python's limit (a traceback)."""
+    (tmp_path / "ckpt").mkdir()
+    _write(tmp_path / "ckpt", "manifest.json", "[" * 5000)
+    _refused(cli_runner, tmp_path, ["export", "--ckpt", tmp_path / "ckpt", "--model",
+                                    "llama-1.3b", "--out", tmp_path / "hf"], "nested too deeply")
+    assert not (tmp_path / "hf").exists()
+
+
 # ---------------------------------------------------------------- launch
 
 

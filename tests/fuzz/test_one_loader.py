@@ -17,6 +17,7 @@ PARSE = re.compile(r"\b(yaml\.(safe_)?load(_all)?|yaml\.(C|Full|Unsafe)?Loader|j
 NOT_USER_FILES = {
     "loader.py": "the loader itself",
     "runbook/build.py": "the repository's own notebooks (outputs with images past the caps)",
+    "runbook/site.py": "a built notebook of the runbook's own (outputs past the caps)",
     "data/corpus.py": "a training corpus streamed line by line: data of any size, not a spec",
     "tune/trial.py": "the summary line a child harness process printed",
     "bench/series/suite.py": "the summary line a child harness process printed",
@@ -26,9 +27,8 @@ NOT_USER_FILES = {
     "bench/series/sweep.py": "the run list its parent process wrote for it",
     "bench/harness/data.py": "the harness's own token cache, written beside it",
     "bench/harness/monitor.py": "the metrics log the monitor itself wrote",
-    "bench/ckpt/manifest.py": "checkpoint manifests: checksummed and verified by bench.ckpt",
-    "bench/ckpt/save.py": "a checkpoint's own file listing, verified by bench.ckpt",
-    "bench/ckpt/store.py": "a checkpoint store's own state file, verified by bench.ckpt",
+    "bench/ckpt/manifest.py": "checkpoint manifests: size-capped, unique keys, sealed by their "
+                              "own checksum (bench.ckpt verifies them)",
     "bench/ckpt/report.py": "the checkpoint benchmark's own result lines",
 }
 

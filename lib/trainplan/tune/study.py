@@ -202,7 +202,7 @@ def load_study(storage, name: str, suite: dict | None, create: bool):
     if not create:
         names = [s.study_name for s in storage.get_all_studies()]
         if name not in names:
-            raise StudyError(f"--study-name {name!r} is not in the storage; studies: {names}")
+            raise StudyError(f"--study-name {quote(name)} is not in the storage; studies: {names}")
     if create:
         study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
                                     sampler=sampler, pruner=pruner, load_if_exists=True)
@@ -215,7 +215,7 @@ def load_study(storage, name: str, suite: dict | None, create: bool):
             study.set_user_attr("suite", suite)
         elif {k: stored.get(k) for k in ("model", "gpus", "seq_len", "layout")} != \
                 {k: suite[k] for k in ("model", "gpus", "seq_len", "layout")}:
-            raise StudyError(f"study {name!r} was made for {stored['model']} on "
+            raise StudyError(f"study {quote(name)} was made for {stored['model']} on "
                              f"{stored['gpus']} GPUs, seq {stored['seq_len']}; use another "
                              "--study-name for this suite")
     return study
