@@ -134,10 +134,12 @@ def _glued_keys(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_glue_reference_has_a_glued_value(path):
-    """Caught here, without a book build: a `{glue:...}` key that no cell glues."""
+    """Caught here, without a book build: a `{glue:...}` key that no cell glues. (Cells of
+    the case the default scenario's page drops are tests/runbook/test_launch_page.py's.)"""
     glued = _glued_keys(path)
     assert glued, "no glued values: is the notebook executed?"
-    for cell in _cells(path):
+    default = book.other_case_tags(resolve_inputs(DEFAULT_SCENARIO))
+    for cell in book.drop_cells({"cells": _cells(path)}, default)["cells"]:
         if cell["cell_type"] == "markdown":
             for m in GLUE_REF.finditer(_source(cell)):
                 assert (m["key"] or m["block"]) in glued, f"{path.name}: {m[0]}"
@@ -233,13 +235,15 @@ def test_bad_input_is_one_line_exit_2(args, needles):
 
 def test_cli_passes_scenario_and_overrides_to_papermill(monkeypatch):
     calls = []
-    monkeypatch.setattr(book, "execute_all", lambda paths, dest, params, in_place: calls.append(
-        (dest, params, in_place)))
+    monkeypatch.setattr(book, "execute_all", lambda paths, dest, params, in_place, **kw:
+                        calls.append((dest, params, in_place, kw)))
     assert book.main(["--scenario", DEFAULT_SCENARIO, "-p", "gpus=64", "-p", "seq_len=2048"]) == 0
     assert calls[-1] == (book.GENERATED, {"scenario": DEFAULT_SCENARIO, "gpus": 64,
-                                          "seq_len": 2048}, False)
+                                          "seq_len": 2048}, False,
+                         {"drop_tags": ("not-launchable",)})
     assert book.main(["--in-place"]) == 0
-    assert calls[-1] == (book.NOTEBOOKS, {}, True), "in place: no injected parameters"
+    assert calls[-1] == (book.NOTEBOOKS, {}, True, {"drop_tags": ()}), \
+        "in place: no injected parameters, every cell kept"
 
 
 def test_failed_notebook_leaves_the_destination_as_it_was(tmp_path, monkeypatch):

@@ -92,6 +92,7 @@ def test_a_sheet_shows_title_box_and_exhibit_only(tmp_path):
     shown = pdf.page_parts(page, "sec-b")["exhibit"]
     assert "1.2. The plan" in shown and "<td>42</td>" in shown
     assert "Prose" not in shown and "code" not in shown and "#" not in shown.split("</div>")[0]
+    assert pdf.page_parts(page, ("sec-gone", "sec-b"))["exhibit"] == shown  # the first there
     with pytest.raises(pdf.PdfError, match='id="fig-gone"'):
         pdf.page_parts(page, "fig-gone")
 
@@ -100,9 +101,10 @@ def test_the_print_page_has_six_sheets_named_by_scenario(tmp_path):
     folder = tmp_path / "book" / "_generated"
     folder.mkdir(parents=True)
     for p in pdf.PAGES:
-        (folder / f"{p}.html").write_text(_page(p, FIGURE.replace("fig-a", pdf.EXHIBITS[p])
-                                                if pdf.EXHIBITS[p].startswith("fig")
-                                                else SECTION.replace("sec-b", pdf.EXHIBITS[p])))
+        shown = pdf.EXHIBITS[p] if isinstance(pdf.EXHIBITS[p], str) else pdf.EXHIBITS[p][-1]
+        (folder / f"{p}.html").write_text(_page(p, FIGURE.replace("fig-a", shown)
+                                                if shown.startswith("fig")
+                                                else SECTION.replace("sec-b", shown)))
     text = pdf.print_page(tmp_path, "llama-70b-256xh100").read_text()
     assert text.count('<section class="tp-page"') == 6
     assert "Llama-style 70B" in text.split("</title>")[0]

@@ -166,3 +166,69 @@ def test_resume_with_another_model_is_refused(reference, work):
                            str(root), "--resume"])
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert proc.returncode != 0 and errors and "size" in errors[0].lower(), proc.stderr[-2000:]
+
+
+def _copy_unverified(reference, dest: Path) -> Path:
+    """The reference's checkpoints, each broken in a way its manifest and listing show: a
+    shard cut short, a file gone, a manifest edited."""
+    from trainplan.bench.ckpt import manifest as mf
+
+    shutil.copytree(reference["root"], dest)
+    folders = [d for _, d in mf.step_dirs(dest)]
+    assert len(folders) == 3, folders
+    shard = next(folders[0].glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1])
+    (folders[1] / "rank-00001.json").unlink()
+    edited = json.loads((folders[2] / mf.MANIFEST).read_text())
+    edited["world_size"] += 1
+    (folders[2] / mf.MANIFEST).write_text(json.dumps(edited))
+    return dest
+
+
+def test_resume_where_no_checkpoint_verifies_is_refused_before_torchrun(
+        reference, work, capsys, monkeypatch):
+    """One line and exit 2 from `trainplan train`, the ranks' own refusal, and no torchrun:
+    with --fresh the same folder passes the check."""
+    from trainplan.bench.ckpt.store import resume_choice
+    from trainplan.commands import training
+
+    root = _copy_unverified(reference, work / "unverified")
+    ranks = resume_choice(root, True, False)  # what rank 0 says, the shards read
+    assert ranks[0] == "error", ranks
+    before = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*"))
+    started = []
+    monkeypatch.setattr(training.subprocess, "run", lambda *a, **k: started.append(a))
+    args = ["--model", str(work / "tiny.yaml"), "--data", str(work / "shards"), "--steps",
+            str(STEPS + 4), "--nproc-per-node", "2", "--dp", "2", "--zero", "3", "--cpu",
+            "--ckpt-dir", str(root)]
+    rc, err = run_cli([*args, "--resume"], capsys)
+    print(err)
+    assert rc == 2 and len(err.splitlines()) == 1 and not started, err
+    assert err == f"trainplan: error: {ranks[1]}", err
+    assert "--resume: no verified checkpoint in " in err and "(truncated?)" in err
+    assert "pass --fresh to start at step 0 anyway" in err
+    rc, err = run_cli([*args], capsys)  # no --resume: the folder's checkpoints would be lost
+    assert rc == 2 and "already holds checkpoints" in err and not started, err
+    rc, err = run_cli([*args, "--resume", "--fresh", "--dry-run"], capsys)
+    assert rc == 0 and not started, err
+    assert sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*")) == before
+
+
+def test_the_check_before_torchrun_leaves_hashes_to_the_ranks(reference, work):
+    """The check reads manifests and listings, not the shards: a bit flipped inside a shard
+    passes it (the ranks' full verification refuses it), a shard cut short does not."""
+    from trainplan.bench.ckpt import manifest as mf
+    from trainplan.bench.ckpt.store import resume_choice
+
+    root = work / "flipped"
+    shutil.copytree(reference["root"], root)
+    for _, folder in mf.step_dirs(root):
+        shard = next(folder.glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+    assert resume_choice(root, True, False, contents=False)[0] == "ok"
+    full = resume_choice(root, True, False)
+    assert full[0] == "error" and "sha256 mismatch" in full[1], full
+    cut = _copy_unverified(reference, work / "cut")
+    assert resume_choice(cut, True, False, contents=False) == resume_choice(cut, True, False)

@@ -7,7 +7,11 @@ export`: a checkpoint as a Hugging Face folder.
 
 Every flag is checked here first (the trainer's own parser, the model, the layout against
 `nproc_per_node x nnodes` ranks, the shards against the model's vocabulary), so bad input
-is one line and exit 2 before a process starts. Then torchrun runs `trainplan.train` with
+is one line and exit 2 before a process starts; so is a --ckpt-dir that the ranks would
+refuse (checkpoints there without --resume, none verifying with --resume and without
+--fresh), by the ranks' rule on the manifests and the folders' listings and sizes: hashing
+the shards would read the whole checkpoint before the ranks read it again, so a folder that
+only its hashes reject is refused by the ranks. Then torchrun runs `trainplan.train` with
 the same flags; its progress lines go to stderr as it runs. Exit 143 from the trainer
 (SIGTERM, its checkpoint saved) is reported as a stop to resume, not as a failure.
 
@@ -96,6 +100,14 @@ def check(args) -> None:
                          device_type=device)
     for folder, _ in batches.parse_mixture(args.data):
         open_shards(folder, "train", args.tokenizer, spec.vocab)
+    if args.ckpt_dir:
+        from pathlib import Path
+
+        from trainplan.bench.ckpt.store import resume_choice
+
+        choice = resume_choice(Path(args.ckpt_dir), args.resume, args.fresh, contents=False)
+        if choice[0] == "error":
+            raise UsageError(choice[1])
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the node "
                          "that hosts the rendezvous, the same on every node)")

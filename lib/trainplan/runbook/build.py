@@ -15,6 +15,11 @@ empty default ("" or 0) takes the scenario's value, one given overrides it.
 (Plain `str`/`int`/`float` annotations with empty defaults rather than
 `int | None = None`: papermill's parameter inspection reads only the former.)
 
+A cell tagged `launchable` is written for a scenario whose model the trainer runs,
+one tagged `not-launchable` for one it does not (a mixture of experts: page 6 says
+why it has no commands, `decision.no_launch`); a scenario's build drops the other
+case's cells before executing, `--in-place` keeps both (the committed notebooks).
+
 Bad input (unknown scenario or parameter, a value of the wrong type, a spec
 the library rejects) gives one line on stderr naming the value and what is
 valid, exit code 2, and writes nothing: notebooks are executed into a
@@ -37,6 +42,7 @@ from pathlib import Path
 import trainplan.errors as errors
 from trainplan.errors import TrainplanError
 from trainplan.plan.search import search
+from trainplan.runbook.decision import no_launch_reason
 from trainplan.runbook.pages import DEFAULT_SCENARIO, Inputs, ParameterError, resolve_inputs
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -46,6 +52,7 @@ REPORTS = ROOT / "_build" / "execution-reports"  # failed notebooks, kept for re
 KERNEL = "python3"
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
+CASE_TAGS = {True: "launchable", False: "not-launchable"}  # cells for one case of page 6
 
 
 # ---------------------------------------------------------------- parameters
@@ -173,6 +180,19 @@ def _hide_inputs(nb: dict) -> dict:
     return nb
 
 
+def other_case_tags(inputs: Inputs) -> tuple[str, ...]:
+    """The tags of the cells a build for `inputs` drops: those written for the other case
+    of whether the trainer runs the scenario's model."""
+    return (CASE_TAGS[no_launch_reason(inputs.model) is not None],)
+
+
+def drop_cells(nb: dict, tags: tuple[str, ...]) -> dict:
+    """`nb` without its cells tagged with any of `tags`."""
+    nb["cells"] = [c for c in nb["cells"]
+                   if not set(tags) & set(c.get("metadata", {}).get("tags", []))]
+    return nb
+
+
 def _rewrite(path: Path, *steps) -> None:
     nb = json.loads(path.read_text())
     for step in steps:
@@ -192,12 +212,14 @@ def _error_names() -> set[str]:
 
 
 def execute_all(paths: list[Path], dest: Path, parameters: dict, in_place: bool = False,
-                log=print, scratch: Path = ROOT / "book") -> list[Path]:
+                log=print, scratch: Path = ROOT / "book", drop_tags: tuple[str, ...] = ()
+                ) -> list[Path]:
     """Execute `paths` with papermill into a temp folder, then move them all to `dest`.
 
     `in_place` replaces the files one by one inside `dest` (the committed
     notebooks); otherwise `dest` as a whole is swapped for the new folder.
     The temporary folder is made in `scratch` (hidden, and excluded from the book).
+    Cells tagged with any of `drop_tags` are left out before execution.
     """
     import papermill as pm
 
@@ -207,9 +229,14 @@ def execute_all(paths: list[Path], dest: Path, parameters: dict, in_place: bool 
         for i, src in enumerate(paths, 1):
             out = tmp / src.name
             t0 = time.perf_counter()
+            source = src
+            if drop_tags:
+                source = tmp / f".source-{src.name}"
+                nb = drop_cells(json.loads(src.read_text()), drop_tags)
+                source.write_text(json.dumps(nb, indent=1, ensure_ascii=False))
             try:
                 pm.execute_notebook(
-                    str(src), str(out), parameters=parameters or None, kernel_name=KERNEL,
+                    str(source), str(out), parameters=parameters or None, kernel_name=KERNEL,
                     cwd=str(src.parent), progress_bar=False, log_output=False,
                     request_save_on_cell_execute=False,
                     # the kernel's own log (TCP without encryption, the interrupt that
@@ -223,6 +250,9 @@ def execute_all(paths: list[Path], dest: Path, parameters: dict, in_place: bool 
                     report = REPORTS / src.name
                     shutil.copy(out, report)
                 raise NotebookFailed(src.stem, err.ename, err.evalue, report) from None
+            finally:
+                if source != src:
+                    source.unlink(missing_ok=True)
             steps = [_strip_volatile] + ([_introduce_injected] if parameters else []) \
                 + ([] if in_place else [_hide_inputs])
             _rewrite(out, *steps)
@@ -306,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = _parse_overrides(args.param, known)
         scenario = args.scenario or DEFAULT_SCENARIO
         inputs = resolve_inputs(scenario, **overrides)  # fail fast, before any kernel starts
+        drop = () if args.in_place else other_case_tags(inputs)
         if not args.in_place:
             check_searchable(inputs)
     except TrainplanError as err:
@@ -321,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{GENERATED.relative_to(ROOT)}/")
     t0 = time.perf_counter()
     try:
-        execute_all(paths, dest, parameters, in_place=args.in_place)
+        execute_all(paths, dest, parameters, in_place=args.in_place, drop_tags=drop)
     except NotebookFailed as err:
         where = f" (executed notebook: {err.report})" if err.report else ""
         print(f"trainplan.runbook.build: notebook {err}{where}", file=sys.stderr)

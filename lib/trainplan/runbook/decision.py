@@ -4,15 +4,20 @@ The rule is `launch.choice`'s (the fastest plan the trainer runs that fits with 
 band's margin), so page 6 and `trainplan launch` run what page 1 recommends. Where a faster
 plan was passed over, the page names it and why: the trainer cannot run it (expert
 parallel), or its band says it may not fit, with what the safe choice costs. Where no plan
-fits with margin, or nothing of the model runs (a mixture of experts), the page says so.
+fits with margin, or nothing of the model runs (a mixture of experts), the page says so;
+page 6 then has no commands and says why (`no_launch`), by the rule that makes
+`trainplan launch` refuse the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 
 from trainplan.launch.choice import Decision, choose
 from trainplan.plan.search import search
+from trainplan.specs import Scenario, load_model, load_scenario, preset_names
+from trainplan.train.support import RUNNABLE_PINS, not_runnable
 
 
 def decided(inputs):
@@ -135,3 +140,44 @@ def memory_decision(d: Decision, card_gib: float) -> str:
             "has.")
     note = short_note(d)
     return f"{text} {note}" if note else text
+
+
+def no_launch_reason(model) -> str | None:
+    """Why `trainplan launch` writes no scripts for `model` (a ModelSpec): the reason the
+    trainer runs none of its layouts with expert parallel pinned off, as the launch pins it
+    (`launch.job.best_runnable`); None where a layout runs."""
+    return not_runnable(RUNNABLE_PINS, model)
+
+
+def launch_scenarios() -> list[str]:
+    """The scenario presets (data/scenarios/) whose model the trainer runs: the runbooks
+    whose page 6 has commands."""
+    return [name for name in preset_names(Scenario)
+            if no_launch_reason(load_model(load_scenario(name).model)) is None]
+
+
+@dataclass(frozen=True)
+class NoLaunch:
+    """Page 6's words for a model the trainer does not run: `values` for `{glue:text}`,
+    `markdown` for `{glue:md}`."""
+
+    values: dict = field(default_factory=dict)
+    markdown: dict = field(default_factory=dict)
+
+
+def no_launch(inputs, chosen) -> NoLaunch | None:
+    """What page 6 says in place of commands where the trainer runs no layout of the model
+    (a mixture of experts): the model, its experts per layer and per token, the expert-parallel
+    degree and predicted tokens/s per GPU of `chosen` (page 1's plan), why there is no launch,
+    and the scenarios that have one. None where the model launches."""
+    why = no_launch_reason(inputs.model)
+    if why is None:
+        return None
+    m = inputs.model
+    names = [f"`{n}`" for n in launch_scenarios()]
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+    return NoLaunch(
+        values={"experts_model": m.name, "n_experts": m.n_experts, "experts_top_k": m.top_k,
+                "experts_ep": int(chosen["ep"]),
+                "planned_tokens_per_s_per_gpu": float(chosen["tokens_per_s_per_gpu"])},
+        markdown={"no_launch_why": why, "launch_scenarios": listed or "none yet"})

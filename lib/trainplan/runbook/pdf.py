@@ -36,10 +36,13 @@ from trainplan.runbook.version import version
 
 PAGES = ("01_strategy", "02_memory", "03_throughput", "04_validation", "05_checkpoint",
          "06_launch")
-# each page's key exhibit: a figure's id, or a section's id (its first cell output is printed)
+# each page's key exhibit: a figure's id, or a section's id (its first cell output is printed);
+# the first id of a tuple that the page has (page 6 of a model the trainer does not run has
+# no commands, and shows its plan's layout)
 EXHIBITS = {"01_strategy": "fig-candidates", "02_memory": "fig-memory",
             "03_throughput": "fig-step", "04_validation": "per-layout-family",
-            "05_checkpoint": "the-checkpoint-plan", "06_launch": "three-commands"}
+            "05_checkpoint": "the-checkpoint-plan",
+            "06_launch": ("three-commands", "the-plan-s-layout")}
 PRINT_PAGE = "runbook-print.html"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 TIMEOUT_S = 180
@@ -129,14 +132,17 @@ def _find(text: str, pattern: str, what: str, page: Path) -> str:
     return element(text, found.start())
 
 
-def page_parts(page: Path, exhibit: str) -> dict[str, str]:
+def page_parts(page: Path, exhibit: str | tuple[str, ...]) -> dict[str, str]:
     """The parts of one built page that its printed sheet shows: {"title", "box", "exhibit"}
-    (`exhibit` names a figure, or a section whose first cell output is shown, headed)."""
+    (`exhibit` names a figure, or a section whose first cell output is shown, headed; of a
+    tuple, the first the page has)."""
     text = _find(page.read_text(encoding="utf-8"), r'<article class="bd-article"',
                  '<article class="bd-article">', page)
     title = _find(text, r"<h1\b", "<h1> title", page)
     box = _find(text, r'<div class="(?=[^"]*\badmonition\b)(?=[^"]*\btip\b)', "plain-words box",
                 page)
+    ids = (exhibit,) if isinstance(exhibit, str) else exhibit
+    exhibit = next((i for i in ids if f'id="{i}"' in text), ids[0])
     shown = _find(text, rf'<\w+\b[^>]*\bid="{re.escape(exhibit)}"', f'id="{exhibit}"', page)
     if not shown.startswith("<figure"):
         heading = _find(shown, r"<h[2-4]\b", "heading", page)

@@ -7,7 +7,8 @@ every rank's shards and DCP's .metadata are on disk) is the commit record, and a
 without it is ignored. Resume takes the newest checkpoint that verifies, says in one line
 which and why, and `dcp.load` reshards it to the current layout; only tensors are stored,
 so nothing is unpickled beyond DCP's verified index. Where folders claim to be checkpoints
-but none verifies, --resume refuses (exit 2) unless --fresh. Retention keeps the last k >= 2
+but none verifies, --resume refuses (exit 2) unless --fresh (`resume_choice`, which
+`trainplan train` also asks before torchrun starts). Retention keeps the last k >= 2
 verified checkpoints. A run whose final save failed ends in failure (`final_failure`).
 The layout on disk is in bench/README.md, "Checkpoints on disk".
 """
@@ -62,6 +63,28 @@ def check_args(args) -> None:
         raise CheckpointError(f"--ckpt-threads = {args.ckpt_threads} must be >= 1")
     if args.collective_timeout_s is not None and args.collective_timeout_s <= 0:
         raise CheckpointError(f"--collective-timeout-s = {args.collective_timeout_s} must be > 0")
+
+
+def resume_choice(root: Path, resume: bool, fresh: bool, contents: bool = True) -> tuple:
+    """Rank 0's answer for the checkpoint folder `root`: ("ok", path or None, manifest, line
+    or None), or ("error", line) where folders claim to be checkpoints (hold a manifest) and
+    not `resume`, or where none of them verifies and not `fresh`: starting again at step 0
+    would lose the run, and its saves would not count. `contents=False` verifies without
+    reading the checkpoints' files (`mf.verify`): its errors are this function's errors,
+    its "ok" may not be (`trainplan train` asks so before torchrun starts)."""
+    complete = mf.committed(root)
+    if not resume:
+        if complete:
+            return "error", (f"--ckpt-dir {root} already holds checkpoints (newest "
+                             f"{complete[0]}); pass --resume to continue, or use an empty folder")
+        return "ok", None, None, None
+    path, manifest, line = mf.choose(root, contents=contents)
+    if path is not None or not complete:
+        return "ok", str(path) if path else None, manifest, (
+            line if path else f"{line}; starting at step 0")
+    if not fresh:
+        return "error", f"--resume: {line}; pass --fresh to start at step 0 anyway"
+    return "ok", None, None, f"{line}; starting at step 0 (--fresh)"
 
 
 def timeout(args) -> timedelta | None:
@@ -190,14 +213,7 @@ class Checkpointer(SaveMixin):
             return 0
         choice = None
         if self.rank == 0:
-            complete = mf.committed(self.root)
-            if complete and not self.want_resume:
-                choice = ("error", f"--ckpt-dir {self.root} already holds checkpoints (newest "
-                          f"{complete[0]}); pass --resume to continue, or use an empty folder")
-            elif self.want_resume:
-                choice = self._choose(complete)
-            else:
-                choice = ("ok", None, None, None)
+            choice = resume_choice(self.root, self.want_resume, self.fresh)
         choice = self._from_rank0(choice)
         if choice[0] == "error":
             raise CheckpointError(choice[1])
@@ -222,18 +238,6 @@ class Checkpointer(SaveMixin):
         if self.digest_on:
             self.log_digest(step, "load")
         return step
-
-    def _choose(self, complete: list[str]) -> tuple:
-        """Rank 0's answer to --resume: ("ok", path or None, manifest, line), or ("error", line)
-        where folders claim to be checkpoints (`complete`) but none verifies and not --fresh:
-        starting again at step 0 would lose the run, and its saves would not count."""
-        path, manifest, line = mf.choose(self.root)
-        if path is not None or not complete:
-            return "ok", str(path) if path else None, manifest, (
-                line if path else f"{line}; starting at step 0")
-        if not self.fresh:
-            return "error", f"--resume: {line}; pass --fresh to start at step 0 anyway"
-        return "ok", None, None, f"{line}; starting at step 0 (--fresh)"
 
     def _load(self, path: Path, manifest: dict) -> None:
         import torch.distributed.checkpoint as dcp
