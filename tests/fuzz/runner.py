@@ -3,10 +3,13 @@
 A helper process for the hostile-input tests: it imports trainplan and the libraries
 its verbs load (pandas, optuna, torch) once, then reads one JSON request a line on stdin,
 {"argv": [...], "cwd": DIR, "timeout_s": 10}, forks a child that runs the CLI with stdin
-from /dev/null, stdout and stderr to files, an alarm at `timeout_s` and an address-space
-limit, and answers one JSON line: {"rc", "stdout", "stderr", "seconds", "rss_growth_mib"}.
-`rc` is the exit code, or -N for a child killed by signal N (SIGALRM: out of time).
-`rss_growth_mib` is the child's peak resident set less the helper's at the fork.
+from /dev/null, stdout and stderr to files, an address-space limit and two clocks: SIGPROF
+after `timeout_s` seconds of CPU, SIGALRM after `HANG` times that of wall time (a run that
+waits on nothing). It answers one JSON line: {"rc", "stdout", "stderr", "seconds",
+"cpu_seconds", "rss_growth_mib"}. `rc` is the exit code, or -N for a child killed by
+signal N. `rss_growth_mib` is the child's peak resident set less the helper's at the fork.
+CPU time, not wall time, is the budget: on a loaded machine a run's wall time says more
+about its neighbours than about it.
 
 One process of our own (no test runner threads in it) forks: what a user's one-off
 `trainplan ...` costs is the child's time and memory, without the imports.
@@ -23,6 +26,7 @@ import time
 import traceback
 
 HEADROOM = 2 * 2**30  # address space a child may add: a hard stop well past the 1 GiB asked
+HANG = 6  # wall-time limit, as a multiple of the CPU-time one
 
 
 def _vm_kib(field: str) -> int:
@@ -42,8 +46,10 @@ def _child(argv: list[str], cwd: str, timeout_s: float) -> None:
             os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         limit = _vm_kib("VmSize") * 1024 + HEADROOM
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        for sig in (signal.SIGALRM, signal.SIGPROF):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.setitimer(signal.ITIMER_PROF, timeout_s)
+        signal.setitimer(signal.ITIMER_REAL, HANG * timeout_s)
         rc = cli.main(argv)
     except SystemExit as err:  # argparse's --help and --version
         rc = err.code if isinstance(err.code, int) else 1
@@ -65,7 +71,8 @@ def run_one(req: dict) -> dict:
     _, status, usage = os.wait4(pid, 0)
     seconds = time.monotonic() - t0
     rc = os.waitstatus_to_exitcode(status)
-    out = {"rc": rc, "seconds": seconds, "rss_growth_mib": max(0, usage.ru_maxrss - rss) / 1024}
+    out = {"rc": rc, "seconds": seconds, "cpu_seconds": usage.ru_utime + usage.ru_stime,
+           "rss_growth_mib": max(0, usage.ru_maxrss - rss) / 1024}
     for key, name in (("stdout", ".stdout"), ("stderr", ".stderr")):
         path = os.path.join(req["cwd"], name)
         with open(path, "rb") as f:
