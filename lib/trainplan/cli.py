@@ -1,9 +1,10 @@
 """`trainplan VERB ...`: a thin command line over the library.
 
 Parses, delegates, prints. Every `TrainplanError` (and every argument error)
-becomes one line on stderr and exit code 2; `--json` prints one JSON object on
-stdout. The verbs live in `trainplan.commands`, one module per group; the
-contract is in the README ("Command line").
+becomes one line on stderr (at most `MAX_LINE` characters) and exit code 2;
+`--json` prints one JSON object on stdout, notes go to stderr. The verbs live
+in `trainplan.commands`, one module per group; the contract is in the README
+("Command line").
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import warnings
 
 from trainplan import __version__
 from trainplan.commands.args import Parser
 from trainplan.errors import TrainplanError
 
 EXIT_USAGE = 2
+MAX_LINE = 300  # characters of the one error line
 VERB_MODULES = ("planning", "validation", "resilience", "tuning", "launching", "benchmarking",
                 "data", "training")
 
@@ -30,13 +33,31 @@ def build_parser() -> Parser:
     return parser
 
 
+def one_line(err: Exception, limit: int = MAX_LINE) -> str:
+    """The message of `err` as the one stderr line, at most `limit` characters: a longer one
+    keeps its start (the bad value) and its end (what is valid), the middle elided."""
+    line = f"trainplan: error: {' '.join(str(err).split())}"
+    if len(line) <= limit:
+        return line
+    head = (limit - 5) * 2 // 3
+    return f"{line[:head]} ... {line[len(line) - (limit - 5 - head):]}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-        out = args.run(args)
-    except TrainplanError as err:
-        print(f"trainplan: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return EXIT_USAGE
+    """Run one verb. Its notes (choices made for the user) go to stderr once it succeeded;
+    on an error the one line is all stderr gets, warnings raised on the way included."""
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force still apply
+        try:
+            args = build_parser().parse_args(argv)
+            args.notes = []
+            out = args.run(args)
+        except TrainplanError as err:
+            print(one_line(err), file=sys.stderr)
+            return EXIT_USAGE
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    for note in args.notes:
+        print(f"trainplan: {note}", file=sys.stderr)
     print(json.dumps(out) if getattr(args, "json", False) else args.fmt(out))
     return 0
 

@@ -43,6 +43,7 @@ from trainplan.compare.accuracy import compare
 from trainplan.compare.matching import error_summary
 from trainplan.compare.scaling import weak_scaling
 from trainplan.errors import TrainplanError, UsageError
+from trainplan.loader import MAX_LOG_BYTES, json_lines, load_json, parse_json, quote
 
 COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the report
 # The plain block also in DDP's precision (fp32 weights under autocast), so that the DDP
@@ -125,13 +126,18 @@ def read_previous(path: str | None, launches: int) -> tuple[dict, dict]:
     or saw fail, or carried from the run it continued: those are not run again)."""
     if path is None:
         return {}, {}
+    prev = load_json(Path(path) / "validate.json", error=UsageError, max_bytes=MAX_LOG_BYTES,
+                     what="validate.json of an earlier --out")
+    if not isinstance(prev, dict):
+        raise UsageError(f"--continue-from {quote(path)}: its validate.json is not a report of "
+                         "`trainplan validate`; name the --out of an earlier run")
     try:
-        prev = json.loads((Path(path) / "validate.json").read_text())
-    except (OSError, ValueError) as err:
-        raise UsageError(f"--continue-from {path!r}: no readable validate.json "
-                         f"({type(err).__name__}); name the --out of an earlier run") from None
-    skip = {o["tag"]: o for o in prev.get("carried", []) + prev.get("configs", [])
-            if o["status"] == "failed" or (o["status"] == "measured" and o["launches"] >= launches)}
+        skip = {o["tag"]: o for o in list(prev.get("carried", [])) + list(prev.get("configs", []))
+                if o["status"] == "failed"
+                or (o["status"] == "measured" and o["launches"] >= launches)}
+    except (KeyError, TypeError, AttributeError):
+        raise UsageError(f"--continue-from {quote(path)}: its validate.json lacks the configs' "
+                         "tag, status and launches; name the --out of an earlier run") from None
     return prev, skip
 
 
@@ -196,7 +202,7 @@ def micro_kinds(path: Path) -> set[str]:
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                kinds.add(json.loads(line)["bench"])
+                kinds.add(parse_json(line, str(path), error=ValueError)["bench"])
             except (ValueError, KeyError, TypeError):
                 continue  # the line being written when the run was stopped
     return kinds
@@ -256,21 +262,15 @@ def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
 def calibration_in(cal: dict, out: Path):
     """Predictions and re-predictions of this run use DIR's calibration of the card.
 
-    `calibrate.store.load_gpu` reads its `CALIBRATION_DIR`; for the run it points
-    at DIR/calibration (where the measured or given file was put), so the
-    repository's committed calibrations are neither used nor overwritten.
+    The measured or given file (in DIR/calibration) is named to `calibrate.store.load_gpu`
+    for the run (`explicit`), so it applies to the card whether that is a preset or a YAML
+    file, and the repository's committed calibrations are neither used nor overwritten.
     """
     from trainplan.calibrate import store as cal_store  # pandas: not loaded at import
 
-    if cal["path"] is None or cal["source"] == "committed":
+    own = cal["path"] is not None and cal["source"] != "committed"
+    with cal_store.explicit(cal["path"] if own else None):
         yield
-        return
-    saved = cal_store.CALIBRATION_DIR
-    cal_store.CALIBRATION_DIR = out / "calibration"
-    try:
-        yield
-    finally:
-        cal_store.CALIBRATION_DIR = saved
 
 
 def compare_records(out: Path, repredict: bool) -> dict:
@@ -291,8 +291,7 @@ def compare_records(out: Path, repredict: bool) -> dict:
                   "predicted_not_measured": [], "files": []}
     result["scaling"] = weak_scaling(result["rows"])
     failed = out / "failed.jsonl"
-    result["failed_launches"] = ([json.loads(ln) for ln in failed.read_text().splitlines()]
-                                 if failed.is_file() else [])
+    result["failed_launches"] = ([v for _, v in json_lines(failed)] if failed.is_file() else [])
     return result
 
 

@@ -106,11 +106,16 @@ def test_load_gpu_uses_calibration_where_present(monkeypatch):
 @pytest.mark.parametrize("text, match", [
     ("gpu: x\n", "missing field 'label'"),
     ("[1, 2]\n", "expected a mapping"),
-    ("gpu: x\nlabel: y\nmatmul_efficiency: 1.5\nattention_efficiency: 0.5\ncollectives: {}\n",
+    ("gpu: x\ncard: [c]\nlabel: y\nmatmul_efficiency: 1.5\nattention_efficiency: 0.5\n"
+     "collectives: {}\n",
      "matmul_efficiency = 1.5"),
-    ("gpu: x\nlabel: y\nmatmul_efficiency: 0.5\nattention_efficiency: 0.5\n"
+    ("gpu: x\ncard: [c]\nlabel: y\nmatmul_efficiency: 0.5\nattention_efficiency: 0.5\n"
      "collectives: {all_reduce: {latency_us: 1, busbw_gbps: 0}}\n", "collectives.all_reduce"),
-    ("gpu: [unclosed\n", "not a readable calibration"),
+    ("gpu: [unclosed\n", "not valid YAML"),
+    ("gpu: x\nlabel: y\nmatmul_efficiency: 0.5\nattention_efficiency: 0.5\ncollectives: {}\n",
+     "missing field 'card'"),
+    ("gpu: h200-sxm\ncard: [NVIDIA H200]\nlabel: y\nmatmul_efficiency: 0.5\n"
+     "attention_efficiency: 0.5\ncollectives: {}\n", "stands for preset 'h100-sxm'"),
 ])
 def test_malformed_calibration_is_one_clear_error(tmp_path, monkeypatch, text, match):
     monkeypatch.setattr(calibration, "CALIBRATION_DIR", tmp_path)

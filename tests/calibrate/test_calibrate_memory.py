@@ -128,7 +128,8 @@ def test_the_field_validates_and_survives_the_calibration_yaml(tmp_path):
     assert _gpu().fragmentation_scales == ()  # inert until measured
     pieces = {"fragmentation_scales": [["fsdp2:z3", 0.55], ["plain", 0.55], ["tp2", 0.08]],
               "fragmentation_fit": [["plain", 0.69, 1.26]]}
-    cal = {"gpu": "h100-sxm", "label": "test", "matmul_efficiency": 0.7,
+    cal = {"gpu": "h100-sxm", "card": ["NVIDIA H100 80GB HBM3"], "label": "test",
+           "matmul_efficiency": 0.7,
            "attention_efficiency": 0.5, "collectives": {}, "pieces": pieces}
     path = calibrate.write(cal, tmp_path / "cal.yaml")
     gpu = calibration.apply(_gpu(), calibration.load("h100-sxm", path))

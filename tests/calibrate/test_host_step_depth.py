@@ -101,7 +101,8 @@ def test_the_field_validates_and_survives_the_calibration_yaml(tmp_path):
     assert _gpu().host_step_layer_s == ()  # inert until measured
     pieces = {"host_block_s": [["plain", 0.003]], "host_step_s": [["plain", 0.01]],
               "host_step_layer_s": [["plain", 0.001], ["tp2", 0.0025]]}
-    cal = {"gpu": "h100-sxm", "label": "test", "matmul_efficiency": 0.7,
+    cal = {"gpu": "h100-sxm", "card": ["NVIDIA H100 80GB HBM3"], "label": "test",
+           "matmul_efficiency": 0.7,
            "attention_efficiency": 0.5, "collectives": {}, "pieces": pieces}
     path = calibrate.write(cal, tmp_path / "cal.yaml")
     gpu = calibration.apply(_gpu(), calibration.load("h100-sxm", path))

@@ -71,7 +71,8 @@ def test_plan_13b_on_32_h100_json_contract_and_speed(tmp_path):
     wall = time.perf_counter() - start
     print(f"\ntrainplan plan --model llama-13b --gpu h100-sxm --gpus 32 --json: {wall:.2f} s wall")
     assert r.returncode == 0, r.stderr
-    assert r.stderr == ""
+    assert r.stderr == ("trainplan: --cluster dgx-h100 (the cluster of --gpu h100-sxm; pass "
+                        "--cluster to choose another)\n")  # the default said, JSON stays valid
     out = json.loads(r.stdout)
     assert r.stdout.count("\n") <= 1  # one JSON object
     assert {"plans", "searched", "elapsed_s"} <= set(out)

@@ -124,7 +124,7 @@ def test_few_launches_are_flagged_not_dropped(tmp_path):
 
 
 @pytest.mark.parametrize("mutate, match", [
-    (lambda lines: lines[:1] + ["{not json"] + lines[1:], "bad JSON"),
+    (lambda lines: lines[:1] + ["{not json"] + lines[1:], "not valid JSON"),
     (lambda lines: [json.dumps({k: v for k, v in json.loads(lines[0]).items()
                                 if k != "step_time_s"})], "missing field 'step_time_s'"),
     (lambda lines: lines + [""], "empty line"),

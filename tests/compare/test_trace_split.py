@@ -152,7 +152,7 @@ def test_bad_profile_names_file_and_field(tmp_path, field, value):
 
 def test_not_json_is_one_line(tmp_path):
     path = write(tmp_path, "{not json")
-    with pytest.raises(RecordError, match="not a readable JSON file") as err:
+    with pytest.raises(RecordError, match="not valid JSON") as err:
         trace_split.load(path)
     assert "\n" not in str(err.value) and path in str(err.value)
 

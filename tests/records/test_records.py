@@ -127,7 +127,7 @@ def _line(r) -> str:
 
 
 @pytest.mark.parametrize("lines, number, message", [
-    (["GOOD", '{"kind": "measurement", '], 2, "bad JSON"),
+    (["GOOD", '{"kind": "measurement", '], 2, "not valid JSON"),
     (["GOOD", "", "GOOD"], 2, "empty line"),
     (["GOOD", "   ", "GOOD"], 2, "empty line"),
     (["GOOD", "[1, 2]"], 2, "must be a JSON object"),

@@ -43,6 +43,7 @@ from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.calibrate.store import COLLECTIVES, CalibrationError, card_preset
 from trainplan.cost import comms
 from trainplan.errors import SpecError
+from trainplan.loader import quote
 from trainplan.records import schema as records
 from trainplan.specs import GPUSpec, load_model
 
@@ -174,7 +175,7 @@ def build(paths, gpu: GPUSpec) -> dict:
         for r in recs:
             preset = card_preset(r["card"])
             if preset is not None and preset != gpu.name:
-                raise CalibrationError(f"{path}: card {r['card']!r} is {preset}, not "
+                raise CalibrationError(f"{path}: card {quote(r['card'])} is {preset}, not "
                                        f"{gpu.name}; pass --gpu {preset} or other records")
             by_bench[r["bench"]].append(r)
         if recs:

@@ -1,28 +1,35 @@
-"""A card's calibration file: read, checked and applied to its GPU preset.
+"""A card's calibration file: read, checked and applied to its GPU preset, by identity.
 
 data/hardware/calibration/<gpu preset>.yaml holds the constants `trainplan.calibrate.fit`
-derives from microbenchmark records; `load_gpu` is the preset with them applied, the GPU
-every prediction uses. $TRAINPLAN_CALIBRATION=off keeps the datasheet values everywhere.
+derives from microbenchmark records, and names the preset (`gpu`) and the cards (`card`,
+as nvidia-smi names them) it was measured on. `load_gpu` applies it to that preset only:
+a GPU given as a YAML file of the user's gets its datasheet values whatever the file is
+called, unless a calibration is named for it (`load_gpu(..., calibration=FILE)`, the
+verbs' `--calibration FILE`, or `explicit(FILE)` around a run, as `validate` does).
+$TRAINPLAN_CALIBRATION=off keeps the datasheet values wherever no file is named.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import os
 from pathlib import Path
 
-import yaml
-
 from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.errors import SpecError
-from trainplan.specs import DATA_DIR, GPUSpec, load_gpu_preset
+from trainplan.loader import load_yaml, quote, shown
+from trainplan.specs import DATA_DIR, GPUSpec, load_gpu_preset, preset_of
 
 CALIBRATION_DIR = DATA_DIR / "hardware" / "calibration"
 OFF_ENV = "TRAINPLAN_CALIBRATION"  # "off": use the datasheet/preset values everywhere
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 CARDS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}  # nvidia-smi name -> preset
-REQUIRED = ("gpu", "label", "matmul_efficiency", "attention_efficiency", "collectives")
+REQUIRED = ("gpu", "label", "matmul_efficiency", "attention_efficiency", "collectives", "card")
+_EXPLICIT: contextvars.ContextVar[Path | None] = contextvars.ContextVar("calibration",
+                                                                        default=None)
 
 
 class CalibrationError(SpecError):
@@ -36,24 +43,35 @@ def card_preset(card: str) -> str | None:
 
 def check(cal, path: Path) -> dict:
     """The calibration mapping of `path` if it is well formed, else one CalibrationError line."""
+    path = shown(path)
     if not isinstance(cal, dict):
         raise CalibrationError(f"{path}: expected a mapping, got {type(cal).__name__}")
     for key in REQUIRED:
         if key not in cal:
             raise CalibrationError(f"{path}: missing field {key!r} (required: {list(REQUIRED)})")
+    if not isinstance(cal["gpu"], str) or not isinstance(cal["label"], str):
+        raise CalibrationError(f"{path}: gpu = {quote(cal['gpu'])} and label = "
+                               f"{quote(cal['label'])} must be strings (a GPU preset, a label)")
+    cards = cal["card"]
+    if not isinstance(cards, list) or not cards or not all(isinstance(c, str) for c in cards):
+        raise CalibrationError(f"{path}: card = {quote(cards)} is not valid; list the card "
+                               "names (nvidia-smi's) it was measured on")
     for key in ("matmul_efficiency", "attention_efficiency"):
         v = cal[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-            raise CalibrationError(f"{path}: {key} = {v!r} is not valid; use a number in (0, 1]")
+            raise CalibrationError(f"{path}: {key} = {quote(v)} is not valid; use a number in "
+                                   "(0, 1]")
     if not isinstance(cal["collectives"], dict):
-        raise CalibrationError(f"{path}: collectives = {cal['collectives']!r} is not a mapping")
+        raise CalibrationError(f"{path}: collectives = {quote(cal['collectives'])} is not a "
+                               "mapping")
     for op, fit in cal["collectives"].items():
         ok = op in COLLECTIVES and isinstance(fit, dict) and all(
             isinstance(fit.get(k), (int, float)) and not isinstance(fit.get(k), bool)
             and math.isfinite(fit[k]) and fit[k] >= 0 for k in ("latency_us", "busbw_gbps"))
         if not ok or fit["busbw_gbps"] <= 0:
-            raise CalibrationError(f"{path}: collectives.{op} = {fit!r} is not valid; use "
-                                   f"{list(COLLECTIVES)} with latency_us >= 0, busbw_gbps > 0")
+            raise CalibrationError(f"{path}: collectives.{str(op)[:40]} = {quote(fit)} is not "
+                                   f"valid; use {list(COLLECTIVES)} with latency_us >= 0, "
+                                   "busbw_gbps > 0")
     return cal
 
 
@@ -62,16 +80,19 @@ def path_for(gpu_name: str) -> Path:
 
 
 def load(gpu_name: str, path: str | Path | None = None) -> dict | None:
-    """The calibration of preset `gpu_name` (or the file `path`); None where there is none."""
-    path = Path(path) if path else path_for(gpu_name)
+    """The calibration of preset `gpu_name` (or the file `path`); None where there is none.
+
+    The committed file of a preset must name that preset as its `gpu`: the file's place
+    says where to look, its content which card it is."""
+    named = path is not None
+    path = Path(path) if named else path_for(gpu_name)
     if not path.is_file():
         return None
-    try:
-        cal = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as err:
-        first = (str(err).splitlines() or [type(err).__name__])[0]
-        raise CalibrationError(f"{path}: not a readable calibration ({first})") from None
-    return check(cal, path)
+    cal = check(load_yaml(path, error=CalibrationError, what="calibration file"), path)
+    if not named and cal["gpu"] != gpu_name:
+        raise CalibrationError(f"{shown(path)}: gpu = {quote(cal['gpu'])}, but the file stands "
+                               f"for preset {gpu_name!r}; fix its gpu or move it")
+    return cal
 
 
 def apply(gpu: GPUSpec, cal: dict | None) -> GPUSpec:
@@ -80,31 +101,57 @@ def apply(gpu: GPUSpec, cal: dict | None) -> GPUSpec:
         return gpu
     coll = tuple((op, float(f["latency_us"]), float(f["busbw_gbps"]))
                  for op, f in sorted(cal["collectives"].items()))
-    out = dataclasses.replace(
-        gpu, matmul_efficiency=float(cal["matmul_efficiency"]),
-        attention_efficiency=float(cal["attention_efficiency"]),
-        memory_efficiency=float(cal.get("memory_efficiency") or gpu.memory_efficiency),
-        calibration=str(cal["label"]), collectives=coll)
+    try:
+        out = dataclasses.replace(
+            gpu, matmul_efficiency=float(cal["matmul_efficiency"]),
+            attention_efficiency=float(cal["attention_efficiency"]),
+            memory_efficiency=float(cal.get("memory_efficiency") or gpu.memory_efficiency),
+            calibration=str(cal["label"])[:200], collectives=coll)
+    except (SpecError, TypeError, ValueError) as err:
+        raise CalibrationError(f"{quote(cal['label'])}: its values do not fit {gpu.name} "
+                               f"({' '.join(str(err).split())[:160]})") from None
     try:
         return calibrate_pieces.apply(out, cal.get("pieces") or {})
-    except (SpecError, TypeError, ValueError) as err:
-        raise CalibrationError(f"{cal['label']}: pieces = {cal.get('pieces')!r} are not "
-                               f"valid ({err})") from None
+    except (SpecError, TypeError, ValueError, AttributeError) as err:
+        raise CalibrationError(f"{quote(cal['label'])}: pieces = {quote(cal.get('pieces'))} "
+                               f"are not valid ({' '.join(str(err).split())[:160]})") from None
 
 
-def with_calibration(gpu: GPUSpec) -> GPUSpec:
-    """`gpu` with its file under data/hardware/calibration/ applied, if any (and not off)."""
-    if os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no", "datasheet"):
-        return gpu
-    return apply(gpu, load(gpu.name))
+def off() -> bool:
+    """Whether $TRAINPLAN_CALIBRATION turns the committed calibrations off."""
+    return os.environ.get(OFF_ENV, "").lower() in ("off", "0", "no", "datasheet")
 
 
+@contextlib.contextmanager
+def explicit(path: str | Path | None):
+    """Within the block, every `load_gpu` applies the calibration file `path` (None: none
+    named, the presets' own apply): a run that measured its card's calibration uses it."""
+    token = _EXPLICIT.set(Path(path) if path is not None else None)
+    try:
+        yield
+    finally:
+        _EXPLICIT.reset(token)
 
-def load_gpu(name: str, calibrated: bool = True) -> GPUSpec:
-    """A GPU preset (or YAML file); with its calibration applied when one exists for the card.
 
-    The calibration replaces the efficiency fractions with microbenchmarked ones and sets
-    `calibration` to its label; without one `calibration` stays "datasheet".
+def load_gpu(name: str, calibrated: bool = True,
+             calibration: str | Path | None = None) -> GPUSpec:
+    """A GPU preset (or YAML file) with the calibration that belongs to it.
+
+    `calibration` (a file) is applied to whatever GPU `name` is; without it, a file named by
+    `explicit`; without either, a preset's committed calibration (not a YAML file's, whatever
+    its name). `calibrated=False` (or $TRAINPLAN_CALIBRATION=off without a named file) keeps
+    the datasheet values; `calibration` on the result says which constants it holds.
     """
     gpu = load_gpu_preset(name)
-    return with_calibration(gpu) if calibrated else gpu
+    if not calibrated:
+        return gpu
+    named = calibration if calibration is not None else _EXPLICIT.get()
+    if named is not None:
+        cal = load(gpu.name, named)
+        if cal is None:
+            raise CalibrationError(f"--calibration {quote(str(named))}: no such file")
+        return apply(gpu, cal)
+    preset = preset_of(GPUSpec, name)
+    if preset is None or off():
+        return gpu
+    return apply(gpu, load(preset))

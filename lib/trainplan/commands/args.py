@@ -6,6 +6,7 @@ import argparse
 import math
 
 from trainplan.errors import UsageError
+from trainplan.loader import quote
 
 MAX_WHOLE = 2**53  # floats stay exact below this; every size flag is far smaller in practice
 
@@ -21,15 +22,15 @@ def positive_int(text: str) -> int:
         value = float(text.replace("_", "")) if any(c in text for c in "eE.") else int(
             text.replace("_", ""))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number") from None
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a positive whole number") from None
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+            raise argparse.ArgumentTypeError(f"{quote(text)} is not a positive whole number")
         value = int(value)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid: it must be > 0")
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not valid: it must be > 0")
     if value > MAX_WHOLE:
-        raise argparse.ArgumentTypeError(f"{text!r} is too large: at most {MAX_WHOLE:,}")
+        raise argparse.ArgumentTypeError(f"{quote(text)} is too large: at most {MAX_WHOLE:,}")
     return value
 
 
@@ -37,9 +38,9 @@ def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a number") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid: it must be a number > 0")
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not valid: it must be a number > 0")
     return value
 
 
@@ -50,5 +51,5 @@ def fraction(text: str) -> float:
     except ValueError:
         value = -1.0
     if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1)")
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a fraction in [0, 1)")
     return value

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_float, positive_int
 from trainplan.commands.planning import LAYOUT_FLAGS
+from trainplan.loader import quote
 
 
 def non_negative_int(text: str) -> int:
@@ -115,13 +116,13 @@ def _check_rendezvous(args) -> None:
     if args.nnodes == 1:
         for flag in ("node_rank", "master_addr", "rdzv_endpoint", "rdzv_id"):
             if getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} = {getattr(args, flag)!r} is for "
-                                 "multi-node runs; add --nnodes N > 1 or leave it out")
+                raise UsageError(f"--{flag.replace('_', '-')} = {quote(getattr(args, flag))} "
+                                 "is for multi-node runs; add --nnodes N > 1 or leave it out")
         return
     if args.rdzv_endpoint is not None:
         m = ENDPOINT.match(args.rdzv_endpoint)
         if not m or not 1 <= int(m.group(1)) <= 65535:
-            raise UsageError(f"--rdzv-endpoint = {args.rdzv_endpoint!r} is not HOST:PORT "
+            raise UsageError(f"--rdzv-endpoint = {quote(args.rdzv_endpoint)} is not HOST:PORT "
                              "with a port in 1..65535")
         if not args.rdzv_id:
             raise UsageError("--rdzv-endpoint needs --rdzv-id (the same job id on every node)")
@@ -198,7 +199,7 @@ def cmd_bench(args) -> dict:
         raise UsageError("bench needs --model M (a preset or YAML file), or --suite FILE")
     _check_rendezvous(args)
     if args.records and Path(args.records).is_dir():
-        raise UsageError(f"--records = {args.records!r} is a folder; name a .jsonl file")
+        raise UsageError(f"--records = {quote(args.records)} is a folder; name a .jsonl file")
     argv = _harness_argv(args)
     _check_harness(args, argv)
     cmd = torchrun_command(args, argv)
@@ -236,7 +237,7 @@ def _run_suite(args) -> dict:
     tags = [c["tag"] for c in loaded["configs"]]
     for tag in args.only or []:
         if tag not in tags:
-            raise UsageError(f"--only {tag!r} is not a config of {args.suite}; tags: {tags}")
+            raise UsageError(f"--only {quote(tag)} is not a config of {args.suite}; tags: {tags}")
     with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
         rows = run.run_suite(args.suite, Path(args.out), args.launches, args.only or [],
                                args.budget_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_int
-from trainplan.commands.planning import LAYOUT_FLAGS, add_layout, layout_pins
+from trainplan.commands.planning import LAYOUT_FLAGS, add_layout, hardware, layout_pins
 from trainplan.launch.artefacts import (
     TARGETS,
     LaunchSettings,
@@ -13,14 +13,15 @@ from trainplan.launch.artefacts import (
     plan_and_generate,
     write,
 )
-from trainplan.specs import load_cluster, load_model
+from trainplan.loader import quote
+from trainplan.specs import load_model
 
 
 def _env_pair(text: str) -> tuple[str, str]:
     import argparse
 
     if "=" not in text:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not NAME=VALUE")
     name, value = text.split("=", 1)
     return name, value
 
@@ -33,7 +34,7 @@ def _non_negative_int(text: str) -> int:
     try:
         return positive_int(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0") from None
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a whole number >= 0") from None
 
 
 def register(verbs) -> None:
@@ -46,7 +47,10 @@ def register(verbs) -> None:
            "files)")
     a("--model", default=None, help="preset, YAML or Hugging Face config.json (the scenario's)")
     a("--gpu", default=None, help="preset name or YAML file (the scenario's)")
-    a("--cluster", default=None, help="interconnect preset or YAML file (the scenario's)")
+    a("--cluster", default=None, help="interconnect preset or YAML file (the scenario's, "
+                                      "else the GPU preset's; printed on stderr)")
+    a("--calibration", default=None, metavar="FILE",
+      help="a calibration file to apply to --gpu (default: a GPU preset's own)")
     a("--gpus", type=positive_int, default=None, help="GPUs in the job (the scenario's)")
     a("--gpus-per-node", type=positive_int, default=None, help="default: the cluster's")
     a("--seq-len", type=positive_int, default=None, help="default: the scenario's, else 4096")
@@ -90,7 +94,7 @@ def _train_args(items: list[str]) -> tuple:
     for item in items:
         flag, sep, value = item.partition("=")
         if not sep or not flag or not value or "\n" in item or flag.startswith("-"):
-            raise UsageError(f"--train-arg {item!r} is not valid; use FLAG=VALUE without "
+            raise UsageError(f"--train-arg {quote(item)} is not valid; use FLAG=VALUE without "
                              "dashes, e.g. lr=2e-4")
         out += [f"--{flag.replace('_', '-')}", value]
     return tuple(out)
@@ -108,7 +112,7 @@ def resolve(args) -> dict:
     pins.update(layout_pins(args))
     got = {"model": args.model or (sc.model if sc else None),
            "gpu": args.gpu or (sc.gpu if sc else None),
-           "cluster": args.cluster or (sc.cluster if sc else "dgx-h100"),
+           "cluster": args.cluster or (sc.cluster if sc else None),
            "gpus": args.gpus or facts.get("gpus") or (sc.gpus if sc else None),
            "seq_len": args.seq_len or facts.get("seq_len") or (sc.seq_len if sc else 4096),
            "global_batch_tokens": args.global_batch_tokens or facts.get("global_batch_tokens")
@@ -130,7 +134,7 @@ def resolve(args) -> dict:
 
 def cmd_launch(args) -> dict:
     if args.target not in TARGETS:  # before any planning: a typo answers at once
-        raise UsageError(f"--target {args.target!r} is not valid; use one of {list(TARGETS)}")
+        raise UsageError(f"--target {quote(args.target)} is not valid; use one of {list(TARGETS)}")
     out = Path(args.out)
     check_out_dir(out, args.force)
     got = resolve(args)
@@ -142,10 +146,8 @@ def cmd_launch(args) -> dict:
         warn_s=args.warn_s, save_grace_s=args.save_grace_s, rdzv_port=args.rdzv_port,
         cpu=args.cpu, synthetic=args.synthetic, compile=not args.no_compile, image=args.image,
         job_name=args.job_name, env=dict(args.env))
-    from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
-
-    m, gpu = load_model(got["model"]), load_gpu(got["gpu"])
-    cluster = load_cluster(got["cluster"])
+    m = load_model(got["model"])
+    gpu, cluster = hardware(args, got["gpu"], got["cluster"])
     launch = plan_and_generate(m, gpu, cluster, gpus=got["gpus"], seq_len=got["seq_len"],
                                global_batch_tokens=got["global_batch_tokens"],
                                settings=settings, model_arg=got["model"], pins=got["pins"],

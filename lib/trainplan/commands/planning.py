@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from trainplan.commands.args import positive_int
-from trainplan.specs import ParallelConfig, load_cluster, load_model
+from trainplan.specs import ParallelConfig, cluster_for, load_cluster, load_model
 
 LAYOUT_FLAGS = {  # flag -> (type, choices, help)
     "dp": (positive_int, None, "data-parallel degree"),
@@ -26,13 +26,35 @@ LAYOUT_FLAGS = {  # flag -> (type, choices, help)
 def add_common(p: argparse.ArgumentParser, *, gpus: bool) -> None:
     p.add_argument("--model", required=True, help="preset name or YAML file")
     p.add_argument("--gpu", required=True, help="preset name or YAML file")
-    p.add_argument("--cluster", default="dgx-h100", help="interconnect preset or YAML file")
+    add_hardware_extras(p)
     if gpus:
         p.add_argument("--gpus", required=True, type=positive_int)
         p.add_argument("--gpus-per-node", type=positive_int, default=None,
                        help="default: the cluster's")
     p.add_argument("--seq-len", type=positive_int, default=4096)
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def add_hardware_extras(p: argparse.ArgumentParser) -> None:
+    """--cluster (default: the GPU's own) and --calibration, for every verb pricing a GPU."""
+    p.add_argument("--cluster", default=None,
+                   help="interconnect preset or YAML file (default: the GPU preset's, e.g. "
+                        "dgx-a100 for a100-80gb; printed on stderr)")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="a calibration file to apply to --gpu (default: a GPU preset's own "
+                        "committed one; none for a GPU YAML file)")
+
+
+def hardware(args, gpu_name: str, cluster: str | None = None):
+    """(GPU with its calibration, cluster spec) for a verb's flags (`cluster`: instead of
+    --cluster); the cluster chosen for the user, if any, is noted on stderr once the verb
+    succeeds (`cli.main`)."""
+    from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
+    gpu = load_gpu(gpu_name, calibration=args.calibration)
+    name, note = cluster_for(gpu, cluster or args.cluster)
+    if note and hasattr(args, "notes"):
+        args.notes.append(note)
+    return gpu, load_cluster(name)
 
 
 def add_layout(p: argparse.ArgumentParser) -> None:
@@ -60,8 +82,8 @@ def layout_pins(args) -> dict:
 
 
 def _specs(args):
-    from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
-    return load_model(args.model), load_gpu(args.gpu), load_cluster(args.cluster)
+    m = load_model(args.model)
+    return (m, *hardware(args, args.gpu))
 
 
 def cmd_plan(args) -> dict:
@@ -83,10 +105,10 @@ def cmd_plan(args) -> dict:
 def cmd_memory(args) -> dict:
     m, gpu, cluster = _specs(args)
     pins = layout_pins(args)
-    cfg = ParallelConfig(**pins)
     from trainplan.plan.planner import memory  # pandas: not loaded for --help
     from trainplan.plan.search import check_pins  # pandas: not loaded for --help
-    check_pins(m, pins, None, cluster.gpus_per_node, args.seq_len)
+    check_pins(m, pins, None, cluster.gpus_per_node, args.seq_len)  # sizes first, as `plan`
+    cfg = ParallelConfig(**pins)
     return memory(m, gpu, cluster, cfg, args.seq_len)
 
 

@@ -86,9 +86,11 @@ def check(args) -> None:
     from trainplan.bench.harness import train as harness
     from trainplan.data.shards import open_shards
     from trainplan.specs import load_model
+    from trainplan.specs.bounds import check_run
     from trainplan.train import batches, loop
 
     loop.check_args(args)
+    check_run(seq_len=args.seq_len, micro_batch=args.micro_batch)
     spec = load_model(args.model)
     world = args.nproc_per_node * args.nnodes
     import torch  # the run starts here: its device is this host's

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_float, positive_int
+from trainplan.commands.planning import add_hardware_extras, hardware
 from trainplan.tune.study import make_suite
 
 
@@ -40,7 +41,7 @@ def register(verbs) -> None:
     p.add_argument("--gpus", required=True, type=positive_int)
     p.add_argument("--dataset-tokens", required=True, type=positive_float)
     p.add_argument("--gpu", default="h100-sxm", help="GPU preset or YAML file")
-    p.add_argument("--cluster", default="dgx-h100", help="cluster preset or YAML file")
+    add_hardware_extras(p)
     p.add_argument("--seq-len", type=positive_int, default=4096)
     p.add_argument("--global-batch-tokens", type=positive_int, default=None,
                    help="default: by model size (Brown et al. 2020, Table 2.1)")
@@ -93,9 +94,11 @@ def format_tune(out: dict) -> str:
 
 def cmd_suggest(args) -> dict:
     from trainplan.tune.suggest import suggest  # numpy: not loaded for --help
+    gpu, cluster = hardware(args, args.gpu)
     return suggest(args.model_size, gpus=args.gpus, dataset_tokens=args.dataset_tokens,
-                   gpu=args.gpu, cluster=args.cluster, seq_len=args.seq_len,
-                   global_batch_tokens=args.global_batch_tokens, study=args.study)
+                   gpu=args.gpu, cluster=cluster.name, seq_len=args.seq_len,
+                   global_batch_tokens=args.global_batch_tokens, study=args.study,
+                   gpu_spec=gpu, cluster_spec=cluster)
 
 
 def format_suggest(out: dict) -> str:

@@ -16,6 +16,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from trainplan.errors import RecordError
+from trainplan.loader import quote
 from trainplan.records import schema as records
 from trainplan.specs import DATA_DIR, LAYOUT_FIELDS
 
@@ -61,7 +62,7 @@ def stamp(rec: dict) -> datetime:
     try:
         return datetime.fromisoformat(rec["recorded_at"])
     except ValueError:
-        raise RecordError(f"{rec['_where']}: recorded_at = {rec['recorded_at']!r} is not an "
+        raise RecordError(f"{rec['_where']}: recorded_at = {quote(rec['recorded_at'])} is not an "
                           "ISO 8601 time") from None
 
 

@@ -23,7 +23,6 @@ upper bound ("upper"); the overlapped part and the idle time are then lower boun
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from trainplan.compare.matching import EXTRA_KEYS, LAYOUT_KEYS
 from trainplan.errors import RecordError
+from trainplan.loader import MAX_LOG_BYTES, load_json, quote
 from trainplan.specs import DATA_DIR
 
 # profiler labels that key_averages() lists beside the kernels (`is_annotation`'s fallback):
@@ -90,7 +90,7 @@ class TracedStep:
 
 
 def _bad(path, field: str, value, want: str) -> RecordError:
-    return RecordError(f"{path}: {field} = {value!r} {want}; re-record it with "
+    return RecordError(f"{path}: {field} = {quote(value)} {want}; re-record it with "
                        "`python -m trainplan.bench.observe.profile` "
                        "(data/measurements/README-profiles.md)")
 
@@ -166,10 +166,7 @@ def load(path) -> dict:
     `_where` names its file.
 
     Anything malformed raises one RecordError naming the file and the field."""
-    try:
-        prof = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise RecordError(f"{path}: not a readable JSON file ({e})") from None
+    prof = load_json(path, error=RecordError, max_bytes=MAX_LOG_BYTES, what="profile (JSON)")
     if not isinstance(prof, dict):
         raise _bad(path, "(top level)", type(prof).__name__, "is not a JSON object")
     missing = [k for k in REQUIRED if k not in prof]
@@ -264,8 +261,9 @@ def pair(profile: dict, rows: list[dict], host: str | None = None) -> dict:
                           "compared config; profile a layout that `trainplan compare` lists")
     found = [r for r in same if r["card"] == profile["card"]]
     if not found:
-        raise RecordError(f"{where}: card = {profile['card']!r}, but its layout was measured only "
-                          f"on {sorted({r['card'] for r in same})}; profile it on that card")
+        raise RecordError(f"{where}: card = {quote(profile['card'])}, but its layout was "
+                          f"measured only on {sorted({r['card'] for r in same})}; profile it on "
+                          "that card")
     if len(found) > 1:
         raise RecordError(f"{where}: layout matches {len(found)} compare rows "
                           f"({[(r['config'], r['host']) for r in found]}); pass host=")
@@ -309,7 +307,7 @@ def untraced(rows: list[dict], config: str, host: str | None = None) -> dict:
     found = [r for r in rows if r["config"] == config and r.get("predicted_split_s")
              and (host is None or r["host"] == host)]
     if not found:
-        raise RecordError(f"config = {config!r} is not a compared config; "
+        raise RecordError(f"config = {quote(config)} is not a compared config; "
                           f"pick one of {sorted({r['config'] for r in rows})}")
     return paired(None, found[0])
 

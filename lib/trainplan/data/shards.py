@@ -38,6 +38,7 @@ import numpy as np
 
 from trainplan.data import corpus, tokenize
 from trainplan.errors import SpecError
+from trainplan.loader import MAX_LOG_BYTES, load_json
 
 FORMAT, VERSION = "trainplan-token-shards", 1
 SPLITS = ("train", "val")
@@ -214,7 +215,7 @@ def open_shards(folder: str | Path, split: str = "train", tokenizer: str | Path 
     given, that it was made with `tokenizer` (by SHA-256) and fits a model of `vocab_size`."""
     folder = Path(folder)
     try:
-        index = json.loads((folder / "index.json").read_text())
+        index = load_json(folder / "index.json", error=ValueError, max_bytes=MAX_LOG_BYTES)
         ok = index.get("format") == FORMAT and index.get("version") == VERSION
         shards, dtype = index["splits"][split]["shards"], np.dtype(index["dtype"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

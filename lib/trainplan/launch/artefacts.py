@@ -34,6 +34,7 @@ from pathlib import Path
 
 from trainplan.errors import TrainplanError
 from trainplan.launch.render import readme, render_k8s, render_shell
+from trainplan.loader import quote
 
 TARGETS = ("torchrun", "slurm", "k8s")
 FILES = {"torchrun": "torchrun.sh", "slurm": "train.sbatch", "k8s": "pytorchjob.yaml"}
@@ -59,6 +60,10 @@ TIMEOUT_FLAG = "--collective-timeout-s"
 DATA, LOGS, CKPT = "DATA", "LOGS", "CKPT"  # placeholders, replaced by the script's variables
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 SAFE_PATH = re.compile(r"[\w./@+-]+")
+# A container image reference: [registry[:port]/]name[:tag][@digest], at most 255 characters.
+IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?(:[\w][\w.-]{0,127})?"
+                   r"(@[a-z0-9]+:[0-9a-f]{32,})?")
+JOB_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # DNS-1123 label (Kubernetes)
 
 
 class LaunchError(TrainplanError):
@@ -92,7 +97,7 @@ class LaunchSettings:
 
     def __post_init__(self):
         if self.target not in TARGETS:
-            raise LaunchError(f"--target {self.target!r} is not valid; use one of "
+            raise LaunchError(f"--target {quote(self.target)} is not valid; use one of "
                               f"{list(TARGETS)}")
         if self.steps and self.warmup >= self.steps:
             raise LaunchError(f"--warmup {self.warmup} must be < --steps {self.steps}")
@@ -107,13 +112,20 @@ class LaunchSettings:
                               f"{self.time_limit_min} (in seconds)")
         if not 1024 <= self.rdzv_port <= 65535:
             raise LaunchError(f"--rdzv-port {self.rdzv_port} is not valid; use 1024-65535")
+        if len(self.image) > 255 or not IMAGE.fullmatch(self.image):
+            raise LaunchError(f"--image {quote(self.image)} is not an image reference; use "
+                              "[REGISTRY/]NAME[:TAG][@DIGEST], e.g. trainplan:0.1.0")
+        if self.job_name and not JOB_NAME.fullmatch(self.job_name):
+            raise LaunchError(f"--job-name {quote(self.job_name)} is not valid; use at most 63 "
+                              "lower-case letters, digits and -, starting and ending with a "
+                              "letter or digit")
         if self.data and not SAFE_PATH.fullmatch(self.data):
-            raise LaunchError(f"--data {self.data!r} is not valid here; use a path of letters, "
-                              "digits and . _ / @ + - (it is written into the scripts)")
+            raise LaunchError(f"--data {quote(self.data)} is not valid here; use a path of "
+                              "letters, digits and . _ / @ + - (it is written into the scripts)")
         for name, value in self.env.items():
             if not ENV_NAME.match(name) or "\n" in value:
-                raise LaunchError(f"--env {name}={value!r} is not valid; use NAME=VALUE with "
-                                  "NAME in capitals, digits and _")
+                raise LaunchError(f"--env {quote(f'{name}={value}')} is not valid; use "
+                                  "NAME=VALUE with NAME in capitals, digits and _")
 
 
 @dataclass
@@ -342,11 +354,22 @@ def watch(summary: dict, settings: LaunchSettings) -> dict:
 
 
 def check_out_dir(out: Path, force: bool) -> None:
-    """Refuse a folder that would lose files, before anything is computed or written."""
+    """Refuse a folder that would lose files, or that cannot be made where it is named
+    (probed with a folder made and removed in its nearest existing parent), before anything
+    is computed or written."""
+    out = Path(out)
+    parent = out.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".trainplan-probe.", dir=parent))
+    except OSError as err:
+        raise LaunchError(f"--out {quote(str(out))}: cannot write in {quote(str(parent))} "
+                          f"({err.strerror}); name a folder you can write to") from None
     if out.exists() and not out.is_dir():
-        raise LaunchError(f"--out {str(out)!r} is a file; name a folder")
+        raise LaunchError(f"--out {quote(str(out))} is a file; name a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise LaunchError(f"--out {str(out)!r} exists and is not empty; add --force to "
+        raise LaunchError(f"--out {quote(str(out))} exists and is not empty; add --force to "
                           "replace it, or name a new folder")
 
 

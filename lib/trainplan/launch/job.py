@@ -17,12 +17,12 @@ team runs cannot disagree with the page that justifies it:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainplan.errors import TrainplanError
+from trainplan.loader import load_json, quote
 from trainplan.specs import PLAN_FIELDS
 from trainplan.train.support import RUNNABLE_PINS, not_runnable
 
@@ -79,19 +79,22 @@ def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
     --json` file's decision (of its first plan where it has none); one line if it is not
     one."""
     path = Path(path)
+    out = load_json(path, error=TrainplanError, what="plan file (`trainplan plan --json`)")
     try:
-        if path.stat().st_size > 2**22:
-            raise ValueError("larger than 4 MiB")
-        out = json.loads(path.read_text(encoding="utf-8"))
         chosen = out["decision"]["plan"] if "decision" in out else out["plans"][0]
         parallel = chosen["parallel"]
         pins = {k: parallel[k] for k in PLAN_FIELDS if k in parallel}
         facts = {k: out[k] for k in ("gpus", "seq_len", "global_batch_tokens", "model")}
-        if not isinstance(pins.get("dp"), int) or not isinstance(facts["gpus"], int):
+        if not isinstance(pins.get("dp"), int) or not isinstance(facts["model"], str):
             raise ValueError("no layout")
-    except (OSError, ValueError, KeyError, IndexError, TypeError, UnicodeDecodeError) as err:
-        raise TrainplanError(f"--plan {str(path)!r} is not a plan written by `trainplan plan "
-                             f"--json` ({' '.join(str(err).split())[:120]})") from None
+        texts = {"recompute": str, "pp_schedule": str, "sequence_parallel": bool}
+        for key, value in [*pins.items(), *((k, facts[k]) for k in facts if k != "model")]:
+            want = texts.get(key, int)
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise ValueError(f"{key} = {quote(value)} is not a {want.__name__}")
+    except (ValueError, KeyError, IndexError, TypeError) as err:
+        raise TrainplanError(f"--plan {quote(str(path))} is not a plan written by `trainplan "
+                             f"plan --json` ({quote(' '.join(str(err).split()))})") from None
     return pins, facts
 
 

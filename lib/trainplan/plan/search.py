@@ -22,10 +22,13 @@ import pandas as pd
 from trainplan.cost.step_time import evaluate
 from trainplan.errors import LayoutError, NoFeasiblePlan
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
+from trainplan.specs.bounds import MAX_GPUS, check_run
 from trainplan.specs.layouts import RECOMPUTE, SCHEDULES, Layouts
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 VIRTUAL_STAGES = (2, 4)
+# Layouts one search prices at most: a few seconds; mixtral-8x7b on 2**20 GPUs has 256,608.
+MAX_LAYOUTS = 300_000
 
 
 @dataclass
@@ -37,9 +40,6 @@ class SearchResult:
     def best(self, k: int = 1) -> pd.DataFrame:
         return self.table[self.table["fits"]].head(k)
 
-
-MAX_TOKENS = 2**40  # tokens a step: far beyond any run, well inside int64 arithmetic
-MAX_GPUS = 2**20  # a million GPUs: beyond any cluster, and keeps divisor lists cheap
 
 
 def divisors(n: int) -> list[int]:
@@ -69,6 +69,7 @@ def check_pins(m: ModelSpec, pins: dict, gpus: int | None, gpn: int, seq_len: in
     `gpus=None` checks a layout on its own (the `memory` verb), where the GPU
     count follows from the pins instead of bounding them.
     """
+    check_run(seq_len=seq_len, micro_batch=pins.get("micro_batch"))
     pool = gpus if gpus is not None else 2**int(math.log2(seq_len)) * m.n_layers * gpn
     fit = f"for {m.name} on {gpus} GPUs" if gpus is not None else f"for {m.name}"
     pp_ok = [d for d in divisors(m.n_layers) if pool % d == 0]
@@ -127,9 +128,7 @@ def enumerate_layouts(m: ModelSpec, *, gpus: int, gpus_per_node: int, seq_len: i
     """Every valid layout, as arrays; pinned dimensions take only their pinned value."""
     pins = dict(pins or {})
     check_cluster_size(gpus, gpus_per_node)
-    if global_batch_tokens > MAX_TOKENS:
-        raise LayoutError(f"--global-batch-tokens {global_batch_tokens} is too large; use at "
-                          f"most {MAX_TOKENS:,} tokens a step")
+    check_run(seq_len=seq_len, global_batch_tokens=global_batch_tokens)
     if global_batch_tokens % seq_len:
         raise LayoutError(f"--global-batch-tokens {global_batch_tokens} is not a multiple of "
                           f"--seq-len {seq_len}; use a whole number of sequences")
@@ -158,6 +157,9 @@ def enumerate_layouts(m: ModelSpec, *, gpus: int, gpus_per_node: int, seq_len: i
                 if pins.get("pp_virtual", v) != v or (pp > 1 and sched != 2 and ga < pp):
                     continue
                 rows.append((dp, tp, pp, cp, ep, zero, shard, mb, ga, rc, sp, sched, v))
+        if len(rows) > MAX_LAYOUTS:
+            raise LayoutError(f"{m.name} on {gpus} GPUs has more than {MAX_LAYOUTS:,} layouts "
+                              "to price; pin some of --tp --pp --cp --ep --zero --micro-batch")
     if not rows:
         raise LayoutError(
             f"no layout reaches a global batch of {batch} sequences ({global_batch_tokens} "

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trainplan.errors import RecordError
+from trainplan.loader import MAX_LOG_BYTES, parse_json, quote, read_text, shown
 from trainplan.records.provenance import env_knobs, provenance, utc_now  # noqa: F401 (re-exported)
 from trainplan.records.stats import median_ci, rate_ci
 
@@ -102,15 +103,15 @@ def _check_type(where: str, value, expected: str | tuple[str, ...]) -> None:
     ok = actual in allowed or (actual == _INT and _NUM in allowed)
     if not ok:
         raise RecordError(
-            f"field {where!r} = {_short(value)} is {actual}; expected {' or '.join(allowed)}"
+            f"field {quote(where)} = {_short(value)} is {actual}; expected {' or '.join(allowed)}"
         )
     if actual in (_NUM, _INT) and not math.isfinite(value):
-        raise RecordError(f"field {where!r} = {value!r} is not a finite number")
+        raise RecordError(f"field {quote(where)} = {quote(value)} is not a finite number")
 
 
 def _check_numbers(where: str, values: list, length: int | None = None) -> None:
     if length is not None and len(values) != length:
-        raise RecordError(f"field {where!r} has {len(values)} items; expected {length}")
+        raise RecordError(f"field {quote(where)} has {len(values)} items; expected {length}")
     for i, v in enumerate(values):
         _check_type(f"{where}[{i}]", v, _NUM)
 
@@ -135,14 +136,14 @@ def validate(record) -> dict:
         raise RecordError(f"unknown kind {_short(kind)}; valid kinds: {list(KINDS)}")
     for name, expected in SCHEMA[kind].items():
         if name not in record:
-            raise RecordError(f"{kind} record is missing field {name!r}")
+            raise RecordError(f"{kind} record is missing field {quote(name)}")
         _check_type(name, record[name], expected)
     if "layout" in SCHEMA[kind]:
         for name, expected in LAYOUT.items():
             if name == "compile" and kind == "prediction" and name not in record["layout"]:
                 continue  # the cost model has no compile knob; a prediction may leave it out
             if name not in record["layout"]:
-                raise RecordError(f"field 'layout' is missing {name!r} (needs {list(LAYOUT)})")
+                raise RecordError(f"field 'layout' is missing {quote(name)} (needs {list(LAYOUT)})")
             _check_type(f"layout.{name}", record["layout"][name], expected)
         recompute = record["layout"]["recompute"]
         if recompute not in RECOMPUTE:
@@ -165,7 +166,7 @@ def validate(record) -> dict:
                               f"{list(MICROBENCHES)}")
         for name in RESULTS[record["bench"]]:
             if name not in record["results"]:
-                raise RecordError(f"{record['bench']} results are missing {name!r}")
+                raise RecordError(f"{record['bench']} results are missing {quote(name)}")
             _check_type(f"results.{name}", record["results"][name], _NUM)
     if kind == "checkpoint":
         _check_checkpoint(record)
@@ -179,7 +180,7 @@ def _check_checkpoint(record: dict) -> None:
                for i, s in enumerate(record["saves"]) for name, want in CKPT_SAVE.items()]
     for where, part, name, want in fields:
         if name not in part:
-            raise RecordError(f"field {where!r} is missing {name!r}")
+            raise RecordError(f"field {quote(where)} is missing {quote(name)}")
         _check_type(f"{where}.{name}", part[name], want)
         if name == "mode" and part[name] not in ("sync", "async"):
             raise RecordError(f"field '{where}.mode' = {_short(part[name])}; use sync or async")
@@ -208,7 +209,7 @@ def measurement_record(*, model: str, impl: str, layout: dict, gpus: int, card: 
     for name, value in (("gpus", gpus), ("tokens_per_step", tokens_per_step),
                         ("flops_per_token", flops_per_token), ("peak_tflops", peak_tflops)):
         if _type_of(plain(value)) not in (_INT, _NUM) or not value > 0:
-            raise RecordError(f"{name} = {value!r} is not valid; use a number > 0")
+            raise RecordError(f"{name} = {quote(value)} is not valid; use a number > 0")
     times = plain(list(step_times_s)) if isinstance(step_times_s, (list, tuple)) else None
     if not times or any(_type_of(t) not in (_INT, _NUM) or not t > 0 for t in times):
         raise RecordError(f"step_times_s = {_short(step_times_s)} must be a list of times > 0")
@@ -266,7 +267,8 @@ def combine_launches(records: list[dict]) -> dict:
         validate(r)
         for key in ("kind", "model", "impl", "layout", "gpus", "card", "tokens_per_step"):
             if r[key] != first[key]:
-                raise RecordError(f"launches differ in {key!r}: {first[key]!r} vs {r[key]!r}")
+                raise RecordError(f"launches differ in {quote(key)}: {quote(first[key])} vs "
+                                  f"{quote(r[key])}")
     times = [t for r in records for t in r["step_times_s"]]
     per_gpu = first["tokens_per_step"] / first["gpus"]
     step, rate = median_ci(times), rate_ci([per_gpu] * len(times), times)
@@ -301,11 +303,7 @@ def append(path: str | Path, record: dict) -> None:
 
 def load(path: str | Path) -> list[dict]:
     """All records of one file, each validated; the first problem raises RecordError."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise RecordError(f"{path}: cannot read ({getattr(err, 'strerror', None) or err})") \
-            from None
+    text = read_text(path, max_bytes=MAX_LOG_BYTES, error=RecordError, what="record file")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the newline that ends the last record
@@ -313,11 +311,7 @@ def load(path: str | Path) -> list[dict]:
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             raise RecordError(f"{path}:{number}: empty line (records are one JSON object a line)")
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise RecordError(f"{path}:{number}: bad JSON ({err.msg} at column {err.colno})") \
-                from None
+        record = parse_json(line, f"{shown(path)}:{number}", error=RecordError)
         try:
             records.append(validate(record))
         except RecordError as err:

@@ -10,11 +10,12 @@ that `transformers.LlamaForCausalLM.from_pretrained` loads.
 
 from __future__ import annotations
 
-import json
 import shlex
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from trainplan.loader import json_lines
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,9 @@ def real_data_note(root: Path | None = None) -> str:
     if not runs:
         return "The trainer's throughput on real data has not been measured on GPUs yet."
     run = runs[-1]
-    proxy = json.loads((run / "proxy.jsonl").read_text().splitlines()[-1])
+    proxy = json_lines(run / "proxy.jsonl")[-1][1]
     warm = proxy["warmup_steps_dropped"]
-    steps = [json.loads(x) for x in (run / "train-log" / "training.jsonl").read_text().splitlines()]
+    steps = [r for _, r in json_lines(run / "train-log" / "training.jsonl")]
     real = statistics.median(r["tokens_per_s_per_gpu"] for r in steps
                            if "tokens_per_s_per_gpu" in r and r["step"] > warm)
     return (f"On {proxy['gpus']} x {proxy['card'].replace('NVIDIA ', '')}, the trainer on real "

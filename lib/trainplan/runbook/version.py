@@ -19,11 +19,11 @@ provenance.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from pathlib import Path
 
+from trainplan.loader import load_yaml, parse_json
 from trainplan.records import provenance
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -83,8 +83,8 @@ def _records(path: Path) -> list[dict]:
         line = line.strip()
         if line.startswith("{"):
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+                rec = parse_json(line, str(path), error=ValueError)
+            except ValueError:
                 continue
             if isinstance(rec, dict):
                 out.append(rec)
@@ -101,9 +101,7 @@ def describe_file(path: Path, root: Path = ROOT) -> dict:
     """One row of the provenance table: what a record file holds and where it came from."""
     row = {"file": str(path.relative_to(root))}
     if path.suffix != ".jsonl":  # a calibration (YAML) or a study journal: no record lines
-        import yaml
-
-        head = yaml.safe_load(path.read_text()) if path.suffix == ".yaml" else None
+        head = load_yaml(path) if path.suffix == ".yaml" else None
         label = head.get("label", "") if isinstance(head, dict) else ""
         return {**row, "kind": "calibration" if path.suffix == ".yaml" else "knob study",
                 "records": "", "card": label, "dates": "", "torch": "", "cuda": "",

@@ -8,12 +8,13 @@ this same code. Each spec checks its own fields in `__post_init__` and raises
 Presets are YAML files under data/ (models/, hardware/, clusters/,
 scenarios/); anywhere a preset name is accepted, a path to a YAML file works
 too, and for a model a Hugging Face Llama `config.json` or its folder
-(`specs.hf`). Only `yaml.safe_load` and `json.loads` are used.
+(`specs.hf`). Every file is read through `trainplan.loader` (bounded, no aliases).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import typing
@@ -21,14 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from trainplan.errors import PresetNotFound, SpecError
+from trainplan.loader import load_yaml, quote, shown
+from trainplan.specs.bounds import MAX_NAME
 from trainplan.specs.checks import (  # noqa: F401 (MAX_INT: re-exported)
     MAX_INT,
     check_curve,
     check_fields,
+    check_rows,
     check_seq_curve,
+    is_row,
+    number,
     yaml11_float,
 )
 from trainplan.specs.model import ModelSpec  # its own module, so specs.hf can build one
@@ -47,7 +51,8 @@ GiB = 1024**3
 def from_mapping(cls, mapping, source: str):
     """Build spec `cls` from a YAML mapping; unknown or missing keys are errors."""
     if not isinstance(mapping, dict):
-        raise SpecError(f"{source}: expected a mapping of {cls.__name__} fields, got {mapping!r}")
+        raise SpecError(f"{source}: expected a mapping of {cls.__name__} fields, got "
+                        f"{quote(mapping)}")
     names = {f.name for f in dataclasses.fields(cls)}
     required = {
         f.name
@@ -56,7 +61,10 @@ def from_mapping(cls, mapping, source: str):
     }
     unknown = sorted(set(mapping) - names, key=str)
     if unknown:
-        raise SpecError(f"{source}: unknown field {unknown[0]!r}; valid fields: {sorted(names)}")
+        near = difflib.get_close_matches(str(unknown[0]), names, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise SpecError(f"{source}: unknown field {quote(unknown[0])}; {hint}valid fields: "
+                        f"{quote(sorted(names), 200)}")
     missing = sorted(required - set(mapping))
     if missing:
         raise SpecError(f"{source}: missing field {missing[0]!r} (required: {sorted(required)})")
@@ -69,6 +77,12 @@ def from_mapping(cls, mapping, source: str):
 
 
 # ---------------------------------------------------------------- hardware
+
+
+def check_collectives(spec: str, rows) -> None:
+    check_rows(spec, "collectives", rows, "(op, latency_us >= 0, busbw_gbps > 0)",
+               lambda r: is_row(r, 3) and isinstance(r[0], str) and number(r[1]) >= 0
+               and number(r[2]) > 0)
 
 
 @dataclass(frozen=True)
@@ -84,6 +98,7 @@ class GPUSpec:
     memory_efficiency: float  # achieved fraction of HBM bandwidth on streaming kernels
     fp8_tflops: float = 0.0
     source: str = ""
+    cluster: str = ""  # the interconnect preset this card comes in (--cluster's default); "" none
     calibration: str = "datasheet"  # where the efficiencies come from (calibrate.py sets it)
     collectives: tuple = ()  # measured (op, latency_us, busbw_gbps) inside a node; () = cluster's
     # Scales on the analytic terms, measured on the model's own pieces (calibrate_pieces.py);
@@ -127,18 +142,20 @@ class GPUSpec:
         check_seq_curve("GPUSpec.attention_curve", self.attention_curve)
         for name in ("host_block_s", "host_step_s", "host_step_layer_s", "fragmentation_scales"):
             for row in getattr(self, name):
-                if len(row) != 2 or not isinstance(row[0], str) or not float(row[1]) >= 0:
+                if not (is_row(row, 2) and isinstance(row[0], str) and number(row[1]) >= 0):
                     unit = "seconds" if name.startswith("host") else "scale"
-                    raise SpecError(f"GPUSpec.{name} row {row!r} is not (wrapper, {unit} >= 0)")
-        for row in self.ring_host_s:
-            if len(row) != 3 or not int(row[0]) >= 2 or not float(row[2]) >= 0:
-                raise SpecError(f"GPUSpec.ring_host_s row {row!r} is not (cp >= 2, compiled, "
-                                "seconds >= 0)")
-        if self.overlap_exposed > 1:
-            raise SpecError(f"GPUSpec.overlap_exposed = {self.overlap_exposed} must be <= 1")
-        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
-            if getattr(self, name) > 1:
-                raise SpecError(f"GPUSpec.{name} = {getattr(self, name)} must be <= 1")
+                    raise SpecError(f"GPUSpec.{name} row {quote(row)} is not (wrapper, "
+                                    f"{unit} >= 0)")
+        check_rows("GPUSpec", "ring_host_s", self.ring_host_s, "(cp >= 2, compiled, seconds >= 0)",
+                   lambda r: is_row(r, 3) and number(r[0]) >= 2 and number(r[2]) >= 0)
+        check_collectives("GPUSpec", self.collectives)
+        check_rows("GPUSpec", "activation_scales", self.activation_scales,
+                   "(compiled, recompute none|selective|full, scale > 0)",
+                   lambda r: is_row(r, 3) and r[1] in ("none", "selective", "full")
+                   and number(r[2]) > 0)
+        check_rows("GPUSpec", "tp_block_scales", self.tp_block_scales,
+                   "(tp >= 1, with FSDP2 0|1, scale > 0)",
+                   lambda r: is_row(r, 3) and number(r[0]) >= 1 and number(r[2]) > 0)
 
 
 @dataclass(frozen=True)
@@ -163,6 +180,7 @@ class ClusterSpec:
         check_fields(self, positive=("gpus_per_node", "intra_node_gbps", "inter_node_gbps",
                                   "intra_node_efficiency", "inter_node_efficiency"),
                   non_negative=("intra_node_latency_us", "inter_node_latency_us"))
+        check_collectives("ClusterSpec", self.collectives)
 
 
 # ---------------------------------------------------------------- layout
@@ -249,31 +267,42 @@ def preset_names(cls) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
+def _is_name(name_or_path) -> bool:
+    """Whether a spec argument is a preset's name (else a file's path)."""
+    return not (Path(name_or_path).suffix in (".yaml", ".yml") or os.sep in str(name_or_path))
+
+
+def preset_of(cls, name_or_path: str) -> str | None:
+    """The preset `name_or_path` is (its name, or the path of its file under data/), or None
+    for any other file, whatever that file is called."""
+    folder = DATA_DIR / _KINDS[cls]
+    path = folder / f"{name_or_path}.yaml" if _is_name(name_or_path) else Path(name_or_path)
+    try:
+        same = path.resolve().parent == folder.resolve() and path.is_file()
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return path.stem if same else None
+
+
 def load(cls, name_or_path: str):
     """Load a preset by name, or a YAML file by path, as spec `cls`."""
     kind = _KINDS[cls]
     path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") or os.sep in str(name_or_path)):
+    if _is_name(name_or_path):
         path = DATA_DIR / kind / f"{name_or_path}.yaml"
         if not path.is_file():
             raise PresetNotFound(
-                f"unknown {kind[:-1] if kind != 'hardware' else 'gpu'} {name_or_path!r}; "
+                f"unknown {kind[:-1] if kind != 'hardware' else 'gpu'} {quote(name_or_path)}; "
                 f"presets: {preset_names(cls)} (or a path to a .yaml file)"
             )
     if path.is_dir():
-        raise PresetNotFound(f"{str(name_or_path)!r} is a directory, not a YAML file")
-    if not path.is_file():
-        raise PresetNotFound(f"no such file {str(name_or_path)!r}")
-    try:
-        mapping = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise SpecError(f"{path}: not valid YAML ({first})") from None
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read ({err.strerror})") from None
+        raise PresetNotFound(f"{quote(str(name_or_path))} is a directory, not a YAML file")
+    if not path.is_file() and not path.exists():
+        raise PresetNotFound(f"no such file {quote(str(name_or_path))}")
+    mapping = load_yaml(path, what=f"{kind[:-1] if kind != 'hardware' else 'gpu'} YAML file")
     if isinstance(mapping, dict) and "name" in cls.__dataclass_fields__:
-        mapping.setdefault("name", path.stem)
-    return from_mapping(cls, mapping, str(path))
+        mapping.setdefault("name", path.stem[:MAX_NAME])
+    return from_mapping(cls, mapping, shown(path))
 
 
 def load_model(name: str) -> ModelSpec:
@@ -288,7 +317,7 @@ def load_model(name: str) -> ModelSpec:
         return _load_model(name)
     spec, n = _load_model(sliced["base"]), int(sliced["layers"])
     if not 1 <= n <= spec.n_layers:
-        raise SpecError(f"model {name!r}: {spec.name!r} has {spec.n_layers} layers; "
+        raise SpecError(f"model {quote(name)}: {quote(spec.name)} has {spec.n_layers} layers; "
                         f"slice 1..{spec.n_layers} of them")
     return dataclasses.replace(spec, n_layers=n, name=str(name))
 
@@ -303,6 +332,18 @@ def _load_model(name) -> ModelSpec:
 
         return model_from_hf(path)
     return load(ModelSpec, name)
+
+
+def cluster_for(gpu: GPUSpec, given: str | None) -> tuple[str, str | None]:
+    """(the cluster a verb uses, a note saying so where it was not given): `given`, else the
+    one `gpu` names (A100 -> dgx-a100); a GPU that names none needs `--cluster`."""
+    if given:
+        return given, None
+    if not gpu.cluster:
+        raise SpecError(f"--cluster is needed: GPU {quote(gpu.name)} names no cluster (a "
+                        f"'cluster:' field); presets: {preset_names(ClusterSpec)} or a YAML file")
+    return gpu.cluster, (f"--cluster {gpu.cluster} (the cluster of --gpu {gpu.name}; pass "
+                         "--cluster to choose another)")
 
 
 def slice_name(model: str, layers: int) -> str:
@@ -328,6 +369,6 @@ __all__ = [
     "DATA_DIR", "GiB", "ModelSpec", "GPUSpec", "ClusterSpec", "ParallelConfig", "Scenario",
     "LAYOUT_FIELDS", "PLAN_FIELDS", "SLICE", "SUITE_CLUSTER", "load", "load_model", "slice_name",
     "load_gpu_preset",
-    "load_cluster", "load_scenario", "preset_names",
+    "load_cluster", "load_scenario", "preset_names", "preset_of", "cluster_for",
     "from_mapping",
 ]

@@ -1,6 +1,7 @@
-"""Field checks shared by the specs: types from the annotations, signs, measured curves.
+"""Field checks shared by the specs: types from the annotations, signs, ranges, curves.
 
-Each check raises `SpecError` naming the field, the bad value and what is valid.
+Each check raises `SpecError` naming the field, the bad value (at most `loader.QUOTE`
+characters of it) and what is valid; the ranges are `specs.bounds.FIELDS`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import typing
 from typing import Literal
 
 from trainplan.errors import SpecError
+from trainplan.loader import quote
+from trainplan.specs.bounds import MAX_NAME, field_range
 
 MAX_INT = 2**40  # any size field above this is a typo, and would overflow int64 arithmetic
 
@@ -21,25 +24,31 @@ def _check_field(spec: str, name: str, value, hint) -> None:
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use one of {list(allowed)}")
+            raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use one of "
+                            f"{list(allowed)}")
         return
     if hint is bool:
         if not isinstance(value, bool):
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use true or false")
+            raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use true or false")
         return
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a whole number")
+            raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a whole number")
         if abs(value) > MAX_INT:
-            raise SpecError(f"{spec}.{name} = {value} is too large; use at most {MAX_INT:,}")
+            raise SpecError(f"{spec}.{name} = {quote(value)} is too large; use at most {MAX_INT:,}")
         return
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(
                 value):
-            raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a finite number")
+            raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a finite number")
         return
+    if hint is tuple and not isinstance(value, (tuple, list)):
+        raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a list of rows")
     if hint is str and not isinstance(value, str):
-        raise SpecError(f"{spec}.{name} = {value!r} is not valid; use a string")
+        raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a string")
+    if name == "name" and len(value) > MAX_NAME:
+        raise SpecError(f"{spec}.name = {quote(value)} is {len(value):,} characters; use at "
+                        f"most {MAX_NAME}")
 
 
 def check_fields(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
@@ -53,6 +62,31 @@ def check_fields(obj, positive: tuple[str, ...] = (), non_negative: tuple[str, .
     for name in non_negative:
         if getattr(obj, name) < 0:
             raise SpecError(f"{spec}.{name} = {getattr(obj, name)!r} is not valid; it must be >= 0")
+    for f in dataclasses.fields(obj):
+        bounds = field_range(spec, f.name)
+        value = getattr(obj, f.name)
+        if bounds and not bounds[0] <= value <= bounds[1]:
+            low, high = (f"{b:,}" if isinstance(b, int) else f"{b:g}" for b in bounds)
+            raise SpecError(f"{spec}.{f.name} = {value!r} is out of range; use {low} to {high}")
+
+
+def number(value) -> float:
+    """`value` as a float if it is a finite int or float (not a bool), else NaN, which fails
+    every comparison: `number(row[1]) >= 0` is a whole check."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else math.nan
+
+
+def is_row(row, n: int) -> bool:
+    """Whether `row` is a list or tuple of `n` items (a row of a measured table)."""
+    return isinstance(row, (tuple, list)) and len(row) == n
+
+
+def check_rows(spec: str, name: str, rows, form: str, ok) -> None:
+    """Raise SpecError naming the first row of table `name` for which `ok(row)` is false."""
+    for row in rows:
+        if not ok(row):
+            raise SpecError(f"{spec}.{name} row {quote(row)} is not {form}")
 
 
 def yaml11_float(value):
@@ -78,7 +112,7 @@ def check_seq_curve(name: str, rows) -> None:
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             for v in row)
         if not ok or row[0] <= last or not 0 < row[1] <= 1:
-            raise SpecError(f"{name}[{i}] = {row!r} is not valid; use (seq > 0, fraction of "
+            raise SpecError(f"{name}[{i}] = {quote(row)} is not valid; use (seq > 0, fraction of "
                             "peak in (0, 1]) in increasing seq order")
         last = row[0]
 
@@ -96,6 +130,6 @@ def check_curve(name: str, rows) -> None:
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             for v in row)
         if not ok or min(row[0], row[1]) <= 0 or tuple(row[:2]) <= last or not 0 < row[2] <= 1:
-            raise SpecError(f"{name}[{i}] = {row!r} is not valid; use (tokens > 0, width > 0, "
+            raise SpecError(f"{name}[{i}] = {quote(row)} is not valid; use (tokens > 0, width > 0, "
                             "fraction of peak in (0, 1]) in increasing (tokens, width) order")
         last = tuple(row[:2])

@@ -11,18 +11,18 @@ reads is taken; anything that would change it and that the Transformer cannot
 compute (another architecture, RoPE scaling, another activation) is refused
 with one `SpecError` line naming the file, the field and what is valid.
 
-Pure Python: json only, no torch and no transformers, so the planner can read
-an HF model without either installed.
+Pure Python (`trainplan.loader` reads the JSON), no torch and no transformers,
+so the planner can read an HF model without either installed.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
 from trainplan.errors import PresetNotFound, SpecError
+from trainplan.loader import load_json, quote, shown
 from trainplan.specs.model import ModelSpec
 
 CONFIG = "config.json"
@@ -68,15 +68,15 @@ def model_from_hf(path) -> ModelSpec:
     model_type = cfg.get("model_type")
     if model_type != "llama":
         why = f" ({_OTHER_TYPES[model_type]})" if model_type in _OTHER_TYPES else ""
-        raise SpecError(f"{where}: model_type = {model_type!r}{why} is not supported; "
+        raise SpecError(f"{where}: model_type = {quote(model_type)}{why} is not supported; "
                         f"use a Llama config (model_type 'llama', {ARCHITECTURE})")
     archs = cfg.get("architectures")
     if archs is not None and archs != [ARCHITECTURE]:
-        raise SpecError(f"{where}: architectures = {archs!r} is not supported; "
+        raise SpecError(f"{where}: architectures = {quote(archs)} is not supported; "
                         f"use [{ARCHITECTURE!r}]")
     act = cfg.get("hidden_act", HF_DEFAULTS["hidden_act"])
     if act != "silu":
-        raise SpecError(f"{where}: hidden_act = {act!r} is not supported; use 'silu' (SwiGLU)")
+        raise SpecError(f"{where}: hidden_act = {quote(act)} is not supported; use 'silu' (SwiGLU)")
     size = {field: _whole(cfg, field, where) for field in (
         "hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
         "vocab_size")}
@@ -125,22 +125,9 @@ def _config_file(path: Path) -> Path:
 
 
 def _read_json(file: Path) -> dict:
-    try:
-        size = file.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise SpecError(f"{file}: {size:,} bytes is too large for a {CONFIG}; "
-                            f"at most {MAX_CONFIG_BYTES:,}")
-        cfg = json.loads(file.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{file}: not UTF-8 text (byte {err.start}); "
-                        f"a {CONFIG} is UTF-8 JSON") from None
-    except json.JSONDecodeError as err:
-        raise SpecError(f"{file}: not valid JSON ({err.msg} at line {err.lineno} "
-                        f"column {err.colno})") from None
-    except OSError as err:
-        raise SpecError(f"{file}: cannot read ({err.strerror})") from None
+    cfg = load_json(file, max_bytes=MAX_CONFIG_BYTES, what=CONFIG)
     if not isinstance(cfg, dict):
-        raise SpecError(f"{file}: expected a JSON object of config fields, "
+        raise SpecError(f"{shown(file)}: expected a JSON object of config fields, "
                         f"got {type(cfg).__name__}")
     return cfg
 
@@ -151,21 +138,21 @@ def _whole(cfg: dict, field: str, where: str) -> int:
                         "(a whole number > 0)")
     value = cfg[field]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(f"{where}: {field} = {value!r} is not valid; use a whole number > 0")
+        raise SpecError(f"{where}: {field} = {quote(value)} is not valid; use a whole number > 0")
     return value
 
 
 def _number(value, field: str, where: str) -> float:
     if (isinstance(value, bool) or not isinstance(value, (int, float))
             or not math.isfinite(value) or value <= 0):
-        raise SpecError(f"{where}: {field} = {value!r} is not valid; use a finite number > 0")
+        raise SpecError(f"{where}: {field} = {quote(value)} is not valid; use a finite number > 0")
     return float(value)
 
 
 def _flag(cfg: dict, field: str, where: str) -> bool:
     value = cfg.get(field, HF_DEFAULTS[field])
     if not isinstance(value, bool):
-        raise SpecError(f"{where}: {field} = {value!r} is not valid; use true or false")
+        raise SpecError(f"{where}: {field} = {quote(value)} is not valid; use true or false")
     return value
 
 
@@ -178,11 +165,11 @@ def _rope_theta(cfg: dict, where: str) -> float:
         if rope is None:
             continue
         if not isinstance(rope, dict):
-            raise SpecError(f"{where}: {field} = {rope!r} is not valid; use an object "
+            raise SpecError(f"{where}: {field} = {quote(rope)} is not valid; use an object "
                             "with rope_type 'default'")
         kind = rope.get("rope_type", rope.get("type", "default"))
         if kind != "default":
-            raise SpecError(f"{where}: {field}.rope_type = {kind!r}: RoPE scaling is not "
+            raise SpecError(f"{where}: {field}.rope_type = {quote(kind)}: RoPE scaling is not "
                             "supported; only rope_type 'default' (plain RoPE)")
         if "rope_theta" in rope:
             found.append((f"{field}.rope_theta", rope["rope_theta"]))
@@ -208,17 +195,17 @@ def hf_config(spec: ModelSpec, max_positions: int, *, dtype: str = "float32",
     """
     for field, want in (("mlp", "swiglu"), ("positions", "rope"), ("norm", "rmsnorm")):
         if getattr(spec, field) != want:
-            raise SpecError(f"model {spec.name!r}: {field} = {getattr(spec, field)!r} has no "
+            raise SpecError(f"model {quote(spec.name)}: {field} = {getattr(spec, field)!r} has no "
                             f"Hugging Face Llama form; {ARCHITECTURE} needs {want!r}")
     if spec.is_moe:
-        raise SpecError(f"model {spec.name!r}: n_experts = {spec.n_experts} has no Hugging "
+        raise SpecError(f"model {quote(spec.name)}: n_experts = {spec.n_experts} has no Hugging "
                         f"Face Llama form; {ARCHITECTURE} is dense (n_experts 1)")
     if isinstance(max_positions, bool) or not isinstance(max_positions, int) or (
             max_positions <= 0):
-        raise SpecError(f"max_positions = {max_positions!r} is not valid; use a whole "
+        raise SpecError(f"max_positions = {quote(max_positions)} is not valid; use a whole "
                         "number > 0 (the longest sequence, in tokens)")
     if dtype not in DTYPES:
-        raise SpecError(f"dtype = {dtype!r} is not valid; use one of {list(DTYPES)}")
+        raise SpecError(f"dtype = {quote(dtype)} is not valid; use one of {list(DTYPES)}")
     return {
         "architectures": [ARCHITECTURE], "model_type": "llama", "dtype": dtype,
         "vocab_size": spec.vocab, "hidden_size": spec.hidden,
@@ -249,7 +236,7 @@ def to_hf_names(state: dict) -> dict:
         elif m and m[4] in HF_ROOT_NAMES:
             out[f"{HF_ROOT_NAMES[m[4]]}.{m[5]}"] = value
         else:
-            raise SpecError(f"tensor {key!r} has no Hugging Face Llama name; known: "
+            raise SpecError(f"tensor {quote(key)} has no Hugging Face Llama name; known: "
                             f"layers.N.{{{', '.join(HF_LAYER_NAMES)}}}, "
                             f"{', '.join(HF_ROOT_NAMES)}")
     return out
@@ -266,7 +253,7 @@ def from_hf_names(state: dict) -> dict:
         elif m and m[1] is None and m[4] in _OURS_AT_ROOT:
             out[f"{_OURS_AT_ROOT[m[4]]}.{m[5]}"] = value
         else:
-            raise SpecError(f"tensor {key!r} is not one of {ARCHITECTURE}'s; known: "
+            raise SpecError(f"tensor {quote(key)} is not one of {ARCHITECTURE}'s; known: "
                             f"model.layers.N.{{{', '.join(HF_LAYER_NAMES.values())}}}, "
                             f"{', '.join(HF_ROOT_NAMES.values())}")
     return out

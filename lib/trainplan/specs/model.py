@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from trainplan.errors import SpecError
+from trainplan.loader import quote
+from trainplan.specs.bounds import MAX_PARAMS
 from trainplan.specs.checks import check_fields
 
 
@@ -59,6 +61,18 @@ class ModelSpec:
             )
         if self.positions == "learned" and self.max_positions <= 0:
             raise SpecError("ModelSpec.max_positions must be > 0 when positions is 'learned'")
+        if self.size_bound() > MAX_PARAMS:
+            raise SpecError(f"ModelSpec {quote(self.name)}: about {self.size_bound():.2e} "
+                            f"parameters is too many; at most {MAX_PARAMS:.2e} (check hidden, ffn, "
+                            "n_layers, n_experts, vocab)")
+
+    def size_bound(self) -> int:
+        """An upper bound on the parameter count (`cost.params.total_params` is exact): a
+        block's attention 4 h^2, each expert 3 h f with its biases and router share, norms
+        and biases 10 h; two tables V h and the positions."""
+        h = self.hidden
+        block = 4 * h * h + self.n_experts * (3 * h * self.ffn + 2 * self.ffn + 2 * h) + 10 * h
+        return self.n_layers * block + (2 * self.vocab + self.max_positions + 2) * h
 
     @property
     def head_dim(self) -> int:

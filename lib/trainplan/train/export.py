@@ -36,6 +36,7 @@ from trainplan.bench.ckpt.dcp_io import (
 )
 from trainplan.bench.harness.model import Transformer
 from trainplan.errors import SpecError
+from trainplan.loader import load_json
 from trainplan.specs import ModelSpec
 from trainplan.specs.hf import CONFIG, from_hf_names, hf_config, model_from_hf, to_hf_names
 
@@ -280,7 +281,7 @@ def _weight_files(path: Path) -> dict[Path, list[str] | None]:
         raise SpecError(f"{path}: neither {WEIGHTS} nor {INDEX} in it; pickled weights "
                         "(pytorch_model.bin) are not read")
     try:
-        weight_map = json.loads((path / INDEX).read_text())["weight_map"]
+        weight_map = load_json(path / INDEX, what=INDEX)["weight_map"]
         files: dict[Path, list[str]] = {}
         for name, file in weight_map.items():
             if not isinstance(file, str) or Path(file).name != file or not isinstance(name, str):

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 
 from trainplan.errors import SpecError
+from trainplan.loader import quote
 from trainplan.specs import ParallelConfig, load_cluster, load_model
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -82,7 +83,7 @@ def space(overrides: dict | None = None) -> dict[str, Knob]:
     out = dict(SPACE)
     for name, value in (overrides or {}).items():
         if name not in SPACE:
-            raise SpecError(f"space: unknown knob {name!r}; knobs: {list(SPACE)}")
+            raise SpecError(f"space: unknown knob {quote(name)}; knobs: {list(SPACE)}")
         base = SPACE[name]
         if isinstance(value, list) and value and all(v in base.values for v in value):
             out[name] = Knob(name, value[0] if base.default not in value else base.default,
@@ -92,7 +93,7 @@ def space(overrides: dict | None = None) -> dict[str, Knob]:
             out[name] = Knob(name, min(max(base.default, value["low"]), value["high"]),
                              low=value["low"], high=value["high"], help=base.help)
         else:
-            raise SpecError(f"space: {name} = {value!r} is not valid; use a non-empty list of "
+            raise SpecError(f"space: {name} = {quote(value)} is not valid; use a non-empty list of "
                             f"values from {list(base.values)} or {{low, high}} inside it")
     return out
 

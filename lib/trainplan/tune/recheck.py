@@ -17,11 +17,11 @@ is checked against the config's layout; a mismatch is refused, not guessed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from trainplan.bench.series.suite import full_layout, load_suite
 from trainplan.errors import RecordError
+from trainplan.loader import MAX_LOG_BYTES, load_json
 from trainplan.records import schema as records
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -55,7 +55,8 @@ def _assign(folder: Path, configs: list[dict], measurements: list[dict]) -> dict
         if m.get("tag"):
             by_tag.setdefault(m["tag"], []).append(m)
     if untagged:
-        order = json.loads((folder / "validate.json").read_text())["configs"]
+        order = load_json(folder / "validate.json", error=RecordError,
+                          max_bytes=MAX_LOG_BYTES)["configs"]
         it = iter(sorted(untagged, key=lambda r: r["recorded_at"]))  # ISO, one time zone
         mine = {c["tag"]: c for c in configs}
         for entry in (e for e in order if e["tag"] in mine):  # the call may run other suites

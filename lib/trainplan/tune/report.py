@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from trainplan.loader import quote, shown
 from trainplan.tune import knobs
 from trainplan.tune.study import (
     StudyError,
@@ -214,7 +215,14 @@ def analyse(study) -> dict:
 
 
 def report(storage: str, name: str | None = None) -> dict:
-    return analyse(load(storage, name))
+    """The analysis of the study in `storage`; one StudyError line for a study whose trials
+    lack what `trainplan tune` writes (config, interval, figure) or hold the wrong types."""
+    study = load(storage, name)
+    try:
+        return analyse(study)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        raise StudyError(f"--storage {shown(storage)}: its trials are not a `trainplan tune` "
+                         f"study's ({type(err).__name__}: {quote(str(err), 60)})") from None
 
 
 def committed(path: Path = COMMITTED) -> dict | None:

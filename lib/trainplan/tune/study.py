@@ -28,9 +28,8 @@ import fcntl
 import warnings
 from pathlib import Path
 
-import yaml
-
 from trainplan.errors import SpecError, TrainplanError
+from trainplan.loader import MAX_LOG_BYTES, is_file_of, json_lines, load_yaml, quote, shown
 from trainplan.specs import load_cluster, load_model
 from trainplan.tune import knobs
 
@@ -63,13 +62,10 @@ def make_suite(*, suite_path: str | None = None, model: str | None = None, gpus:
                seq_len: int | None = None) -> dict:
     """A tune suite from a YAML file, or from --model/--gpus (data parallel over all GPUs)."""
     if suite_path:
-        try:
-            raw = yaml.safe_load(Path(suite_path).read_text())
-        except (OSError, yaml.YAMLError) as err:
-            raise SpecError(f"--suite {suite_path}: cannot read "
-                            f"({' '.join(str(err).split())[:160]})") from None
+        raw = load_yaml(suite_path, what="tune suite (YAML)")
         if not isinstance(raw, dict) or "model" not in raw or "gpus" not in raw:
-            raise SpecError(f"--suite {suite_path}: expected a mapping with 'model' and 'gpus'")
+            raise SpecError(f"--suite {shown(suite_path)}: expected a mapping with 'model' and "
+                            "'gpus'")
     else:
         raw = {"model": model, "gpus": gpus}
     suite = {**SUITE_DEFAULTS, **raw}
@@ -97,20 +93,64 @@ def storage_path(spec: str) -> tuple[str, Path]:
     return kind, path
 
 
+SQLITE = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
+# What each journal operation needs (optuna.storages.journal's op codes 0-10), checked before
+# Optuna replays the file: a line without them would fail inside Optuna with a KeyError.
+JOURNAL_KEYS = {0: ("study_name", "directions"), 1: ("study_id",), 2: ("study_id", "user_attr"),
+                3: ("study_id", "system_attr"), 4: ("study_id", "datetime_start"),
+                5: ("trial_id", "param_name", "param_value_internal", "distribution"),
+                6: ("trial_id", "state"), 7: ("trial_id", "step", "intermediate_value"),
+                8: ("trial_id", "user_attr"), 9: ("trial_id", "system_attr"), 10: ()}
+
+
+def check_journal(spec: str, path: Path) -> None:
+    """Raise StudyError (one line) unless `path` is an Optuna journal: UTF-8, one JSON object
+    a line, each a known operation with the fields it needs. A last line cut short by a kill
+    (no newline) is left for Optuna, which skips it."""
+    if not path.exists():
+        return
+    for number, op in json_lines(path, error=StudyError, what="study journal", constants=True,
+                                 max_bytes=MAX_LOG_BYTES):
+        need = JOURNAL_KEYS.get(op.get("op_code")) if isinstance(op, dict) else None
+        if need is None or "worker_id" not in op or any(k not in op for k in need):
+            raise StudyError(f"--storage {shown(spec)}: line {number} is not an Optuna journal "
+                             f"operation ({quote(op, 60)}); give a study's journal file")
+
+
 def open_storage(spec: str, *, must_exist: bool):
-    """(Optuna storage, file path) of a --storage value; the journal needs no SQLAlchemy."""
+    """(Optuna storage, file path) of a --storage value, checked (`check_journal`, the SQLite
+    signature) and replayed once here, so that a malformed file is one StudyError line; the
+    journal needs no SQLAlchemy."""
     kind, path = storage_path(spec)
     if must_exist and not path.is_file():
-        raise StudyError(f"--storage {spec}: no study there (no file {path})")
+        raise StudyError(f"--storage {shown(spec)}: no study there (no file {shown(path)})")
     if not path.parent.is_dir():
-        raise StudyError(f"--storage {spec}: folder {path.parent} does not exist")
+        raise StudyError(f"--storage {shown(spec)}: folder {shown(path.parent)} does not exist")
+    if path.exists() and (not path.is_file() or (kind == "sqlite" and path.stat().st_size
+                                                  and not is_file_of(path, SQLITE))):
+        raise StudyError(f"--storage {shown(spec)}: not a {kind} study file")
+    if kind == "journal":
+        check_journal(spec, path)
     optuna = import_optuna()
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    errors = (KeyError, ValueError, TypeError, AssertionError, IndexError, AttributeError,
+              optuna.exceptions.OptunaError)
     if kind == "sqlite":
-        return optuna.storages.RDBStorage(f"sqlite:///{path}"), path
-    from optuna.storages.journal import JournalFileBackend
-    return optuna.storages.JournalStorage(JournalFileBackend(str(path))), path
+        from sqlalchemy.exc import SQLAlchemyError
+        errors += (SQLAlchemyError,)
+    try:
+        if kind == "sqlite":
+            store = optuna.storages.RDBStorage(f"sqlite:///{path}")
+        else:
+            from optuna.storages.journal import JournalFileBackend
+            store = optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        store.get_all_studies()  # replays a journal: its errors surface here, as one line
+    except errors as err:
+        err = getattr(err, "orig", None) or err  # SQLAlchemy's wraps the driver's
+        raise StudyError(f"--storage {shown(spec)}: Optuna cannot read it "
+                         f"({type(err).__name__}: {quote(str(err), 60)})") from None
+    return store, path
 
 
 @contextlib.contextmanager
@@ -162,7 +202,7 @@ def load_study(storage, name: str, suite: dict | None, create: bool):
     if not create:
         names = [s.study_name for s in storage.get_all_studies()]
         if name not in names:
-            raise StudyError(f"--study-name {name!r} is not in the storage; studies: {names}")
+            raise StudyError(f"--study-name {quote(name)} is not in the storage; studies: {names}")
     if create:
         study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
                                     sampler=sampler, pruner=pruner, load_if_exists=True)
@@ -175,7 +215,7 @@ def load_study(storage, name: str, suite: dict | None, create: bool):
             study.set_user_attr("suite", suite)
         elif {k: stored.get(k) for k in ("model", "gpus", "seq_len", "layout")} != \
                 {k: suite[k] for k in ("model", "gpus", "seq_len", "layout")}:
-            raise StudyError(f"study {name!r} was made for {stored['model']} on "
+            raise StudyError(f"study {quote(name)} was made for {stored['model']} on "
                              f"{stored['gpus']} GPUs, seq {stored['seq_len']}; use another "
                              "--study-name for this suite")
     return study

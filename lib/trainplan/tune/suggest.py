@@ -33,6 +33,7 @@ import re
 
 from trainplan.cost import params
 from trainplan.errors import LayoutError, SpecError, TrainplanError
+from trainplan.loader import quote
 from trainplan.specs import ModelSpec, load_cluster, load_model
 from trainplan.tune.knobs import NCCL_ALGO_ENV, NCCL_PROTO_ENV
 
@@ -61,11 +62,11 @@ def parse_size(text: str) -> tuple[float, str | None]:
         return 46.7e9, "mixtral-8x7b"
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMBT])", s)
     if not m:
-        raise SuggestError(f"--model-size {text!r} is not a size; use a number and a unit, e.g. "
-                           "350M, 1.3B, 7B, 70B (or 8x7B for the Mixtral MoE)")
+        raise SuggestError(f"--model-size {quote(text)} is not a size; use a number and a unit, "
+                           "e.g. 350M, 1.3B, 7B, 70B (or 8x7B for the Mixtral MoE)")
     n = float(m[1]) * UNITS[m[2]]
     if not MIN_PARAMS <= n <= MAX_PARAMS:
-        raise SuggestError(f"--model-size {text!r} is out of range; use 100M to 2T parameters")
+        raise SuggestError(f"--model-size {quote(text)} is out of range; use 100M to 2T parameters")
     return n, None
 
 

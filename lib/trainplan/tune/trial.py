@@ -140,5 +140,4 @@ def gpu_for(card: str, suite: dict):
     """The card's preset with its committed calibration applied where one exists (as the
     planner and `validate` use it), else the suite's fallback preset's datasheet figures."""
     from trainplan.calibrate.store import card_preset, load_gpu  # pandas: not loaded at import
-    from trainplan.calibrate.store import with_calibration as calibrated  # pandas: not at import
-    return calibrated(load_gpu(card_preset(card) or suite["gpu"]))
+    return load_gpu(card_preset(card) or suite["gpu"])

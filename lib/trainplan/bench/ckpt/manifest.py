@@ -148,6 +148,8 @@ def read_manifest(directory: Path, raw: bytes | None = None) -> dict:
         raise Unverified("no manifest (an unfinished save)") from None
     except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError included
         raise Unverified(f"manifest unreadable ({str(err)[:80]})") from None
+    except RecursionError:  # [[[[...: json's decoder recurses once a level
+        raise Unverified("manifest unreadable (nested too deeply)") from None
     if not isinstance(manifest, dict):
         raise Unverified("manifest malformed (not a JSON object)")
     if "checksum" not in manifest:

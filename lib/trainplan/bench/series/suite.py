@@ -35,14 +35,14 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from trainplan.calibrate.store import card_preset, load_gpu
 from trainplan.errors import SpecError, TrainplanError
+from trainplan.loader import load_yaml, quote, shown
 from trainplan.plan.planner import plan
 from trainplan.proctree import stop_tree
 from trainplan.records import schema as records
 from trainplan.specs import LAYOUT_FIELDS, load_cluster, load_model, slice_name
+from trainplan.specs.bounds import MAX_GPUS, MAX_SEQ_LEN
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
@@ -52,31 +52,35 @@ IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
 
 
 def load_suite(path: str) -> dict:
-    try:
-        suite = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise SpecError(f"suite {path}: cannot read ({' '.join(str(err).split())[:200]})") from None
+    suite = load_yaml(path, what="suite (YAML)")
+    path = shown(path)
     if not isinstance(suite, dict) or not isinstance(suite.get("configs"), list):
         raise SpecError(f"suite {path}: expected a mapping with a 'configs' list")
     for c in suite["configs"]:
+        if not isinstance(c, dict) or not isinstance(c.get("layout", {}), dict):
+            raise SpecError(f"suite {path}: config {quote(c)} is not a mapping with a "
+                            "'layout' mapping")
         unknown = set(c.get("layout", {})) - set(LAYOUT_FLAGS) - {"ep"}
-        if "tag" not in c or "gpus" not in c or unknown:
-            raise SpecError(f"suite {path}: config {c!r} needs 'tag' and 'gpus'; "
-                            f"layout keys are {list(LAYOUT_FLAGS)}")
+        gpus = c.get("gpus")
+        if not isinstance(c.get("tag"), str) or isinstance(gpus, bool) or not isinstance(
+                gpus, int) or not 1 <= gpus <= MAX_GPUS or unknown:
+            raise SpecError(f"suite {path}: config {quote(c)} needs 'tag' (a string) and "
+                            f"'gpus' (1 to {MAX_GPUS:,}); layout keys are {list(LAYOUT_FLAGS)}")
+        tag = quote(c["tag"])
         layers = c.get("layers", 1)
         if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-            raise SpecError(f"suite {path}: config {c['tag']!r} layers = {layers!r}; "
+            raise SpecError(f"suite {path}: config {tag} layers = {quote(layers)}; "
                             "use a whole number >= 1 (a layer slice of the model)")
         if c.get("impl", "trainplan") not in IMPLS:
-            raise SpecError(f"suite {path}: config {c['tag']!r} has impl = {c['impl']!r}; "
+            raise SpecError(f"suite {path}: config {tag} has impl = {quote(c['impl'])}; "
                             f"use one of {list(IMPLS)}")
         if not isinstance(c.get("model", suite.get("model")), str):
-            raise SpecError(f"suite {path}: config {c['tag']!r} names no model; give the suite "
-                            "or the config a 'model' (a preset or a YAML file)")
+            raise SpecError(f"suite {path}: config {tag} names no model; give the suite or "
+                            "the config a 'model' (a preset or a YAML file)")
         seq = seq_len(suite, c)
-        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
-            raise SpecError(f"suite {path}: config {c['tag']!r} seq_len = {seq!r}; "
-                            "use a whole number >= 1 (tokens a sequence)")
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_SEQ_LEN:
+            raise SpecError(f"suite {path}: config {tag} seq_len = {quote(seq)}; "
+                            f"use a whole number 1 to {MAX_SEQ_LEN:,} (tokens a sequence)")
     return suite
 
 

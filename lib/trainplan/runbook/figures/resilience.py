@@ -316,11 +316,12 @@ def fault_matrix_table(matrix) -> pd.DataFrame:
     """The fault matrix (`python -m trainplan.resilience.fault_matrix`) as the page's evidence
     table:
     scenario, guarantee, result, test. `matrix` is its JSON as a dict, or a path to it."""
-    import json
     from pathlib import Path
 
+    from trainplan.loader import MAX_LOG_BYTES, load_json
+
     if isinstance(matrix, (str, Path)):
-        matrix = json.loads(Path(matrix).read_text())
+        matrix = load_json(matrix, max_bytes=MAX_LOG_BYTES)
     rows = [{"scenario": r["scenario"], "guarantee": r["guarantee"],
              "result": f"{r['outcome']} ({r['duration_s']:.1f} s)",
              "test": r["test"].split("::", 1)[-1]} for r in matrix["rows"]]
