@@ -17,19 +17,6 @@ VOCAB = 320  # 63 merges: a few seconds to build over the stdlib, shared by the 
 USER_CACHE = os.environ.get("TRAINPLAN_CACHE")
 
 
-@pytest.fixture(scope="session")
-def shared_cache(tmp_path_factory):
-    """One cache directory for the whole run, shared by xdist workers (the build is locked)."""
-    path = tmp_path_factory.getbasetemp().parent / "trainplan-cache"
-    old = os.environ.get("TRAINPLAN_CACHE")
-    os.environ["TRAINPLAN_CACHE"] = str(path)
-    yield path
-    if old is None:
-        os.environ.pop("TRAINPLAN_CACHE", None)
-    else:
-        os.environ["TRAINPLAN_CACHE"] = old
-
-
 def loader(**kw):
     args = dict(seq_len=64, micro_batch=4, rank=0, world=1, seed=0, vocab=VOCAB)
     return data.build_loader(**{**args, **kw})

@@ -34,6 +34,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0 (seeds, loader workers, warm-up steps)."""
+    return 0 if text.strip() in ("0", "+0", "-0") else positive_int(text)
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -24,6 +24,7 @@ Its progress lines go to stderr, so --json keeps stdout to one object.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -33,14 +34,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainplan.commands.args import UsageError, positive_float, positive_int
+from trainplan.commands.args import UsageError, non_negative_int, positive_float, positive_int
 from trainplan.commands.planning import LAYOUT_FLAGS
 from trainplan.loader import quote
 
 
-def non_negative_int(text: str) -> int:
-    """A whole number >= 0 (seeds, loader workers, warm-up steps)."""
-    return 0 if text.strip() in ("0", "+0", "-0") else positive_int(text)
+def _choice(text: str, valid: tuple[str, ...]) -> str:
+    if text not in valid:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid; use one of {list(valid)}")
+    return text
 
 
 IMPLS = ("trainplan", "hf-baseline")  # train.py's --impl: our model or transformers' Llama
@@ -54,10 +56,15 @@ HARNESS_FLAGS = {  # flag -> (type, help); passed on to train.py as given
     "max_norm": (float, "gradient clipping norm; 0 = off"),
     "seed": (non_negative_int, "seed of weights and data"),
     "num_workers": (non_negative_int, "data loader workers"),
+    "data": (lambda t: _choice(t, ("stdlib", "instruct")),
+             "stdlib (packed text) or instruct (prompt/response records; --pad: one padded "
+             "record a row)"),
+    "instruct_file": (str, "JSON-lines records for --data instruct (default: from the stdlib)"),
     "prefetch_factor": (positive_int, "batches each loader worker prepares"),
     "run_id": (str, "shared by the configs of one launch series"),
 }
-SWITCHES = ("compile", "synthetic", "cpu", "pin_memory", "no_sequence_parallel", "no_progress")
+SWITCHES = ("compile", "synthetic", "cpu", "pin_memory", "no_sequence_parallel", "no_progress",
+            "pad")
 
 
 ENDPOINT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:(\d{1,5})$")

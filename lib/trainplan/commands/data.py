@@ -1,9 +1,12 @@
-"""`trainplan data prepare`: a team's text, JSON lines or parquet files into token shards.
+"""`trainplan data prepare`: a team's text, JSON lines or parquet files into token shards;
+`trainplan data instruct`: instruction records made from the Python stdlib, as JSON lines.
 
     trainplan data prepare CORPUS... --out DIR (--tokenizer tokenizer.json | --vocab-size N)
         [--val-fraction 0.01] [--text-field text] [--json]
+    trainplan data instruct --out FILE.jsonl [--seed 0] [--limit N] [--json]
 
-The shards' format is `trainplan.data.shards`'s docstring.
+The shards' format is `trainplan.data.shards`'s docstring; the records' is
+`trainplan.data.instruct`'s.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from trainplan.commands.args import Parser, fraction, positive_int
+from trainplan.commands.args import Parser, fraction, non_negative_int, positive_int
 
 
 def register(verbs) -> None:
@@ -29,6 +32,12 @@ def register(verbs) -> None:
     q.add_argument("--json", action="store_true", help="print the index as one JSON object")
     q.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     q.set_defaults(run=cmd_prepare, fmt=format_prepare)
+    q = sub.add_parser("instruct", help="prompt/response records made from the Python stdlib")
+    q.add_argument("--out", required=True, help="a new JSON-lines file")
+    q.add_argument("--seed", type=non_negative_int, default=0, help="shuffle and phrasing")
+    q.add_argument("--limit", type=positive_int, default=None, help="at most this many records")
+    q.add_argument("--json", action="store_true", help="print a summary as one JSON object")
+    q.set_defaults(run=cmd_instruct, fmt=format_instruct)
 
 
 def cmd_prepare(args) -> dict:
@@ -55,3 +64,24 @@ def format_prepare(out: dict) -> str:
             f"({len(tr['shards'])} shards), {va['tokens']:,} held-out tokens in "
             f"{va['documents']:,} documents; vocabulary {out['vocab_size']:,} ({out['dtype']}), "
             f"end of document id {out['eos_id']}")
+
+
+def cmd_instruct(args) -> dict:
+    import numpy as np  # numpy: not loaded for --help
+
+    from trainplan.data import instruct
+
+    instruct.check_out(args.out)  # before the records are made (seconds)
+    records = instruct.stdlib_records(args.seed, args.limit)
+    instruct.write_records(records, args.out)
+    chars = {f: np.percentile([len(r[f]) for r in records], [10, 50, 90, 99]).round().tolist()
+             for f in instruct.FIELDS}
+    return {"out": args.out, "records": len(records), "seed": args.seed,
+            "chars_p10_p50_p90_p99": chars}
+
+
+def format_instruct(out: dict) -> str:
+    p, r = out["chars_p10_p50_p90_p99"]["prompt"], out["chars_p10_p50_p90_p99"]["response"]
+    return (f"{out['out']}: {out['records']:,} records (seed {out['seed']}); characters "
+            f"p10/p50/p90/p99: prompts {'/'.join(f'{v:,.0f}' for v in p)}, responses "
+            f"{'/'.join(f'{v:,.0f}' for v in r)}")

@@ -69,6 +69,9 @@ def cmd_tune(args) -> dict:
                        seq_len=args.seq_len)
     if args.cpu and "compile" not in suite["space"]:
         suite["space"] = {**suite["space"], "compile": [False]}  # no C++ toolchain assumed
+    if args.synthetic and suite["data"] != "stdlib":
+        raise UsageError(f"--synthetic makes its own tokens; the suite's data is "
+                         f"{suite['data']!r} (leave out --synthetic)")
     if args.synthetic and "--synthetic" not in suite["extra_args"]:
         suite["extra_args"] = [*suite["extra_args"], "--synthetic"]
     name = args.study_name or Path(args.suite or args.model).stem

@@ -11,6 +11,8 @@ for JSON lines, the line.
 from __future__ import annotations
 
 import json
+import os
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,18 @@ from trainplan.errors import SpecError
 
 SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 PARQUET_BATCH = 4096  # rows a record batch: a bounded slice of a large file in memory
+STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+
+
+def stdlib_files(root: str | Path | None = None) -> list[Path]:
+    """The Python standard library's .py files (or those under `root`), sorted by relative
+    path, tests and installed packages left out: text every machine with Python has."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in STDLIB_SKIP]  # site-packages is not walked
+        files += [Path(folder) / n for n in names if n.endswith(".py")]
+    return sorted((p for p in files if p.is_file()), key=lambda p: p.relative_to(root).as_posix())
 
 
 def expand(paths: list[str | Path]) -> list[Path]:

@@ -13,13 +13,13 @@ Knobs and how each reaches the harness (`trainplan.bench.harness.train`):
 | zero | 2 (keep gathered weights), 3 (reshard after forward) | --zero |
 | compile | false, true | --compile |
 | recompute | none, selective, full | --recompute |
+| pack | true, false; only on a suite with `data: instruct` | --pack / --pad |
 
-NCCL_ALGO=Tree is passed as `allreduce:tree`: all-gather and reduce-scatter
-(FSDP's collectives) have no Tree implementation, and from NCCL 2.24 a list
-that leaves a collective without a valid algorithm is an error rather than a
-fallback (NCCL documentation of NCCL_ALGO: 2.24's per-collective syntax). NCCL
-knobs are sampled only when the run has more than one rank; on the CPU proxy
-(gloo) they are set but have no effect, which keeps one code path.
+NCCL_ALGO=Tree is passed as `allreduce:tree`: all-gather and reduce-scatter (FSDP's
+collectives) have no Tree implementation, and from NCCL 2.24 a list that leaves a collective
+without a valid algorithm is an error rather than a fallback (NCCL documentation of
+NCCL_ALGO: 2.24's per-collective syntax). NCCL knobs are sampled only when the run has more
+than one rank; on the CPU proxy (gloo) they are set but have no effect: one code path.
 
 Skipped before any GPU time is spent (`skip_reason`), each with its reason:
 prefetch_factor without workers (PyTorch's DataLoader refuses it); a
@@ -71,8 +71,11 @@ SPACE: dict[str, Knob] = {k.name: k for k in (
     Knob("zero", 3, choices=(2, 3), help="2: keep gathered weights; 3: reshard after forward"),
     Knob("compile", True, choices=(False, True), help="torch.compile per block"),
     Knob("recompute", "none", choices=("none", "selective", "full"), help="activation recompute"),
+    Knob("pack", True, choices=(True, False),
+         help="instruction records packed into full rows (else one padded record a row)"),
 )}
 NCCL_KNOBS = ("nccl_algo", "nccl_proto")
+INACTIVE = {"zero": 0, "pack": None}  # what an inactive knob is set to, where not its default
 # Levels the analysis groups integer knobs into (few trials per exact value): upper bounds.
 BINS = {"num_workers": (0, 2, 8), "prefetch_factor": (2, 8), "grad_accum": (1, 3, 8),
         "micro_batch": (2, 6, 16)}
@@ -98,16 +101,21 @@ def space(overrides: dict | None = None) -> dict[str, Knob]:
     return out
 
 
-def active(name: str, world: int, dp: int) -> bool:
-    """Whether a knob can matter for a run of `world` ranks with data-parallel degree `dp`."""
+def active(name: str, world: int, dp: int, data: str = "stdlib") -> bool:
+    """Whether a knob can matter for a run of `world` ranks with data-parallel degree `dp`
+    on the suite's `data` (the harness's --data). `pack` (packed rows or one padded record a
+    row) only on instruction records; its trials compare by the tokens that train, which
+    the study's objective counts (`trial.pooled`)."""
     if name in NCCL_KNOBS:
         return world > 1
     if name == "zero":
         return dp > 1
+    if name == "pack":
+        return data == "instruct"
     return True
 
 
-def suggest(trial, sp: dict[str, Knob], *, world: int, dp: int) -> dict:
+def suggest(trial, sp: dict[str, Knob], *, world: int, dp: int, data: str = "stdlib") -> dict:
     """Sample one config from an Optuna trial; inactive knobs take their defaults.
 
     prefetch_factor is conditional (sampled only with workers), which
@@ -117,8 +125,8 @@ def suggest(trial, sp: dict[str, Knob], *, world: int, dp: int) -> dict:
     for name, knob in sp.items():
         if name == "prefetch_factor" and cfg.get("num_workers", 1) == 0:
             cfg[name] = None
-        elif not active(name, world, dp):
-            cfg[name] = knob.default if name != "zero" else 0
+        elif not active(name, world, dp, data):
+            cfg[name] = INACTIVE.get(name, knob.default)
         elif knob.choices:
             cfg[name] = knob.choices[0] if len(knob.choices) == 1 else \
                 trial.suggest_categorical(name, list(knob.choices))
@@ -141,6 +149,8 @@ def harness_args(cfg: dict) -> list[str]:
             "--num-workers", str(cfg["num_workers"])]
     if cfg.get("prefetch_factor") is not None:
         args += ["--prefetch-factor", str(cfg["prefetch_factor"])]
+    if cfg.get("pack") is not None:
+        args.append("--pack" if cfg["pack"] else "--pad")
     return args + (["--compile"] if cfg["compile"] else [])
 
 

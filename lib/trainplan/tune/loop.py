@@ -156,7 +156,8 @@ def _worker(run, devices: str | None) -> None:
                 run["proposals"] += 1
                 trial = study.ask()
                 cfg = knobs.suggest(trial, run["space"], world=run["suite"]["gpus"],
-                                    dp=run["suite"]["layout"].get("dp", 1))
+                                    dp=run["suite"]["layout"].get("dp", 1),
+                                    data=run["suite"].get("data", "stdlib"))
                 trial.set_user_attr("config", cfg)
                 trial = _settle(run, trial, cfg, TrialState)
                 if trial is not None:

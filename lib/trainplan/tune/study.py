@@ -36,7 +36,8 @@ from trainplan.tune import knobs
 SUITE_DEFAULTS = {"cluster": "dgx-h100", "gpu": "h100-sxm", "seq_len": 2048, "warmup": 3,
                   "windows": 10, "target_sequences": 160, "max_measure_s": 25.0,
                   "max_launches": 2, "reduction_factor": 4, "n_startup": 10, "seed": 0,
-                  "launch_timeout_s": 300.0, "extra_args": [], "space": {}}
+                  "launch_timeout_s": 300.0, "extra_args": [], "space": {}, "data": "stdlib"}
+DATA = ("stdlib", "instruct")  # the harness's --data: packed text, or instruction records
 
 
 class StudyError(TrainplanError):
@@ -77,6 +78,8 @@ def make_suite(*, suite_path: str | None = None, model: str | None = None, gpus:
             suite["layout"].get("pp", 1) != suite["gpus"]:
         raise SpecError(f"suite layout {suite['layout']} must give dp x tp x pp = gpus "
                         f"{suite['gpus']} (keys dp, tp, pp)")
+    if suite["data"] not in DATA:
+        raise SpecError(f"suite data {suite['data']!r} is not valid; use one of {list(DATA)}")
     load_model(suite["model"]), load_cluster(suite["cluster"])  # a bad preset fails here
     knobs.space(suite["space"])
     return suite
@@ -214,10 +217,12 @@ def load_study(storage, name: str, suite: dict | None, create: bool):
         if stored is None:
             study.set_user_attr("suite", suite)
         elif {k: stored.get(k) for k in ("model", "gpus", "seq_len", "layout")} != \
-                {k: suite[k] for k in ("model", "gpus", "seq_len", "layout")}:
+                {k: suite[k] for k in ("model", "gpus", "seq_len", "layout")} or \
+                stored.get("data", "stdlib") != suite.get("data", "stdlib"):
             raise StudyError(f"study {quote(name)} was made for {stored['model']} on "
-                             f"{stored['gpus']} GPUs, seq {stored['seq_len']}; use another "
-                             "--study-name for this suite")
+                             f"{stored['gpus']} GPUs, seq {stored['seq_len']}, data "
+                             f"{stored.get('data', 'stdlib')}; use another --study-name for "
+                             "this suite")
     return study
 
 

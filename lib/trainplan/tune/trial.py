@@ -45,6 +45,8 @@ def launch_command(suite: dict, cfg: dict, cpu: bool) -> list[str]:
            "--warmup", str(suite["warmup"]), "--json", "--no-progress"]
     for k in ("dp", "tp", "pp"):
         cmd += [f"--{k}", str(lay.get(k, 1))]
+    if suite.get("data", "stdlib") != "stdlib":
+        cmd += ["--data", suite["data"]]
     cmd += knobs.harness_args(cfg) + [str(a) for a in suite["extra_args"]]
     return cmd + (["--cpu"] if cpu else [])
 
@@ -94,11 +96,14 @@ def run_launch(cmd, env, *, tick, deadline_s: float) -> tuple[dict | None, str, 
 
 
 def pooled(summaries: list[dict]) -> dict:
-    """Tokens/s/GPU over every kept step of every launch, with its bootstrap 95% interval."""
+    """Tokens/s/GPU over every kept step of every launch, with its bootstrap 95% interval.
+    Only tokens that train count (each step's `trained_share`, 1 but where instruction
+    labels are masked), so packed and padded rows compare by the work they do."""
     amounts, times = [], []
     for s in summaries:
         per_gpu = s["tokens_per_step"] / s["ranks"]
-        amounts += [per_gpu] * len(s["step_times_s"])
+        shares = s.get("trained_share") or [1.0] * len(s["step_times_s"])
+        amounts += [per_gpu * share for share in shares]
         times += s["step_times_s"]
     rate = rate_ci(amounts, times)
     return {"tokens_per_s_per_gpu": rate.estimate, "ci": rate.as_list(), "ci_enough": rate.enough,

@@ -14,6 +14,11 @@ corpus and the tokenizer settings, with the tokenizer.json beside it -> fixed-le
 sequences, labels = inputs shifted by one -> `DistributedSampler` (seeded, `drop_last`,
 so ranks never share a sequence) -> `DataLoader`.
 
+Instruction data (`data="instruct"`): prompt/response records (`trainplan.data.instruct`:
+the stdlib's, cached here, or a team's JSON-lines file) as rows with the loss on the
+responses only, packed or padded (`trainplan.data.rows`), tokenised by the same tokenizer
+in the loader's workers; labels are -100 (no loss) on prompts and padding.
+
 The trainer must not shift labels again: `labels[:, t]` is the token that
 follows `input_ids[:, t]`.
 """
@@ -36,7 +41,7 @@ import tokenizers  # the pipeline needs it to build a cache; its version is part
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainplan.data import shards, tokenize
+from trainplan.data import corpus, instruct, rows, shards, tokenize
 from trainplan.errors import SpecError
 
 DEFAULT_VOCAB = 1281  # ids: EOS, the 256 bytes and 1024 merges
@@ -45,18 +50,12 @@ TRAIN_BYTES = 2 * 2**20  # the BPE is learnt on the leading files up to this, ap
 ENCODE_BATCH = 256  # files encoded together (tokenizers encodes a batch in parallel)
 SYNTHETIC_SEQUENCES = 1 << 16
 _FORMAT = 2  # bump when the cache layout or the tokenizer changes
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
 # ---------------------------------------------------------------- corpus
 
 
-def corpus_files(root: str | Path | None = None) -> list[Path]:
-    """The stdlib's .py files, sorted by path relative to `root`, tests and packages left out."""
-    root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = [p for p in root.rglob("*.py")
-             if p.is_file() and not _SKIP_DIRS & set(p.relative_to(root).parts[:-1])]
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+corpus_files = corpus.stdlib_files  # the stdlib's .py files, sorted, tests and packages left out
 
 
 def corpus_texts(files: list[Path], max_bytes: int = MAX_BYTES) -> list[str]:
@@ -123,11 +122,7 @@ def _corpus_tokens(vocab_size: int, root: str, max_bytes: int, cache: str) -> tu
     stem = Path(cache) / f"stdlib-bpe{vocab_size}-{key.hexdigest()[:16]}"
     paths = {"tokens": stem.with_suffix(".npy"), "info": stem.with_suffix(".json"),
              "tokenizer": stem.parent / f"{stem.name}.tokenizer.json"}
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    with open(stem.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not all(p.is_file() for p in paths.values()):
-            _build(texts, vocab_size, paths, root)
+    _once(stem, paths, lambda tmp: _write(texts, vocab_size, paths, tmp, root))
     tokens = np.load(paths["tokens"])
     tokens.flags.writeable = False  # shared by every caller in this process
     info = json.loads(paths["info"].read_text())
@@ -135,18 +130,25 @@ def _corpus_tokens(vocab_size: int, root: str, max_bytes: int, cache: str) -> tu
     return tokens, json.dumps(info)
 
 
-def _build(texts: list[str], vocab_size: int, paths: dict[str, Path], root) -> None:
-    """Train the tokenizer, encode the texts, and write the cache files under temporary
-    names, renamed into place when all are written."""
-    tmp = {k: p.with_name(f".{p.name}.{os.getpid()}.tmp") for k, p in paths.items()}
-    try:
-        _write(texts, vocab_size, paths, tmp, root)
-    finally:
-        for p in tmp.values():
-            p.unlink(missing_ok=True)
+def _once(stem: Path, paths: dict[str, Path], write) -> None:
+    """Make the cache files `paths` unless all exist, under the stem's file lock (ranks
+    started together build once): `write(tmp)` writes each under its temporary name in
+    `tmp` and renames it into place, the last one marking a whole cache."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    with open(stem.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(p.is_file() for p in paths.values()):
+            return
+        tmp = {k: p.with_name(f".{p.name}.{os.getpid()}.tmp") for k, p in paths.items()}
+        try:
+            write(tmp)
+        finally:
+            for p in tmp.values():
+                p.unlink(missing_ok=True)
 
 
 def _write(texts, vocab_size, paths: dict[str, Path], tmp: dict[str, Path], root) -> None:
+    """Train the tokenizer, encode the texts, write the cache files (`_once`)."""
     start = time.perf_counter()
     prefix = training_prefix(texts)
     tok = tokenize.train(iter(prefix), vocab_size, tmp["tokenizer"])
@@ -175,6 +177,26 @@ def _write(texts, vocab_size, paths: dict[str, Path], tmp: dict[str, Path], root
     tmp["info"].write_text(json.dumps(info))
     for k in ("tokenizer", "tokens", "info"):  # the description last: it marks a whole cache
         os.replace(tmp[k], paths[k])
+
+
+def instruct_records(seed: int = 0) -> list[dict]:
+    """`trainplan.data.instruct.stdlib_records(seed)`, cached as JSON lines under
+    `cache_dir()`, keyed by the seed, the Python version and the stdlib files' paths, sizes
+    and modification times (made once, as the corpus: `_once`)."""
+    _whole("seed", seed, 0)
+    key = hashlib.sha256(json.dumps([_FORMAT, seed, sys.version]).encode())
+    for f in corpus_files():
+        st = f.stat()
+        key.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    stem = cache_dir() / f"instruct-seed{seed}-{key.hexdigest()[:16]}"
+    paths = {"records": stem.with_suffix(".jsonl")}
+
+    def write(tmp: dict[str, Path]) -> None:
+        instruct.write_records(instruct.stdlib_records(seed), tmp["records"])
+        os.replace(tmp["records"], paths["records"])
+
+    _once(stem, paths, write)
+    return instruct.read_records(paths["records"])
 
 
 # ---------------------------------------------------------------- datasets
@@ -248,34 +270,65 @@ def _check(seq_len, micro_batch, rank, world, seed, num_workers, prefetch_factor
                         "synthetic=True")
 
 
-def build_dataset(*, seq_len: int, vocab: int = 32000, seed: int = 0,
-                  synthetic: bool = False) -> PackedDataset | SyntheticDataset:
-    """The packed stdlib corpus (a tokenizer of at most `vocab` ids), or random tokens."""
+DATA = ("stdlib", "instruct")  # packed stdlib text (pretraining); prompt/response records
+
+
+def _check_data(data, pack, records, synthetic) -> None:
+    if data not in DATA:
+        raise SpecError(f"data = {data!r} is not valid; use one of {list(DATA)}")
+    if not isinstance(pack, bool):
+        raise SpecError(f"pack = {pack!r} is not valid; use True or False")
+    if data != "instruct" and (records is not None or not pack):
+        raise SpecError("records and pack=False are for data = 'instruct' only")
+    if synthetic and data != "stdlib":
+        raise SpecError(f"synthetic=True makes its own tokens; it cannot read data = {data!r}")
+
+
+def build_dataset(*, seq_len: int, vocab: int = 32000, seed: int = 0, synthetic: bool = False,
+                  data: str = "stdlib", pack: bool = True, records: str | None = None):
+    """The packed stdlib corpus (a tokenizer of at most `vocab` ids), random tokens, or
+    instruction rows (`trainplan.data.rows`, `pack` or padded) of the records file
+    `records`, else of the stdlib's records for `seed` (`instruct_records`), tokenised by
+    the stdlib corpus's tokenizer."""
     if synthetic:
         return SyntheticDataset(seq_len, vocab, seed)
     tokens, info = corpus_tokens(min(DEFAULT_VOCAB, vocab))
-    return PackedDataset(tokens, seq_len, info)
+    if data == "stdlib":
+        return PackedDataset(tokens, seq_len, info)
+    recs = instruct.read_records(records) if records else instruct_records(seed)
+    ds = rows.make_rows(recs, info["tokenizer_file"], seq_len, pack=pack)
+    ds.info = {**ds.info, "seq_len": seq_len, "tokenizer": info["tokenizer"],
+               "tokenizer_sha256": info["tokenizer_sha256"], "vocab_size": info["vocab_size"],
+               "source": str(records) if records else f"stdlib instruction records, seed {seed}"}
+    return ds
 
 
 def build_loader(*, seq_len: int, micro_batch: int, rank: int, world: int, seed: int,
                  num_workers: int = 0, prefetch_factor: int | None = None,
-                 pin_memory: bool = False, vocab: int = 32000,
-                 synthetic: bool = False) -> DataLoader:
+                 pin_memory: bool = False, vocab: int = 32000, synthetic: bool = False,
+                 data: str = "stdlib", pack: bool = True,
+                 records: str | None = None) -> DataLoader:
     """DataLoader of (input_ids, labels), int64 tensors of shape (micro_batch, seq_len).
 
     Rank `rank` of `world` sees a disjoint shard, reshuffled per epoch with
     `seed + epoch` (`loader.sampler.set_epoch(e)`, or iterate `infinite(loader)`).
     Incomplete batches are dropped, so every batch is full. `loader.dataset.info`
-    describes the corpus and tokenizer for records.
+    describes the corpus and tokenizer for records. With instruction data the workers
+    tokenise; a `tokenizers` thread pool used in this process before they fork is not
+    carried into them (TOKENIZERS_PARALLELISM is set to false unless set already).
     """
     _check(seq_len, micro_batch, rank, world, seed, num_workers, prefetch_factor,
            pin_memory, vocab, synthetic)
-    dataset = build_dataset(seq_len=seq_len, vocab=vocab, seed=seed, synthetic=synthetic)
+    _check_data(data, pack, records, synthetic)
+    dataset = build_dataset(seq_len=seq_len, vocab=vocab, seed=seed, synthetic=synthetic,
+                            data=data, pack=pack, records=records)
     if len(dataset) < world * micro_batch:
         raise SpecError(
             f"seq_len = {seq_len}: the corpus gives {len(dataset)} sequences, fewer than "
             f"world * micro_batch = {world * micro_batch}; use shorter sequences or synthetic=True"
         )
+    if num_workers:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
                                  seed=seed, drop_last=True)
     return DataLoader(dataset, batch_size=micro_batch, sampler=sampler, drop_last=True,

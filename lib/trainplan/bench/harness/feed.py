@@ -12,6 +12,11 @@ A single process with grad_accum' = dp * grad_accum reads the same rows, so
 loss curves can be compared exactly. The sequences are arithmetic progressions
 modulo the vocabulary (random start and stride) rather than uniform noise, so
 the loss falls and a parity test compares a moving curve, not a flat ln V.
+
+The harness's data flags (`add_arguments`) choose the source (`make_batches`): synthetic,
+the packed stdlib text, or instruction records packed or padded (`--data instruct --pack
+| --pad`), whose labels are -100 where there is no loss; `trained_share` is the share of
+a step's label positions that carry loss (1 for the first two).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Iterator
 
 import torch
 
-from trainplan.errors import LayoutError
+from trainplan.errors import LayoutError, TrainplanError
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # input_ids, labels: (micro_batch, seq_len) each
 
@@ -89,3 +94,56 @@ class LoaderBatches:
 def to_device(group: list[Batch], device: torch.device, non_blocking: bool) -> list[Batch]:
     return [(x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking))
             for x, y in group]
+
+
+def trained_share(group: list[Batch]) -> float:
+    """Share of a step's label positions with a loss (labels other than -100)."""
+    return sum(int((y != -100).sum()) for _, y in group) / sum(y.numel() for _, y in group)
+
+
+def add_arguments(p) -> None:
+    """The harness's data flags."""
+    a = p.add_argument
+    a("--synthetic", action="store_true", help="deterministic synthetic tokens, no data pipeline")
+    a("--data", default="stdlib", choices=["stdlib", "instruct"],
+      help="stdlib: the stdlib's source packed into rows (pretraining); instruct: prompt/"
+           "response records, loss on the responses only (trainplan.data.rows)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--pack", dest="pack", action="store_const", const=True, default=None,
+                   help="(--data instruct, the default) records packed into full rows, plain "
+                        "causal attention across records")
+    g.add_argument("--pad", dest="pack", action="store_const", const=False,
+                   help="(--data instruct) one record a row, padded to --seq-len")
+    a("--instruct-file", default=None, help="(--data instruct) JSON-lines records "
+      '{"prompt", "response"}; default: made from the stdlib with --seed')
+    a("--num-workers", type=int, default=2)
+    a("--prefetch-factor", type=int, default=None)
+    a("--pin-memory", action="store_true")
+
+
+def check_args(args) -> None:
+    """One line for data flags that do not go together."""
+    if args.data != "instruct" and (args.pack is not None or args.instruct_file):
+        raise TrainplanError("--pack, --pad and --instruct-file need --data instruct")
+    if args.instruct_file:  # read here, so a bad file stops a run before the model is built
+        from trainplan.data.instruct import read_records
+
+        read_records(args.instruct_file)
+    if args.data == "instruct" and args.synthetic:
+        raise TrainplanError("--synthetic makes its own tokens; leave out --data instruct")
+    if args.data == "instruct" and args.cp > 1:
+        raise TrainplanError(f"--cp {args.cp}: context parallel is not wired for instruction "
+                             "data (a rank's slice of a padded row may hold no loss)")
+
+
+def make_batches(args, cfg, spec, dp_rank: int, dp: int, start: int = 0):
+    """The step source the flags ask for, for data-parallel rank `dp_rank` of `dp`."""
+    if args.synthetic:
+        return SyntheticBatches(vocab=spec.vocab, seq_len=args.seq_len,
+                                micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
+                                dp_rank=dp_rank, dp=dp, seed=args.seed, start=start)
+    return LoaderBatches(cfg.grad_accum, start=start, seq_len=args.seq_len,
+                         micro_batch=cfg.micro_batch, rank=dp_rank, world=dp, seed=args.seed,
+                         num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
+                         pin_memory=args.pin_memory, vocab=spec.vocab, data=args.data,
+                         pack=args.pack is not False, records=args.instruct_file)

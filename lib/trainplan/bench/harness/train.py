@@ -72,10 +72,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--lr", type=float, default=3e-4)
     a("--max-norm", type=float, default=1.0, help="clip the gradient norm to this; 0 = off")
     a("--seed", type=int, default=0)
-    a("--synthetic", action="store_true", help="deterministic synthetic tokens, no data pipeline")
-    a("--num-workers", type=int, default=2)
-    a("--prefetch-factor", type=int, default=None)
-    a("--pin-memory", action="store_true")
     a("--cpu", action="store_true", help="run on CPU with gloo even if a GPU is present")
     a("--records", default=None, help="append a measurement record to this JSON-lines file")
     a("--peak-tflops", type=float, default=None,
@@ -88,6 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
       help="gpu-local: pin each rank to the CPUs next to its GPU (sysfs local_cpulist)")
     a("--no-progress", action="store_true")
     a("--json", action="store_true", help="no progress bar: only the summary JSON line")
+    feed.add_arguments(p)  # --synthetic --data --pack/--pad --num-workers --pin-memory ...
     ckpt.add_arguments(p)  # --ckpt-dir --ckpt-every --ckpt-keep --ckpt-async --resume ...
     monitor.add_arguments(p)  # --metrics --straggler-tolerance --alert-tokens-per-s-per-gpu ...
     return p.parse_args(argv)
@@ -115,6 +112,7 @@ def check_args(args) -> None:
                              "(MFU needs a GPU peak); leave --records out on CPU, or give "
                              "--peak-tflops (tests)")
     context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
+    feed.check_args(args)
     ckpt.check_args(args)
     monitor.check_args(args)
 
@@ -208,7 +206,7 @@ def run(args) -> dict:
     optimizer = make_optimizer(par, args.lr, device)
     saver = ckpt.Checkpointer(args, par, optimizer, rank=rank, world=world, device=device)
     start = saver.resume()  # 0, or the step of the checkpoint loaded
-    source = make_batches(args, cfg, spec, dp_rank, dp, start)
+    source = feed.make_batches(args, cfg, spec, dp_rank, dp, start)
     autocast = device.type == "cuda" and not par.fsdp
 
     from tqdm import tqdm
@@ -222,7 +220,7 @@ def run(args) -> dict:
     show = rank == 0 and not args.no_progress and not args.json
     bar = tqdm(range(start, args.steps), disable=not show, desc=f"{spec.name} {_layout_name(cfg)}",
                file=sys.stderr)
-    times, losses, norms = [], [], []
+    times, losses, norms, shares = [], [], [], []
     batches = iter(source)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -231,7 +229,9 @@ def run(args) -> dict:
         saver.before_step(step + 1)
         sync(device)
         t0 = time.perf_counter()
-        micro = feed.to_device(next(batches), device, non_blocking=args.pin_memory)
+        group = next(batches)
+        shares.append(feed.trained_share(group))  # < 1 where labels are masked (instruct)
+        micro = feed.to_device(group, device, non_blocking=args.pin_memory)
         total = step_mod.train_step(par, optimizer, micro, autocast=autocast,
                                     reshard=cfg.zero == 3, max_norm=args.max_norm,
                                     loss_fn=loss_fn)
@@ -245,7 +245,7 @@ def run(args) -> dict:
         done = step + 1
         if saver.after_step(done):  # SIGTERM: emergency checkpoint taken, stop
             break
-    summary = summarise(args, spec, cfg, device, world, times, losses, par)
+    summary = summarise(args, spec, cfg, device, world, times, losses, par, shares)
     summary["grad_norms"] = norms
     summary["setup_s"] = round(setup_s, 3)  # rank 0's; the first warm-up step holds the compile
     summary["first_step"] = start + 1
@@ -255,17 +255,6 @@ def run(args) -> dict:
     if dist.is_initialized():
         dist.barrier()
     return summary
-
-
-def make_batches(args, cfg, spec, dp_rank, dp, start=0):
-    if args.synthetic:
-        return feed.SyntheticBatches(vocab=spec.vocab, seq_len=args.seq_len,
-                                     micro_batch=cfg.micro_batch, grad_accum=cfg.grad_accum,
-                                     dp_rank=dp_rank, dp=dp, seed=args.seed, start=start)
-    return feed.LoaderBatches(cfg.grad_accum, start=start, seq_len=args.seq_len,
-                              micro_batch=cfg.micro_batch, rank=dp_rank, world=dp, seed=args.seed,
-                              num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
-                              pin_memory=args.pin_memory, vocab=spec.vocab)
 
 
 def _tokens_per_step(cfg: ParallelConfig, args) -> int:
@@ -278,19 +267,23 @@ def _layout_name(cfg: ParallelConfig) -> str:
             f"ga{cfg.grad_accum}")
 
 
-def _max_over_ranks(values: list[float], device) -> list[float]:
+def _over_ranks(values: list[float], device, op=dist.ReduceOp.MAX) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=op)
     return t.tolist()
 
 
-def summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
-    """The numbers of one run; rates as total tokens over total measured time."""
+def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> dict:
+    """The numbers of one run; rates as total tokens over total measured time. `shares`: each
+    step's share of label positions with a loss (`feed.trained_share`), averaged over ranks;
+    the trained rate counts only those (it differs where instruction labels are masked)."""
     from trainplan.cost.compute import model_flops_per_token  # pandas: not loaded at harness start
 
-    times = _max_over_ranks(times, device)  # a step ends when its slowest rank does
+    times = _over_ranks(times, device)  # a step ends when its slowest rank does
     measured = times[min(args.warmup, len(times) - 1):] if times else []  # resumed: >= 1 kept
+    summed = _over_ranks(list(shares) or [1.0] * len(times), device, dist.ReduceOp.SUM)
+    shares = [v / world for v in summed[len(times) - len(measured):]]  # kept steps, rank mean
     tokens_per_step = _tokens_per_step(cfg, args)
     rate = tokens_per_step * len(measured) / sum(measured) / world if measured else 0.0
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
@@ -298,7 +291,7 @@ def summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
     mfu = rate * flops_per_token / peak if peak else None
     mem, pools = [0.0, 0.0], None
     if device.type == "cuda":
-        mem = _max_over_ranks([torch.cuda.max_memory_allocated(device) / GiB,
+        mem = _over_ranks([torch.cuda.max_memory_allocated(device) / GiB,
                                torch.cuda.max_memory_reserved(device) / GiB], device)
         # nothing was emptied since the peak: this rank's pools still hold what they reserved
         pools = pools_by_stream(torch.cuda.memory_snapshot(), device.index or 0)
@@ -322,6 +315,8 @@ def summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
         "step_time_s": statistics.median(measured) if measured else None,
         "tokens_per_step": tokens_per_step,
         "tokens_per_s_per_gpu": rate,
+        "trained_share": shares,  # per kept step
+        "trained_tokens_per_s_per_gpu": rate * statistics.fmean(shares) if shares else 0.0,
         "mfu": mfu,
         "flops_per_token": flops_per_token,
         "peak_tflops": peak / 1e12 if peak else None,
@@ -333,7 +328,9 @@ def summarise(args, spec, cfg, device, world, times, losses, par) -> dict:
         "notes": par.notes,
         "tag": args.tag,
         "loader": {"synthetic": args.synthetic, "num_workers": args.num_workers,
-                   "prefetch_factor": args.prefetch_factor, "pin_memory": args.pin_memory},
+                   "prefetch_factor": args.prefetch_factor, "pin_memory": args.pin_memory,
+                   "data": args.data,
+                   "pack": args.pack is not False if args.data == "instruct" else None},
     }
 
 
@@ -360,7 +357,8 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
     extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "cpu_affinity",
-                                          "setup_s", "warmup_step_times_s")
+                                          "setup_s", "warmup_step_times_s", "trained_share",
+                                          "trained_tokens_per_s_per_gpu")
                   if summary.get(k) is not None})
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],

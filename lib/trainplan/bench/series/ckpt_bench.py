@@ -183,8 +183,8 @@ class Bench:
                                        world=self.world, device=self.device)
         self.step = self.saver.resume()
         dp_rank, dp = par_mod.dp_coordinates(self.cfg, self.mesh)
-        self.batches = iter(train.make_batches(self.args, self.cfg, self.spec, dp_rank, dp,
-                                           self.step))
+        self.batches = iter(feed.make_batches(self.args, self.cfg, self.spec, dp_rank, dp,
+                                              self.step))
 
     def train_step(self, mode: str) -> float:
         writing = self.saver.pending is not None
