@@ -101,8 +101,8 @@ def test_records_round_trip_through_a_file(root, tmp_path):
      r"r.jsonl:2 has no string field 'prompt' \(fields: 'instruction', 'output'\)"),
     (b'{"prompt": "a", "response": 3}\n', "r.jsonl:1 has no string field 'response'"),
     (b'{"prompt": "a", "response": "  "}\n', "r.jsonl:1: the response is empty"),
-    (b'{"prompt": "caf\xe9", "response": "b"}\n', "r.jsonl:1 is not UTF-8 text"),
-    (b'{"prompt": "a", "response": "b"\n', "r.jsonl:1 is not JSON"),
+    (b'{"prompt": "caf\xe9", "response": "b"}\n', "r.jsonl: not UTF-8 text"),
+    (b'{"prompt": "a", "response": "b"\n', "r.jsonl:1: not valid JSON"),
     (b'["a", "b"]\n', "r.jsonl:1 is not a JSON object"),
     (b"\n\n", "hold no record"),
 ])

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainplan import loader
 from trainplan.data import corpus
 from trainplan.errors import SpecError
 
@@ -152,25 +153,14 @@ def check_record(obj, where: str) -> dict:
 
 
 def read_records(path: str | Path) -> list[dict]:
-    """The records of a JSON-lines file, in order (blank lines skipped); at least one."""
+    """The records of a JSON-lines file, in order (blank lines skipped); at least one. Read
+    through the project's one loader (`trainplan.loader.json_lines`: size, UTF-8 and value
+    caps), each record then checked (`check_record`)."""
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"instruction records {str(path)!r}: no such file")
-    out = []
-    with path.open("rb") as f:
-        for n, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise SpecError(f"{path}:{n} is not UTF-8 text (byte {err.start} of the "
-                                "line)") from None
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                raise SpecError(f"{path}:{n} is not JSON (one object a line)") from None
-            out.append(check_record(obj, f"{path}:{n}"))
+    out = [check_record(obj, f"{path}:{n}")
+           for n, obj in loader.json_lines(path, what="file of instruction records")]
     if not out:
         raise SpecError(f"instruction records {str(path)!r} hold no record")
     return out
