@@ -91,7 +91,7 @@ def _harness(*argv, ranks: int = 0, env=None):
 
 @pytest.mark.parametrize("content, needle", [
     (b'{"instruction": "a", "output": "b"}\n', "has no string field 'prompt'"),
-    (b'{"prompt": "caf\xe9", "response": "b"}\n', "is not UTF-8 text"),
+    (b'{"prompt": "caf\xe9", "response": "b"}\n', "not UTF-8 text"),
 ])
 def test_a_bad_records_file_is_one_line_and_exit_2(tmp_path, capsys, content, needle):
     """Refused by the harness and by `trainplan bench` before a model or process starts."""
