@@ -1,3 +1,3 @@
 """trainplan: plan a distributed training job, prove it on GPUs, publish a runbook."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -80,7 +80,7 @@ def register(verbs) -> None:
     a("--warn-s", type=positive_int, default=600, help="Slurm warning before the time limit")
     a("--save-grace-s", type=positive_int, default=300, help="time for the emergency save")
     a("--rdzv-port", type=positive_int, default=29500)
-    a("--image", default="trainplan:0.1.0", help="container image (k8s)")
+    a("--image", default="trainplan:0.2.0", help="container image (k8s)")
     a("--env", type=_env_pair, action="append", default=[], metavar="NAME=VALUE",
       help="extra environment for every rank (repeatable), e.g. the knob study's NCCL_ALGO")
     a("--cpu", action="store_true", help="CPU processes with gloo, no GPUs (tests, proxy)")

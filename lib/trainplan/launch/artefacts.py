@@ -91,7 +91,7 @@ class LaunchSettings:
     cpu: bool = False  # CPU processes with gloo (the tests' proxy), no GPUs requested
     synthetic: bool = False  # synthetic tokens instead of the data pipeline
     compile: bool = True  # torch.compile the blocks (GPU only)
-    image: str = "trainplan:0.1.0"  # container image with torch and trainplan (k8s)
+    image: str = "trainplan:0.2.0"  # container image with torch and trainplan (k8s)
     job_name: str = ""  # default: model-GPUsxGPU
     env: dict = field(default_factory=dict)  # extra NAME=VALUE, e.g. the knob study's NCCL
 
@@ -114,7 +114,7 @@ class LaunchSettings:
             raise LaunchError(f"--rdzv-port {self.rdzv_port} is not valid; use 1024-65535")
         if len(self.image) > 255 or not IMAGE.fullmatch(self.image):
             raise LaunchError(f"--image {quote(self.image)} is not an image reference; use "
-                              "[REGISTRY/]NAME[:TAG][@DIGEST], e.g. trainplan:0.1.0")
+                              "[REGISTRY/]NAME[:TAG][@DIGEST], e.g. trainplan:0.2.0")
         if self.job_name and not JOB_NAME.fullmatch(self.job_name):
             raise LaunchError(f"--job-name {quote(self.job_name)} is not valid; use at most 63 "
                               "lower-case letters, digits and -, starting and ending with a "

@@ -51,10 +51,9 @@ def headline(d: Decision) -> str:
 
 def _overrun(row) -> str:
     """The runs behind a row's memory band and how far their peak memory ran over."""
-    runs = ("runs of its family" if row["memory_source"] == "family"
-            else "runs of every layout family")
-    return (f"{runs} on {row['memory_card_class']} GPUs peaked up to "
-            f"{row['memory_factor'] - 1:.0%} above their predicted memory")
+    runs = "its family's" if row["memory_source"] == "family" else "every family's"
+    return (f"{runs} measured memory band on {row['memory_card_class']} GPUs (+"
+            f"{row['memory_factor'] - 1:.0%})")
 
 
 def passed_over(d: Decision) -> str:
@@ -63,9 +62,7 @@ def passed_over(d: Decision) -> str:
     chosen, fastest, why = d.chosen, d.fastest, d.not_runnable
     parts = []
     if not d.launchable:
-        parts.append(f"**Not launchable yet.** The fastest plan, {fastest['strategy']}, cannot "
-                     f"be run by the trainer: {why}. The figures below are the planner's; page "
-                     "6's scripts wait for that support.")
+        parts.append(f"**Not launchable yet** (page 6): {why}.")
     elif why is not None:
         gain = fastest["tokens_per_s"] / chosen["tokens_per_s"] - 1.0
         parts.append(f"**Passed over.** {fastest['strategy']} would be {gain:.0%} faster, but "
@@ -75,12 +72,9 @@ def passed_over(d: Decision) -> str:
         q = d.passed_over
         slower = 1.0 - chosen["tokens_per_s"] / q["tokens_per_s"]
         parts.append(
-            f"**Passed over for memory.** {q['strategy']} is faster, but {_overrun(q)}, so it "
-            f"may need "
-            f"{q['memory_upper_gib']:.1f} GiB, more than the {q['usable_gib']:.1f} GiB the "
-            f"allocator can use; this plan costs {slower:.1%} of its throughput "
-            f"({chosen['tokens_per_s_per_gpu']:,.0f} against {q['tokens_per_s_per_gpu']:,.0f} "
-            "tokens/s per GPU).")
+            f"**Passed over for memory.** {q['strategy']} is faster, but with {_overrun(q)} it "
+            f"may need {q['memory_upper_gib']:.1f} GiB of the {q['usable_gib']:.1f} GiB usable; "
+            f"this plan costs {slower:.1%} of its throughput.")
     if d.fits_band is False:
         parts.append(
             f"**No plan fits with margin.** With its band every plan may need more than the "
@@ -98,13 +92,11 @@ def memory_check(d: Decision) -> str:
         return (f"No run on {c['memory_card_class']} GPUs has measured peak memory yet, so "
                 f"the predicted {c['total_gib']:.1f} GiB is unchecked: check it in a short "
                 "trial run.")
-    overrun = _overrun(c)
-    text = (f"{overrun[0].upper()}{overrun[1:]}; with that margin this plan needs up to "
-            f"{c['memory_upper_gib']:.1f} ")
+    text = (f"With {_overrun(c)} this plan needs up to {c['memory_upper_gib']:.1f} ")
     if c["fits_band"]:
-        return text + f"of the {c['usable_gib']:.1f} GiB the allocator can use."
-    return text + (f"GiB, more than the {c['usable_gib']:.1f} GiB the allocator can use, and "
-                   "no plan does better: check peak memory in a short trial run.")
+        return text + f"of the {c['usable_gib']:.1f} GiB usable."
+    return text + (f"GiB, more than the {c['usable_gib']:.1f} GiB usable, and no plan does "
+                   "better: check peak memory in a short trial run.")
 
 
 def launch_note(d: Decision) -> str:

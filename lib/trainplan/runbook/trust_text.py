@@ -56,9 +56,8 @@ def decision_flag(band: dict) -> str:
         return (f"Its layout family ({band['family']}) was measured at {band['low']:.2f} to "
                 f"{band['high']:.2f} times its predicted throughput on {band['configs']} "
                 f"configurations ({_cards(band)}).")
-    return (f"**Not validated.** {band['why'][0].upper() + band['why'][1:]}. The planner "
-            "prices this layout from the same terms as the measured ones, but nothing has "
-            "checked how they combine here: run a short trial before committing the budget.")
+    return (f"**Not validated.** {band['why'][0].upper() + band['why'][1:]}: run a short trial "
+            "before committing the budget.")
 
 
 def throughput_paragraph(band: dict, days_low: float, days_high: float,
