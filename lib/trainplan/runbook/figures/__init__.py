@@ -13,6 +13,7 @@ from trainplan.runbook.figures.launching import (  # noqa: F401
     watch_table,
 )
 from trainplan.runbook.figures.planning import (  # noqa: F401
+    TOP_FAMILIES,
     alternatives,
     batch_table,
     candidates_tokens_per_s,

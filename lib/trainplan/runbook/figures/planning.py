@@ -119,6 +119,9 @@ def _fmt(df: pd.DataFrame, formats: dict) -> pd.DataFrame:
     return out
 
 
+TOP_FAMILIES = 8  # families page 1's side-by-side table shows open; the rest are folded
+
+
 def strategy_table(best: pd.DataFrame) -> pd.DataFrame:
     """Best fitting layout of each strategy family, side by side, best first (page 1)."""
     out = _fmt(best, {
