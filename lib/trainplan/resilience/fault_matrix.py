@@ -1,6 +1,6 @@
 """The fault matrix of runbook page 5: every fault-injection test, its guarantee, its result.
 
-    python -m trainplan.resilience.fault_matrix --out data/measurements/fault-matrix.json
+    python -m trainplan.resilience.fault_matrix   # -> data/measurements/fault-matrix-DATE.json
 
 runs `pytest tests/faults --junitxml=...` (real torchrun, CPU, gloo; about 3
 minutes on 2 cores), reads the JUnit XML and writes one JSON table: for each
@@ -9,7 +9,8 @@ id, outcome and duration, with the date, commit and versions of the run. The
 words live in SCENARIOS below, next to nothing else, so that a new test under
 tests/faults/ without its words shows up as `described: false` (and fails
 tests/resilience/test_fault_matrix.py). Exit 0 when every test passed, 1 when one did
-not (the table is written either way), 2 for bad flags.
+not (the table is written either way), 2 for bad flags. Each run writes a new dated file
+(records are never rewritten); page 5 reads the newest (`latest`).
 """
 
 from __future__ import annotations
@@ -168,6 +169,14 @@ def matrix(rows: list[dict], *, command: list[str], started: str, wall_s: float)
             "platform": platform.platform(), "rows": rows}
 
 
+def latest(folder: str | Path) -> dict:
+    """The newest fault matrix in `folder` (its `fault-matrix*.json` files, by their `date`)."""
+    found = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("fault-matrix*.json"))]
+    if not found:
+        raise FileNotFoundError(f"no fault-matrix*.json in {folder}")
+    return max(found, key=lambda m: m["date"])
+
+
 def pytest_command(workers: int, extra: list[str]) -> list[str]:
     """pytest on tests/faults (the JUnit flag is added by `main`)."""
     return ["-m", "pytest", "-q", *(["-n", str(workers)] if workers > 1 else []), TESTS, *extra]
@@ -176,7 +185,8 @@ def pytest_command(workers: int, extra: list[str]) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainplan.resilience.fault_matrix",
                                 description="Run tests/faults and write the fault matrix.")
-    p.add_argument("--out", default="data/measurements/fault-matrix.json")
+    p.add_argument("--out", default=None,
+                   help="a new file (default data/measurements/fault-matrix-YYYYMMDD.json)")
     p.add_argument("--workers", type=int, default=2, help="pytest-xdist workers; 1 = none")
     p.add_argument("--from-junit", default=None,
                    help="build the table from this JUnit XML instead of running pytest")
@@ -192,6 +202,13 @@ def main(argv=None) -> int:
     if args.from_junit and not Path(args.from_junit).is_file():
         print(f"error: --from-junit {args.from_junit}: no such file", file=sys.stderr)
         return 2
+    if args.out is None:  # a new dated file: the committed ones are records, never rewritten
+        day = datetime.now(timezone.utc).strftime("%Y%m%d")
+        args.out = f"data/measurements/fault-matrix-{day}.json"
+        if Path(args.out).exists():
+            print(f"error: {args.out} exists (records are never rewritten); name a new file "
+                  "with --out", file=sys.stderr)
+            return 2
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = datetime.now(timezone.utc)
     with tempfile.TemporaryDirectory() as tmp:
