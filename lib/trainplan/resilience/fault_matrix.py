@@ -26,6 +26,7 @@ import xml.etree.ElementTree as ET  # noqa: S405 (our own pytest's report, not f
 from datetime import datetime, timezone
 from pathlib import Path
 
+from trainplan import loader
 from trainplan.records import provenance
 
 REPO = Path(__file__).resolve().parents[3]
@@ -171,7 +172,8 @@ def matrix(rows: list[dict], *, command: list[str], started: str, wall_s: float)
 
 def latest(folder: str | Path) -> dict:
     """The newest fault matrix in `folder` (its `fault-matrix*.json` files, by their `date`)."""
-    found = [json.loads(p.read_text()) for p in sorted(Path(folder).glob("fault-matrix*.json"))]
+    found = [loader.load_json(p, what="fault matrix")
+             for p in sorted(Path(folder).glob("fault-matrix*.json"))]
     if not found:
         raise FileNotFoundError(f"no fault-matrix*.json in {folder}")
     return max(found, key=lambda m: m["date"])
