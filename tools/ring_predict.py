@@ -35,7 +35,7 @@ def main() -> None:
             for seq in (int(s) for s in a.seq_lens.split(",")):
                 tokens = a.micro_batch * seq / a.cp
                 attn_fwd = tokens * compute.attention_flops_per_token_per_layer(m, seq, 1) / (
-                    gpu.bf16_tflops * 1e12 * gpu.attention_efficiency)
+                    gpu.bf16_tflops * 1e12 * compute.attention_efficiency_at(gpu, seq))
                 for compiled in (False, True):
                     exposed, passes = ring.ring_layer_time(
                         m, gpu, cluster, seq_len=seq, micro_batch=a.micro_batch, cp=a.cp, tp=1,
