@@ -69,7 +69,26 @@ def test_with_a_study_the_reasons_cite_it_and_a_harmful_level_is_not_taken(tmp_p
 
 def test_text_form_gives_each_setting_its_reason(no_study, capsys):
     rc, out, _ = _run(capsys, DESIGN)
-    assert rc == 0 and out.count("because") == 8
+    assert rc == 0 and out.count("because") == 9
+    assert "knob_effects: nccl_algo, nccl_proto" in out  # no study: nothing measured
+
+
+@pytest.mark.parametrize("text,tokens", [("1T", 1e12), ("500M", 5e8), ("1.5b", 1.5e9),
+                                         ("2e9", 2e9), ("2_000_000_000", 2e9), ("750K", 7.5e5)])
+def test_dataset_tokens_take_a_unit_as_model_size_does(text, tokens):
+    assert suggest.parse_tokens(text) == pytest.approx(tokens)
+
+
+def test_dataset_tokens_set_the_steps_and_gpu_hours(no_study, capsys):
+    outs = []
+    for text in ("1T", "2T"):
+        rc, out, _ = _run(capsys, ["suggest", "--model-size", "7B", "--gpus", "16",
+                                   "--dataset-tokens", text, "--json"])
+        outs.append(json.loads(out))
+    one, two = (o["estimate"] for o in outs)
+    assert one["steps"] == math.ceil(1e12 / outs[0]["config"]["global_batch_tokens"])
+    assert two["gpu_hours"] == pytest.approx(2 * one["gpu_hours"])
+    assert outs[0]["request"]["dataset_tokens"] == 1e12
 
 
 @pytest.mark.parametrize("size,preset", [("7B", "llama-7b"), ("13b", "llama-13b"),
@@ -103,6 +122,9 @@ def test_the_scenario_spec_can_replace_the_size(no_study):
     (["--dataset-tokens", "1e5"], "smaller than one global batch"),
     (["--dataset-tokens", "-3"], "'-3'"),
     (["--dataset-tokens", "nan"], "'nan'"),
+    (["--dataset-tokens", "1Q"], "--dataset-tokens '1Q' is not a token count"),
+    (["--dataset-tokens", "T"], "'T' is not a token count"),
+    (["--dataset-tokens", "0M"], "'0M' is not a token count"),
     (["--gpus", "0"], "'0'"),
     (["--gpu", "b200"], "unknown gpu 'b200'"),
     (["--global-batch-tokens", "1000"], "--global-batch-tokens 1000"),

@@ -2,11 +2,43 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_float, positive_int
 from trainplan.commands.planning import add_hardware_extras, hardware
+from trainplan.loader import quote
+from trainplan.tune.knobs import EFFECT_KNOBS
 from trainplan.tune.study import make_suite
+
+
+def share(text: str) -> float:
+    """A number in [0, 1]: the effects stage's share of the study's GPU-hours."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a share in [0, 1]")
+    return value
+
+
+def base_spec(text: str) -> str:
+    """'best', 'plan' or a trial number (a whole number >= 0)."""
+    if text in ("best", "plan") or (text.isdigit() and text.isascii()):
+        return text if not text.isdigit() else str(int(text))
+    raise argparse.ArgumentTypeError(f"{quote(text)} is not a base; use best, plan or a trial "
+                                     "number")
+
+
+def knob_list(text: str) -> list[str]:
+    """Comma-separated knob names of the effects stage."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in EFFECT_KNOBS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{quote(text)}: {quote(bad[0]) if bad else 'no knob'} "
+                                         f"is not an effects knob; use {', '.join(EFFECT_KNOBS)}")
+    return names
 
 
 def register(verbs) -> None:
@@ -31,6 +63,21 @@ def register(verbs) -> None:
                    help="start no launch that would end after this many seconds of this run")
     p.add_argument("--workers", type=positive_int, default=1,
                    help="launches at once, each on its own --suite gpus of the machine's GPUs")
+    p.add_argument("--effects-share", type=share, default=0.0,
+                   help="share of --gpu-hours for the paired effects stage after the search "
+                        "(0: search only; 1: effects only)")
+    p.add_argument("--base", type=base_spec, default="best",
+                   help="effects stage: vary knobs around 'best' (the search's best trial), "
+                        "'plan' (the planner's fastest config of the space) or a trial number")
+    p.add_argument("--effects-halfwidth", type=positive_float, default=3.0,
+                   help="effects stage: pair until each effect's 95%% interval is within "
+                        "+- this many percent")
+    p.add_argument("--effects-knobs", type=knob_list, default=None,
+                   help="effects stage: comma-separated knobs to vary (default: all of "
+                        "nccl_algo, nccl_proto, num_workers, prefetch_factor, grad_accum, "
+                        "micro_batch, pack)")
+    p.add_argument("--effects-max-pairs", type=positive_int, default=20,
+                   help="effects stage: at most this many pairs per variant")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--report", action="store_true", help="analyse the stored study instead")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -39,7 +86,8 @@ def register(verbs) -> None:
     p = verbs.add_parser("suggest", help="a starting config from model size, GPUs, dataset")
     p.add_argument("--model-size", required=True, help="parameters, e.g. 7B, 1.3B, 350M, 8x7B")
     p.add_argument("--gpus", required=True, type=positive_int)
-    p.add_argument("--dataset-tokens", required=True, type=positive_float)
+    p.add_argument("--dataset-tokens", required=True,
+                   help="tokens to train on, e.g. 2e9, 500M, 1T (suffixes K M B T)")
     p.add_argument("--gpu", default="h100-sxm", help="GPU preset or YAML file")
     add_hardware_extras(p)
     p.add_argument("--seq-len", type=positive_int, default=4096)
@@ -64,7 +112,7 @@ def cmd_tune(args) -> dict:
         raise UsageError("--gpu-hours is required to run a study (or pass --report)")
     if bool(args.suite) == bool(args.model):
         raise UsageError("give exactly one of --suite FILE or --model M")
-    from trainplan.tune.loop import run_study  # numpy: not loaded for --help
+    from trainplan.tune.loop import run_stages  # numpy: not loaded for --help
     suite = make_suite(suite_path=args.suite, model=args.model, gpus=args.gpus,
                        seq_len=args.seq_len)
     if args.cpu and "compile" not in suite["space"]:
@@ -75,30 +123,45 @@ def cmd_tune(args) -> dict:
     if args.synthetic and "--synthetic" not in suite["extra_args"]:
         suite["extra_args"] = [*suite["extra_args"], "--synthetic"]
     name = args.study_name or Path(args.suite or args.model).stem
-    return run_study(suite, storage=args.storage, name=name, gpu_hours=args.gpu_hours,
-                     trials=args.trials, cpu=args.cpu, records_path=args.records,
-                     stop_after_s=args.stop_after_s, progress=not args.no_progress,
-                     workers=args.workers)
+    effects = {"base": args.base, "halfwidth": args.effects_halfwidth,
+               "knob_names": args.effects_knobs or EFFECT_KNOBS,
+               "max_pairs": args.effects_max_pairs}
+    return run_stages(suite, storage=args.storage, name=name, gpu_hours=args.gpu_hours,
+                      trials=args.trials, effects_share=args.effects_share, effects=effects,
+                      cpu=args.cpu, records_path=args.records, stop_after_s=args.stop_after_s,
+                      progress=not args.no_progress, workers=args.workers)
 
 
 def format_tune(out: dict) -> str:
     if "top_knobs" in out:
         from trainplan.tune.report import format_report  # pandas: not loaded for --help
         return format_report(out)
-    lines = [f"study {out['study']} ({out['storage']}) on {out['card']}: {out['message']}",
-             f"  {out['trials']} configurations measured ({out['new_trials']} in this run), "
-             f"{out['gpu_hours']:.3f} of {out['budget_gpu_hours']:g} GPU-hours spent"]
-    if out["best"]:
+    if "message" not in out:
+        lines = [f"study {out['study']} ({out['storage']}): search {out['search']}"]
+    else:
+        lines = [f"study {out['study']} ({out['storage']}) on {out['card']}: {out['message']}",
+                 f"  {out['trials']} configurations measured ({out['new_trials']} in this run), "
+                 f"{out['gpu_hours']:.3f} of {out['budget_gpu_hours']:g} GPU-hours spent"]
+    if out.get("best"):
         b = out["best"]
         lines.append(f"  best: trial {b['trial']}, {b['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU "
                      f"(95% CI {b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}): {b['config']}")
+    if out.get("effects"):
+        e = out["effects"]
+        lines.append(f"  effects ({e['design']}, {e['family']}, base {e['base_from']}): "
+                     f"{e['message']}; {e['pairs']} pairs ({e['new_pairs']} in this run)")
+        for v in e["variants"]:
+            ci = (f"{v['effect_pct']:+.1f}% +- {v['halfwidth_pct']:.1f}" if v["ci_pct"]
+                  else "no interval yet" if v["pairs"] else "not run")
+            lines.append(f"    {v['variant']}: {ci} ({v['pairs']} pairs)")
     return "\n".join(lines)
 
 
 def cmd_suggest(args) -> dict:
-    from trainplan.tune.suggest import suggest  # numpy: not loaded for --help
+    from trainplan.tune.suggest import parse_tokens, suggest  # numpy: not loaded for --help
+    tokens = parse_tokens(args.dataset_tokens)
     gpu, cluster = hardware(args, args.gpu)
-    return suggest(args.model_size, gpus=args.gpus, dataset_tokens=args.dataset_tokens,
+    return suggest(args.model_size, gpus=args.gpus, dataset_tokens=tokens,
                    gpu=args.gpu, cluster=cluster.name, seq_len=args.seq_len,
                    global_batch_tokens=args.global_batch_tokens, study=args.study,
                    gpu_spec=gpu, cluster_spec=cluster)

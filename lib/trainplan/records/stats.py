@@ -16,6 +16,12 @@ Two methods, both distribution-free:
   sum(denominators), e.g. tokens/s as total tokens over total time across
   launches (resampling launches) or steps (resampling steps). The percentile
   interval under-covers for small n; `enough` is False below `MIN_BOOTSTRAP`.
+
+One parametric interval, for paired comparisons: `paired_log_ratio` is the Student-t 95%
+interval of the mean of per-pair log-ratios (Student 1908; any textbook's paired t, e.g.
+Montgomery, "Design and Analysis of Experiments", 9th ed., sec. 2.5.1). Log-ratios of
+throughputs of back-to-back launches are close to normal and their mean is what "X% faster"
+means, so the t interval is the natural one, exact under normality for any n >= 2.
 """
 
 from __future__ import annotations
@@ -130,3 +136,44 @@ def overlap(a: Interval, b: Interval) -> bool:
     """True when two intervals overlap: then neither setting is called better
     (docs/measurement.md, "Timing")."""
     return a.low <= b.high and b.low <= a.high
+
+
+# Two-sided 95% quantiles of Student's t, t(0.975; df) for df = 1..30 (e.g. NIST/SEMATECH
+# e-Handbook of Statistical Methods, table 1.3.6.7.2); beyond 30, `t975` uses the expansion
+# of Abramowitz and Stegun 1964, eq. 26.7.5 (error < 1e-4 there).
+T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
+        2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
+        2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
+Z975 = 1.959963984540054  # the standard normal's 0.975 quantile
+
+
+def t975(df: int) -> float:
+    """t(0.975; df): the table for df <= 30, A&S 26.7.5 in powers of 1/df above."""
+    if isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise SpecError(f"degrees of freedom = {df!r} is not valid; use a whole number >= 1")
+    if df <= len(T975):
+        return T975[df - 1]
+    x = Z975
+    g = ((x**3 + x) / 4, (5 * x**5 + 16 * x**3 + 3 * x) / 96,
+         (3 * x**7 + 19 * x**5 + 17 * x**3 - 15 * x) / 384,
+         (79 * x**9 + 776 * x**7 + 1482 * x**5 - 1920 * x**3 - 945 * x) / 92160)
+    return x + sum(gi / df**(i + 1) for i, gi in enumerate(g))
+
+
+def paired_log_ratio(treated, reference) -> Interval:
+    """Mean of log(treated_i / reference_i) over pairs i, with its Student-t 95% interval:
+    mean +- t975(n - 1) sd / sqrt(n), sd with n - 1 in the denominator.
+
+    Both inputs are positive rates of the same pairs, in the same order. With one pair the
+    interval is (-inf, inf) and `enough` is False."""
+    a, b = _samples("treated", treated), _samples("reference", reference)
+    if a.shape != b.shape:
+        raise SpecError(f"treated ({a.size}) and reference ({b.size}) differ in length")
+    if np.any(a <= 0) or np.any(b <= 0):
+        raise SpecError("paired rates must be > 0")
+    d = np.log(a) - np.log(b)
+    n, mean = d.size, float(d.mean())
+    if n < 2:
+        return Interval(mean, -math.inf, math.inf, 0.95, "paired-t", n, False)
+    half = t975(n - 1) * float(d.std(ddof=1)) / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, 0.95, "paired-t", n, True)

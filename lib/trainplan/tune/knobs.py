@@ -75,6 +75,9 @@ SPACE: dict[str, Knob] = {k.name: k for k in (
          help="instruction records packed into full rows (else one padded record a row)"),
 )}
 NCCL_KNOBS = ("nccl_algo", "nccl_proto")
+# The knobs the effects stage varies one at a time (`trainplan.tune.effects`)
+EFFECT_KNOBS = ("nccl_algo", "nccl_proto", "num_workers", "prefetch_factor", "grad_accum",
+                "micro_batch", "pack")
 INACTIVE = {"zero": 0, "pack": None}  # what an inactive knob is set to, where not its default
 # Levels the analysis groups integer knobs into (few trials per exact value): upper bounds.
 BINS = {"num_workers": (0, 2, 8), "prefetch_factor": (2, 8), "grad_accum": (1, 3, 8),
@@ -136,6 +139,24 @@ def suggest(trial, sp: dict[str, Knob], *, world: int, dp: int, data: str = "std
     return cfg
 
 
+class _AtDefaults:
+    """Stands in for an Optuna trial in `suggest`: every knob answers with its default."""
+
+    def __init__(self, sp: dict[str, Knob]):
+        self.sp = sp
+
+    def suggest_categorical(self, name, choices):
+        return self.sp[name].default
+
+    def suggest_int(self, name, low, high):
+        return self.sp[name].default
+
+
+def defaults(sp: dict[str, Knob], *, world: int, dp: int, data: str = "stdlib") -> dict:
+    """Every knob at its default in the space `sp`, inactive ones as `suggest` sets them."""
+    return suggest(_AtDefaults(sp), sp, world=world, dp=dp, data=data)
+
+
 def env(cfg: dict) -> dict[str, str | None]:
     """Environment of one run: the NCCL knobs (None = unset it), multicast always off."""
     return {"NCCL_ALGO": NCCL_ALGO_ENV[cfg["nccl_algo"]],
@@ -193,6 +214,12 @@ def _rules(cfg: dict, suite: dict, gpu, pred: dict) -> str | None:
 def skip_reason(cfg: dict, suite: dict, gpu) -> str | None:
     """Why this config is not worth GPU time (one line), or None to run it."""
     return _rules(cfg, suite, gpu, predicted([cfg], suite, gpu)[0])
+
+
+def verdicts(cfgs: list[dict], suite: dict, gpu) -> list[tuple[dict, str | None]]:
+    """(the planner's prediction, `skip_reason`) of each config, in one planner pass."""
+    preds = predicted(cfgs, suite, gpu)
+    return [(p, _rules(c, suite, gpu, p)) for c, p in zip(cfgs, preds, strict=True)]
 
 
 def level(name: str, value) -> str:

@@ -265,3 +265,37 @@ def _measure(run, trial, cfg, devices: str | None) -> str:
     trial.set_user_attr("measured", True)
     study.tell(trial, figure["tokens_per_s_per_gpu"])
     return result
+
+
+def run_stages(suite: dict, *, storage: str, name: str, gpu_hours: float, trials: int,
+               effects_share: float = 0.0, effects: dict | None = None, cpu: bool = False,
+               records_path: str | None = None, stop_after_s: float | None = None,
+               progress: bool = True, workers: int = 1) -> dict:
+    """The search, then the effects stage (`trainplan.tune.effects`), under one budget.
+
+    The search may spend (1 - `effects_share`) of `gpu_hours`, less what the effects stage
+    has spent already; the effects stage gets the rest of `gpu_hours` once the search has
+    stopped for its budget, its trial count or its space (not for --stop-after-s: the next
+    call resumes the search first). `effects_share` 0: the search alone; 1: the effects
+    stage alone, around --base plan, a trial, or the best of an earlier search. `effects`:
+    the keyword arguments of `effects.run_effects` (base, halfwidth, knob_names, max_pairs).
+    """
+    from trainplan.tune import effects as fx
+
+    start = time.monotonic()
+    out: dict = {"study": name, "storage": storage, "search": "skipped (--effects-share 1)"}
+    if effects_share < 1.0:
+        done = fx.read_records(fx.paths(tn.storage_path(storage)[1])[0])
+        spent_h = sum(float(r.get("gpu_seconds", 0.0)) for r in done if r["study"] == name) / 3600
+        search_h = min((1.0 - effects_share) * gpu_hours, gpu_hours - spent_h)
+        if search_h > 0:
+            out = run_study(suite, storage=storage, name=name, gpu_hours=search_h, trials=trials,
+                            cpu=cpu, records_path=records_path, stop_after_s=stop_after_s,
+                            progress=progress, workers=workers)
+        if effects_share == 0.0 or out.get("stopped") == "time":
+            return out
+    left = None if stop_after_s is None else max(stop_after_s - (time.monotonic() - start), 1e-3)
+    out["effects"] = fx.run_effects(suite, storage=storage, name=name, gpu_hours=gpu_hours,
+                                    cpu=cpu, records_path=records_path, stop_after_s=left,
+                                    progress=progress, **(effects or {}))
+    return out

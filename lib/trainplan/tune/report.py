@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from trainplan.loader import quote, shown
-from trainplan.tune import knobs
+from trainplan.tune import effect_stats, knobs
 from trainplan.tune.study import (
     StudyError,
     gpu_seconds,
@@ -45,6 +45,7 @@ from trainplan.tune.study import (
     load_study,
     measured,
     open_storage,
+    storage_path,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -219,7 +220,9 @@ def report(storage: str, name: str | None = None) -> dict:
     lack what `trainplan tune` writes (config, interval, figure) or hold the wrong types."""
     study = load(storage, name)
     try:
-        return analyse(study)
+        out = analyse(study)
+        records = effect_stats.read_records(effect_stats.paths(storage_path(storage)[1])[0])
+        return {**out, "effects": effect_stats.summary(records, study.study_name)}
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise StudyError(f"--storage {shown(storage)}: its trials are not a `trainplan tune` "
                          f"study's ({type(err).__name__}: {quote(str(err), 60)})") from None
@@ -249,7 +252,7 @@ def format_report(out: dict) -> str:
         b = out["best"]
         lines.append(f"  best: trial {b['trial']}, {b['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU "
                      f"(95% CI {b['ci'][0]:,.0f}-{b['ci'][1]:,.0f}): {b['config']}")
-    return "\n".join(lines)
+    return "\n".join(lines + effect_stats.format_lines(out.get("effects")))
 
 
 def recipe_sentences(rep: dict | None, recheck: dict | None = None) -> dict[str, str]:
@@ -257,8 +260,14 @@ def recipe_sentences(rep: dict | None, recheck: dict | None = None) -> dict[str,
 
     Only what the study measured is said: a knob is recommended only where a
     level beats its default with an interval above 0, and named as "leave
-    alone" only where every interval contains 0.
+    alone" only where every interval contains 0. `effects`: the paired effects
+    per layout family, in `effect_stats.recipe_sentence`'s words.
     """
+    return {**_search_sentences(rep, recheck),
+            "effects": effect_stats.recipe_sentence((rep or {}).get("effects"))}
+
+
+def _search_sentences(rep: dict | None, recheck: dict | None) -> dict[str, str]:
     if rep is None or not rep["trials"]:
         return {
             "status": "**No GPU study is committed yet.** The study code runs end to end on the "

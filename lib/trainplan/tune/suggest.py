@@ -1,6 +1,9 @@
 """`trainplan suggest`: a starting config from model size, GPU count and dataset size, with reasons.
 
-    trainplan suggest --model-size 7B --gpus 16 --dataset-tokens 2e9 [--gpu h100-sxm] --json
+    trainplan suggest --model-size 7B --gpus 16 --dataset-tokens 1T [--gpu h100-sxm] --json
+
+--dataset-tokens takes a number (2e9) or a number and a unit, as --model-size does (500M,
+1T; `parse_tokens`); it sets the steps, days and GPU-hours of the estimate.
 
 1. Model: a preset whose parameter count is within `PRESET_TOLERANCE` of the
    size (llama-1.3b, -7b, -13b, -70b; "8x7B" is mixtral-8x7b); otherwise a
@@ -16,7 +19,11 @@
    fitting layout (`trainplan.plan.search`), the same code path as `trainplan plan`.
 4. NCCL and data loader: the committed knob study's findings where it has
    them (`trainplan.tune.report`), else the defaults, said as such ("defaults:
-   no study yet"); no effect is claimed that was not measured.
+   no study yet"); no effect is claimed that was not measured. Where the study's
+   paired effects stage measured the plan's layout family, each knob's advice is
+   cited ("set X (+a% +- b)", "leave default (effect within +-c%)", or "not
+   measured on this layout family"; `trainplan.tune.effect_stats`), and a "set"
+   or "leave" on an NCCL or loader knob decides its value.
 5. Time to train: one pass over the dataset at the planner's steady-state
    rate (`perf.time_to_train`); failures, restarts and checkpoint stalls come
    on top (runbook page 5).
@@ -35,6 +42,8 @@ from trainplan.cost import params
 from trainplan.errors import LayoutError, SpecError, TrainplanError
 from trainplan.loader import quote
 from trainplan.specs import ModelSpec, load_cluster, load_model
+from trainplan.specs.layouts import strategy_family
+from trainplan.tune.effect_stats import family_advice
 from trainplan.tune.knobs import NCCL_ALGO_ENV, NCCL_PROTO_ENV
 
 PRESETS = ("llama-1.3b", "llama-7b", "llama-13b", "llama-70b")
@@ -68,6 +77,21 @@ def parse_size(text: str) -> tuple[float, str | None]:
     if not MIN_PARAMS <= n <= MAX_PARAMS:
         raise SuggestError(f"--model-size {quote(text)} is out of range; use 100M to 2T parameters")
     return n, None
+
+
+def parse_tokens(text: str) -> float:
+    """--dataset-tokens: a count > 0 written as a number (2e9, 2_000_000) or a number and a
+    unit of `UNITS` (500M, 1.5B, 1T; either case); else SuggestError."""
+    s = text.strip().replace("_", "")
+    unit = UNITS.get(s[-1:].upper(), 1.0) if s[-1:].isalpha() else 1.0
+    try:
+        value = float(s[:-1] if unit != 1.0 else s) * unit
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise SuggestError(f"--dataset-tokens {quote(text)} is not a token count; use a number "
+                           "> 0, alone or with K, M, B or T (2e9, 500M, 1T)")
+    return value
 
 
 def _row(n: float):
@@ -155,7 +179,11 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
     par = best["parallel"]
     ttt = time_to_train(dataset_tokens, best["tokens_per_s"], gpus)
     steps = math.ceil(dataset_tokens / global_batch_tokens)
-    knob_cfg, knob_reasons, cited = knob_settings(study)
+    rep = study_report(study)
+    knob_cfg, knob_reasons, cited = knob_settings(rep)
+    family = strategy_family(par["tp"], par["pp"], par["cp"], par["ep"], par["zero"], par["dp"],
+                             par["dp_shard"])
+    effects, effects_reason = knob_effects(rep, family, knob_cfg)
     config = {
         "strategy": best["strategy"],
         "parallel": {k: par[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero", "dp_shard",
@@ -176,6 +204,7 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
         "grad_accum": (f"{par['grad_accum']} = {global_batch_tokens // seq_len} sequences / "
                        f"(dp {par['dp']} x micro-batch {par['micro_batch']})"),
         **knob_reasons,
+        "knob_effects": effects_reason,
         "time_to_train": (f"{dataset_tokens:.3g} tokens at the planner's "
                           f"{best['tokens_per_s']:,.0f} tokens/s ({best['mfu']:.0%} MFU): "
                           f"{steps:,} steps; steady state only, failures, restarts and "
@@ -197,6 +226,7 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
                      "days": ttt["days"], "gpu_hours": ttt["gpu_hours"]},
         "reasons": reasons,
         "study": cited,
+        "effects": {"family": family, "knobs": effects},
     }
 
 
@@ -204,17 +234,52 @@ def _params(m) -> int:
     return int(params.total_params(m))
 
 
-def knob_settings(study: str | None) -> tuple[dict, dict, dict | None]:
-    """NCCL and loader settings, their reasons, and the study cited (None: no study yet)."""
+def study_report(study: str | None) -> dict | None:
+    """The report of the study `study`, else of the committed one; None when there is none."""
     from pathlib import Path
 
     from trainplan.tune import report as tune_report  # pandas: not loaded at import
 
-    rep = None
     if study is not None:
-        rep = tune_report.report(study)
-    elif Path(tune_report.COMMITTED).is_file():
-        rep = tune_report.committed()
+        return tune_report.report(study)
+    return tune_report.committed() if Path(tune_report.COMMITTED).is_file() else None
+
+
+def knob_effects(rep: dict | None, family: str, knob_cfg: dict) -> tuple[dict, str]:
+    """Each effects knob's advice on the plan's layout family (`effect_stats.family_advice`),
+    and its reason; a "set" NCCL or loader value replaces the search's choice in `knob_cfg`
+    and "leave" restores the default there (paired effects outrank the search's joint fit)."""
+    eff = (rep or {}).get("effects")
+    advice = family_advice(eff, family)
+    d = (eff or {}).get("families", {}).get(family)
+    for knob, a in advice.items():
+        value = a["set_value"]
+        if knob in ("nccl_algo", "nccl_proto") and a["verdict"] != "not measured":
+            table = NCCL_ALGO_ENV if knob == "nccl_algo" else NCCL_PROTO_ENV
+            knob_cfg["nccl"][knob.upper()] = table[value] if value is not None else None
+        elif knob in LOADER_DEFAULTS and a["verdict"] != "not measured":
+            knob_cfg["data_loader"][knob] = value if value is not None else LOADER_DEFAULTS[knob]
+    if rep is None:
+        where = "no study yet"
+    elif d is None:
+        where = f"study {rep['study']} has no paired effects on {family}"
+    else:
+        where = f"study {rep['study']}, {d['pairs']} pairs around {d['base_from']}"
+    return advice, (f"the knob study's paired effects on the plan's layout family {family} "
+                    f"({where}; variant and base launched back to back, 95% intervals)")
+
+
+def effects_words(advice: dict, sep: str) -> str:
+    """Each measured knob's advice, then the knobs not measured on the family, in one line."""
+    said = [f"{k}: {a['advice']}" for k, a in advice.items() if a["verdict"] != "not measured"]
+    unsaid = [k for k, a in advice.items() if a["verdict"] == "not measured"]
+    return sep.join(said + ([f"{', '.join(unsaid)}: not measured on this layout family"]
+                            if unsaid else []))
+
+
+def knob_settings(rep: dict | None) -> tuple[dict, dict, dict | None]:
+    """NCCL and loader settings, their reasons, and the study cited (None: no study yet),
+    from a study's report (`study_report`)."""
     nccl = {"NCCL_ALGO": None, "NCCL_PROTO": None}
     loader = dict(LOADER_DEFAULTS)
     if rep is None or not rep["trials"]:
@@ -272,7 +337,10 @@ def format_text(out: dict) -> str:
              ("micro_batch", c["micro_batch"]), ("grad_accum", c["grad_accum"]),
              ("global_batch", f"{c['global_batch_tokens']:,} tokens"),
              ("nccl", c["nccl"]), ("data_loader", c["data_loader"]),
-             ("time_to_train", f"{e['days']:.2f} days, {e['gpu_hours']:,.0f} GPU-hours")]
+             ("knob_effects", effects_words(out["effects"]["knobs"], "; ")),
+             ("time_to_train", f"{out['request']['dataset_tokens']:.3g} tokens in "
+                               f"{e['steps']:,} steps: {e['days']:.2f} days, "
+                               f"{e['gpu_hours']:,.0f} GPU-hours")]
     for key, value in items:
         lines.append(f"  {key}: {value}\n      because {r[key]}")
     return "\n".join(lines)

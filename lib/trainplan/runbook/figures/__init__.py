@@ -51,6 +51,7 @@ from trainplan.runbook.figures.trace import (  # noqa: F401
     traced_split_table,
 )
 from trainplan.runbook.figures.tuning import (  # noqa: F401
+    paired_effects,
     skip_grid,
     suggest_table,
     tune_effects,

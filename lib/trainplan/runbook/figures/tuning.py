@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from trainplan.runbook.figures.planning import HIGHLIGHT
+from trainplan.tune.suggest import effects_words
 
 VERDICT_STYLE = {"run": ("#55a868", "o"), "skip: memory": ("#c44e52", "x"),
                  "skip: time": ("#dd8452", "s")}
@@ -26,6 +27,7 @@ def suggest_table(out: dict) -> pd.DataFrame:
             ("gradient accumulation", str(c["grad_accum"]), r["grad_accum"]),
             ("global batch", f"{c['global_batch_tokens']:,} tokens", r["global_batch"]),
             ("NCCL", nccl, r["nccl"]), ("data loader", loader, r["data_loader"]),
+            ("knob effects", effects_words(out["effects"]["knobs"], "; "), r["knob_effects"]),
             ("time to train", f"{e['days']:.1f} days, {e['gpu_hours']:,.0f} GPU-hours",
              r["time_to_train"])]
     return pd.DataFrame([(v, why) for _, v, why in rows], columns=["value", "reason"],
@@ -102,5 +104,30 @@ def tune_history(trials: pd.DataFrame) -> plt.Figure:
     ax.set(xlabel="trial", ylabel="tokens/s per GPU")
     ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def paired_effects(eff: dict) -> plt.Figure:
+    """Each variant's paired effect on tokens/s/GPU with its 95% interval, one panel per
+    layout family (`trainplan.tune.effect_stats.summary`); variants without an interval yet
+    are left out, intervals that exclude 0 highlighted."""
+    fams = list(eff["families"].items())
+    rows = {f: [(f"{v['knob']} {v['base_value']} -> {v['value']} (n={v['pairs']})",
+                 v["effect_pct"], *v["ci_pct"]) for k in d["knobs"] for v in k["variants"]
+                if v["ci_pct"] is not None] for f, d in fams}
+    fig, axes = plt.subplots(len(fams), 1, squeeze=False, figsize=(
+        6, 1 + 0.3 * sum(max(len(r), 1) for r in rows.values()) + 0.5 * len(fams)))
+    for ax, (fam, d) in zip(axes[:, 0], fams, strict=True):
+        y = np.arange(len(rows[fam]))[::-1]
+        for yi, (_, eff_, lo, hi) in zip(y, rows[fam], strict=True):
+            colour = HIGHLIGHT if lo > 0 or hi < 0 else "#8c8c8c"
+            ax.errorbar(eff_, yi, xerr=[[eff_ - lo], [hi - eff_]], fmt="o", color=colour, ms=4)
+        ax.axvline(0, color="black", lw=1)
+        for bound in (-d["halfwidth_pct"], d["halfwidth_pct"]):
+            ax.axvline(bound, color="#8c8c8c", lw=0.6, ls=":")
+        ax.set_yticks(y, [r[0] for r in rows[fam]], fontsize=7)
+        ax.text(0.0, 1.02, f"{fam}: {d['pairs']} pairs", transform=ax.transAxes, fontsize=8)
+    axes[-1, 0].set(xlabel="effect on tokens/s/GPU against the base (%), 95% interval")
     fig.tight_layout()
     return fig

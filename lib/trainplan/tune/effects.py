@@ -1,0 +1,350 @@
+"""The knob study's second stage: each knob varied one at a time around a base config, every
+variant launch paired with a base launch back to back, until each effect is known to +-3%.
+
+    trainplan tune --suite S --storage P --gpu-hours H --effects-share 0.5 \\
+        [--base best|plan|N] [--effects-halfwidth 3] [--effects-knobs a,b] [--effects-max-pairs 20]
+
+Why: the search (TPE) concentrates its trials on good configs and varies many knobs at once,
+so a joint fit over its trials leaves the rarely varied knobs with intervals of +-40%. Here a
+variant and the base run back to back on the same GPUs, in an order drawn from a seeded RNG
+and recorded, so slow drifts of the host cancel in their ratio. An effect is the mean paired
+log-ratio of tokens/s/GPU (variant over base) with its Student-t 95% interval
+(`trainplan.records.stats.paired_log_ratio`), in percent: 100 (exp(x) - 1).
+
+Design (`design`): for each knob of `EFFECT_KNOBS` that can act on the run
+(`knobs.active`), each other value of a categorical knob in the suite's space, and the
+neighbours of the base value on `LADDER` for an integer knob (about a halving and a doubling),
+plus no loader workers at all: at most 15 variants. Variants the skip rules refuse
+(memory, measurement time) are left out, with the reason. The base: the search's best trial,
+a given trial, or the planner's fastest config in the suite's space (`plan_base`).
+
+Round-robin: the next pair goes to the unfinished variant with the fewest pairs; a variant is
+finished with >= `MIN_PAIRS` pairs and a half-width <= the bound, at `max_pairs` pairs, or
+after `MAX_FAILURES` failed launches. Budget: the study's GPU-hours, search and effects
+together; a pair is not started where two median launches would overrun it.
+
+Records: `STEM-effects.jsonl` beside the storage, appended: a `design` record, then for each
+attempt exactly one `pair`, `failed` or `interrupted` record, numbered in order; a later call
+with the same --base resumes that design and its count. The spend of the attempt under way
+is rewritten every heartbeat to `STEM-effects.inflight.json`; the next call turns it into an
+`interrupted` record, so what a killed call spent stays counted. Launches: `tune.trial`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from trainplan.loader import load_json
+from trainplan.specs.layouts import strategy_family
+from trainplan.tune import knobs
+from trainplan.tune import study as tn
+from trainplan.tune import trial as tl
+from trainplan.tune.effect_stats import TERMINAL, paths, read_records, tally, variant_rows
+from trainplan.tune.knobs import EFFECT_KNOBS
+
+LADDER = {"num_workers": (0, 1, 2, 4, 8), "prefetch_factor": (1, 2, 4, 8),
+          "grad_accum": (1, 2, 4, 8), "micro_batch": (1, 2, 4, 8, 16)}
+MIN_PAIRS = 3  # with 2 pairs t(0.975; 1) = 12.7: a narrow interval there is luck, not evidence
+MAX_FAILURES = 2  # failed launches of one variant (or of the base) before it is given up
+HALFWIDTH_PCT = 3.0
+MAX_PAIRS = 20
+
+
+def append(path: Path, record: dict) -> None:
+    """Append one record as one line, in one write (a kill leaves it whole or absent)."""
+    line = json.dumps({**record, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _inflight(path: Path, fields: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(fields))
+    os.replace(tmp, path)
+
+
+def recover(records_path: Path, live: Path) -> int:
+    """Turn a killed call's in-flight spend into an `interrupted` record (1), unless that
+    attempt's own record was written before the kill; 0 when nothing was in flight."""
+    if not live.is_file():
+        return 0
+    fields = load_json(live, error=tn.StudyError)
+    done = any(r.get("design") == fields["design"] and r.get("attempt") == fields["attempt"]
+               and r["record"] in TERMINAL for r in read_records(records_path))
+    if not done:
+        append(records_path, {"record": "interrupted", **fields, "why": "the call was killed"})
+    live.unlink()
+    return 0 if done else 1
+
+
+# ---------------------------------------------------------------- the design
+
+
+def family(suite: dict, cfg: dict) -> str:
+    """The planner's layout family of the suite's layout with the config's ZeRO stage."""
+    lay = suite["layout"]
+    dp = lay.get("dp", 1)
+    zero = cfg["zero"] if dp > 1 else 0
+    return strategy_family(lay.get("tp", 1), lay.get("pp", 1), 1, 1, zero, dp,
+                           dp if zero else 1)
+
+
+def alternatives(name: str, value, knob: knobs.Knob) -> list:
+    """The values a knob is varied to from the base's `value` (see the module docstring)."""
+    if knob.choices:
+        return [v for v in knob.choices if v != value]
+    inside = [v for v in LADDER[name] if knob.low <= v <= knob.high]
+    lower, higher = [v for v in inside if v < value], [v for v in inside if v > value]
+    out = lower[-1:] + higher[:1]
+    if name == "num_workers" and value and 0 in inside and 0 not in out:
+        out.insert(0, 0)
+    return out
+
+
+def _world(suite: dict) -> dict:
+    return {"world": suite["gpus"], "dp": suite["layout"].get("dp", 1),
+            "data": suite.get("data", "stdlib")}
+
+
+def design(base: dict, suite: dict, sp: dict, gpu, names=EFFECT_KNOBS) -> tuple[list, list]:
+    """(variants [{id, knob, value, config}], left out [{knob, value?, why}]) around `base`."""
+    candidates, left_out = [], []
+    for name in names:
+        if not knobs.active(name, **_world(suite)):
+            left_out.append({"knob": name, "why": "one rank: no collective to tune"
+                             if name in knobs.NCCL_KNOBS else "not instruction data"})
+            continue
+        if name == "prefetch_factor" and not base["num_workers"]:
+            left_out.append({"knob": name, "why": "the base has no loader workers"})
+            continue
+        for value in alternatives(name, base[name], sp[name]):
+            cfg = {**base, name: value}
+            if name == "num_workers":
+                cfg["prefetch_factor"] = None if value == 0 else (
+                    base["prefetch_factor"] or sp["prefetch_factor"].default)
+            candidates.append({"id": f"{name}={value}", "knob": name, "value": value,
+                               "config": cfg})
+    verdicts = knobs.verdicts([c["config"] for c in candidates], suite, gpu) if candidates else []
+    variants = []
+    for c, (_, reason) in zip(candidates, verdicts, strict=True):
+        if reason:
+            left_out.append({"knob": c["knob"], "value": c["value"], "why": reason})
+        else:
+            variants.append(c)
+    return variants, left_out
+
+
+def plan_base(suite: dict, sp: dict, gpu) -> dict:
+    """The planner's fastest runnable config in the suite's space: ZeRO stage, recompute and
+    micro-batch by its step-time model (tokens per step over step time), the rest at defaults."""
+    base = knobs.defaults(sp, **_world(suite))
+    zeros = sp["zero"].values if suite["layout"].get("dp", 1) > 1 else (0,)
+    grid = [{**base, "zero": z, "recompute": r, "micro_batch": mb} for z in zeros
+            for r in sp["recompute"].values for mb in sp["micro_batch"].values]
+    runnable = [(c["micro_batch"] * c["grad_accum"] / p["step_time_s"], -i)  # ties: first
+                for i, (c, (p, why)) in enumerate(zip(grid, knobs.verdicts(grid, suite, gpu),
+                                                      strict=True)) if why is None]
+    if not runnable:
+        raise tn.StudyError("--base plan: the skip rules refuse every config of the suite's "
+                            "space at default knobs; widen the space or pass --base N")
+    return grid[-max(runnable)[1]]
+
+
+def choose_base(spec: str, study, suite: dict, sp: dict, gpu) -> tuple[str, dict, str]:
+    """(design name, base config, where it comes from) of --base best | plan | N."""
+    if spec == "plan":
+        return "plan", plan_base(suite, sp, gpu), "the planner's fastest config of the space"
+    done = tn.measured(study)
+    if spec == "best":
+        if not done:
+            raise tn.StudyError("--base best: the search has measured no configuration yet; "
+                                "run it first (--effects-share below 1) or pass --base plan")
+        t = max(done, key=lambda t: t.value)
+        return "best", dict(t.user_attrs["config"]), f"the search's best, trial {t.number}"
+    t = next((t for t in done if t.number == int(spec)), None)
+    if t is None:
+        raise tn.StudyError(f"--base {spec}: trial {spec} has no measurement; measured trials: "
+                            f"{sorted(t.number for t in done)[:20]}")
+    return f"trial-{t.number}", dict(t.user_attrs["config"]), f"trial {t.number} of the search"
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base: str = "best",
+                halfwidth: float = HALFWIDTH_PCT, knob_names=EFFECT_KNOBS,
+                max_pairs: int = MAX_PAIRS, cpu: bool = False, records_path: str | None = None,
+                stop_after_s: float | None = None, progress: bool = True) -> dict:
+    """Run (or resume) the effects stage of study `name` under the study's `gpu_hours`."""
+    from tqdm import tqdm
+
+    card = tl.card_name(cpu)
+    gpu = tl.gpu_for(card, suite)
+    devices = tl.device_groups(1, suite["gpus"], cpu)[0]
+    store, path = tn.open_storage(storage, must_exist=False)
+    rec, live = paths(path)
+    with tn.exclusive(path):
+        study = tn.load_study(store, name, suite, create=True)
+        if study.user_attrs.get("card") is None:
+            study.set_user_attr("card", card)
+        recovered = recover(rec, live)
+        records = read_records(rec)
+        head = _design_head(records, rec, name, base, study, suite, gpu, knob_names, halfwidth)
+        run = {"suite": suite, "cpu": cpu, "devices": devices, "rec": rec, "live": live,
+               "name": name, "head": head, "start": time.monotonic(), "stop_after_s":
+               stop_after_s, "budget_s": gpu_hours * 3600.0, "search_s": tn.gpu_seconds(study),
+               "search_costs": [c for t in study.get_trials(deepcopy=False)
+                                for c in t.user_attrs.get("launch_gpu_seconds", [])],
+               "rec_path": Path(records_path) if records_path else path.with_name(
+                   path.stem + "-measurements.jsonl")}
+        first = tally(records, name, head["design"])["pairs"]
+        bar = tqdm(desc=f"effects {name}/{head['design']}", unit="pair", initial=first,
+                   file=sys.stderr, disable=not progress)
+        while True:
+            records = read_records(rec)
+            state = tally(records, name, head["design"])
+            stopped, nxt = _next(run, records, state, set(knob_names), halfwidth, max_pairs)
+            if stopped:
+                break
+            outcome = _attempt(run, nxt, state["attempts"], records)
+            bar.update(outcome == "ok")
+            if outcome in ("budget", "time"):
+                stopped = outcome
+                break
+        bar.close()
+        records = read_records(rec)
+    state = tally(records, name, head["design"])
+    spent = sum(float(r.get("gpu_seconds", 0.0)) for r in records if r.get("study") == name)
+    return {"design": head["design"], "base": head["base"], "base_from": head["base_from"],
+            "family": head["family"], "stopped": stopped, "message": _message(
+                stopped, state["pairs"], halfwidth, run, spent, stop_after_s),
+            "pairs": state["pairs"], "new_pairs": state["pairs"] - first,
+            "recovered": recovered, "gpu_hours": spent / 3600.0,
+            "budget_gpu_hours": gpu_hours, "halfwidth_pct": halfwidth,
+            "variants": variant_rows(records, head), "left_out": head["left_out"]}
+
+
+def _design_head(records, rec, name, spec, study, suite, gpu, knob_names, halfwidth) -> dict:
+    """The design record of this --base: the stored one (resume), else a new one appended."""
+    sp = knobs.space(suite["space"])
+    wanted = {"best": "best", "plan": "plan"}.get(spec, f"trial-{spec}")
+    for r in records:
+        if r["record"] == "design" and r["study"] == name and r["design"] == wanted:
+            return r
+    design_name, cfg, source = choose_base(spec, study, suite, sp, gpu)
+    variants, left_out = design(cfg, suite, sp, gpu, EFFECT_KNOBS)
+    head = {"record": "design", "study": name, "design": design_name, "base": cfg,
+            "base_from": source, "family": family(suite, cfg), "variants": variants,
+            "left_out": left_out, "seed": int(suite.get("seed", 0)), "halfwidth_pct": halfwidth,
+            "min_pairs": MIN_PAIRS, "knobs_asked": list(knob_names)}
+    append(rec, head)
+    return head
+
+
+def _next(run, records, state, names, halfwidth, max_pairs) -> tuple[str | None, dict | None]:
+    """(why the stage stops, None) or (None, the variant to pair next)."""
+    if state["failures"].get("base", 0) >= MAX_FAILURES:
+        return "base-failed", None
+    open_ = []
+    for i, v in enumerate(run["head"]["variants"]):
+        n, hw = len(state["rates"][v["id"]]), state["halfwidth"].get(v["id"])
+        finished = (n >= MIN_PAIRS and hw is not None and hw <= halfwidth) or n >= max_pairs \
+            or state["failures"].get(v["id"], 0) >= MAX_FAILURES
+        if v["knob"] in names and not finished:
+            open_.append((n, i, v))
+    if not open_:
+        return "done", None
+    costs = [c for r in records if r.get("study") == run["name"]
+             for c in r.get("launch_gpu_seconds", [])] or run["search_costs"]
+    expected = 2 * float(np.median(costs)) if costs else 0.0
+    spent = run["search_s"] + sum(float(r.get("gpu_seconds", 0.0)) for r in records
+                                  if r.get("study") == run["name"])
+    if spent + expected > run["budget_s"]:
+        return "budget", None
+    stop = run["stop_after_s"]
+    if stop and time.monotonic() - run["start"] + expected / run["suite"]["gpus"] > stop:
+        return "time", None
+    return None, min(open_, key=lambda x: x[:2])[2]
+
+
+def order(seed: int, design_name: str, attempt: int) -> list[str]:
+    """Which of the pair runs first: a coin from a RNG seeded by the study's seed, the design
+    and the attempt number, so a resumed call draws what an unbroken one would have."""
+    rng = np.random.default_rng([seed, zlib.crc32(design_name.encode()), attempt])
+    return ["base", "variant"] if rng.random() < 0.5 else ["variant", "base"]
+
+
+def _attempt(run, variant: dict, attempt: int, records) -> str:
+    """Run one pair back to back and append its record; 'ok', 'failed', 'budget' or 'time'."""
+    suite, head, gpus = run["suite"], run["head"], run["suite"]["gpus"]
+    spent = run["search_s"] + sum(float(r.get("gpu_seconds", 0.0)) for r in records
+                                  if r.get("study") == run["name"])
+    sides = order(head["seed"], head["design"], attempt)
+    ident = {"study": run["name"], "design": head["design"], "attempt": attempt,
+             "variant": variant["id"], "knob": variant["knob"], "value": variant["value"],
+             "order": sides}
+    runs, costs, used = {}, [], 0.0
+    for position, side in enumerate(sides):
+        cfg = head["base"] if side == "base" else variant["config"]
+        env = tl.launch_env(cfg)
+        if run["devices"] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = run["devices"]
+        cmd = tl.launch_command(suite, cfg, run["cpu"])
+        if not run["cpu"]:
+            cmd += ["--records", str(run["rec_path"]), "--run-id",
+                    f"{run['name']}/effects-{head['design']}/attempt-{attempt}/{side}"]
+        _inflight(run["live"], {**ident, "gpu_seconds": used})
+
+        def tick(elapsed, used=used):
+            cost = used + elapsed * gpus
+            _inflight(run["live"], {**ident, "gpu_seconds": cost})
+            if spent + cost > run["budget_s"]:
+                return "budget"
+            stop = run["stop_after_s"]
+            return "time" if stop and time.monotonic() - run["start"] > stop else None
+
+        summary, error, seconds = tl.run_launch(cmd, env, tick=tick,
+                                                deadline_s=suite["launch_timeout_s"])
+        used += seconds * gpus
+        costs.append(seconds * gpus)
+        if summary is None:
+            why = error.split(": ", 1)[1] if error.startswith("stopped: ") else ""
+            kind = "interrupted" if why in ("budget", "time") else "failed"
+            append(run["rec"], {"record": kind, **ident, "side": side, "error": error,
+                                "gpu_seconds": used, "launch_gpu_seconds": costs})
+            run["live"].unlink(missing_ok=True)
+            return why if kind == "interrupted" else "failed"
+        fig = tl.pooled([summary])
+        runs[side] = {"tokens_per_s_per_gpu": fig["tokens_per_s_per_gpu"], "ci": fig["ci"],
+                      "seconds": round(seconds, 3), "position": position}
+    ratio = float(np.log(runs["variant"]["tokens_per_s_per_gpu"]
+                         / runs["base"]["tokens_per_s_per_gpu"]))
+    append(run["rec"], {"record": "pair", **ident, "base_run": runs["base"],
+                        "variant_run": runs["variant"], "log_ratio": ratio,
+                        "gpu_seconds": used, "launch_gpu_seconds": costs})
+    run["live"].unlink(missing_ok=True)
+    return "ok"
+
+
+def _message(stopped: str, pairs: int, halfwidth: float, run, spent: float, stop_after_s) -> str:
+    return {
+        "done": f"done: {pairs} pairs; each effect asked for has its 95% interval within "
+                f"+-{halfwidth:g}% (or reached --effects-max-pairs, or its launches failed)",
+        "budget": f"stopped: GPU-hour budget spent ({(run['search_s'] + spent) / 3600:.3f} of "
+                  f"{run['budget_s'] / 3600:g} GPU-hours, search and effects; the next pair "
+                  "would overrun it)",
+        "time": f"stopped: --stop-after-s {stop_after_s or 0:g} reached after {pairs} pairs; "
+                "rerun the same command to resume",
+        "base-failed": f"stopped: the base config failed {MAX_FAILURES} launches; see the "
+                       "effects records' errors",
+    }[stopped]

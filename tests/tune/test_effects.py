@@ -1,0 +1,394 @@
+"""The knob study's paired effects stage: the interval, the stopping rule, the budget, resume
+after a kill, the recorded launch order, the report per layout family, and one pair through
+the real trial runner on CPU ranks.
+
+Most tests replace `trial.run_launch` with a launch whose figure has a known truth (no loader
+workers cost 20%, micro-batch 1 costs 10%, nothing else matters) times 1% log-normal noise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from trainplan import cli
+from trainplan.records.stats import paired_log_ratio, t975
+from trainplan.tune import effect_stats, effects, knobs, loop
+from trainplan.tune import report as tune_report
+from trainplan.tune import study as tune
+from trainplan.tune import trial as tune_launch
+
+from .test_tune import ROOT, _suite, _tune, fake_study
+
+TRUTH = {("--num-workers", "0"): 0.8, ("--micro-batch", "1"): 0.9}
+
+
+def truth(cfg: dict) -> float:
+    """The known truth's factor of a config."""
+    return (0.8 if cfg["num_workers"] == 0 else 1.0) * (0.9 if cfg["micro_batch"] == 1 else 1.0)
+
+
+def truth_launch(seconds: float = 10.0, noise: float = 0.01, seed: int = 0, calls=None,
+                 sleep: float = 0.0):
+    """A stand-in for `trial.run_launch` with the known truth above; `calls` collects the
+    commands in the order they ran."""
+    rng = np.random.default_rng(seed)
+
+    def run(cmd, env, *, tick, deadline_s):
+        rate = 1000.0 * math.exp(rng.normal(0.0, noise))
+        for (flag, value), factor in TRUTH.items():
+            rate *= factor if cmd[cmd.index(flag) + 1] == value else 1.0
+        if calls is not None:
+            calls.append(cmd)
+        stop = tick(seconds)
+        time.sleep(sleep)
+        if stop:
+            return None, f"stopped: {stop}", seconds
+        return {"tokens_per_step": 32, "ranks": 1, "step_times_s": [32 / rate] * 10,
+                "tokens_per_s_per_gpu": rate, "mfu": None, "peak_mem_reserved_gib": None}, "", \
+            seconds
+    return run
+
+
+def _records(storage):
+    return effect_stats.read_records(effect_stats.paths(storage)[0])
+
+
+def _run(tmp_path, **kw):
+    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
+    args = {"storage": str(tmp_path / "s.journal"), "name": "s", "gpu_hours": 1.0,
+            "base": "plan", "cpu": True, "progress": False, **kw}
+    return effects.run_effects(suite, **args)
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def test_paired_interval_matches_a_hand_computation():
+    base = np.array([100.0, 102.0, 98.0, 101.0, 99.0])
+    for factors, excludes_zero in (([1.05, 1.07, 1.04, 1.06, 1.05], True),
+                                   ([1.01, 0.98, 1.02, 0.99, 1.00], False)):
+        d = [math.log(f) for f in factors]  # log(variant / base) of each pair
+        mean = sum(d) / 5
+        sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 4)
+        half = 2.776445 * sd / math.sqrt(5)  # t(0.975; 4), a printed table's value
+        ci = paired_log_ratio(base * np.array(factors), base)
+        assert ci.estimate == pytest.approx(mean) and ci.n == 5 and ci.enough
+        assert ci.low == pytest.approx(mean - half, rel=1e-4)
+        assert ci.high == pytest.approx(mean + half, rel=1e-4)
+        assert (ci.low > 0 or ci.high < 0) is excludes_zero
+    assert not paired_log_ratio([1.1], [1.0]).enough
+
+
+def test_the_t_table_agrees_with_students_density():
+    for df in (1, 2, 4, 9, 30, 31, 60, 200):
+        t = t975(df)
+        x = np.linspace(0.0, t, 400_001)
+        c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+        y = c * (1 + x**2 / df) ** (-(df + 1) / 2)
+        area = float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)))
+        assert 0.5 + area == pytest.approx(0.975, abs=2e-5), df
+
+
+# ---------------------------------------------------------------- the stage
+
+
+def test_pairs_go_round_robin_until_every_interval_is_within_the_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune_launch, "run_launch", truth_launch())
+    out = _run(tmp_path, halfwidth=3.0)
+    assert out["stopped"] == "done" and out["family"] == "single GPU"
+    records = _records(tmp_path / "s.journal")
+    pairs = [r for r in records if r["record"] == "pair"]
+    design = next(r for r in records if r["record"] == "design")
+    ids = [v["id"] for v in design["variants"]]
+    assert {"num_workers=0", "grad_accum=2"} <= set(ids) and any("micro_batch" in i for i in ids)
+    assert [p["variant"] for p in pairs[:len(ids)]] == ids  # one pair each before any second
+    for v, d in zip(out["variants"], design["variants"], strict=True):
+        mine = [(p["variant_run"]["tokens_per_s_per_gpu"], p["base_run"]["tokens_per_s_per_gpu"])
+                for p in pairs if p["variant"] == v["variant"]]
+        assert len(mine) == v["pairs"] >= effects.MIN_PAIRS and v["halfwidth_pct"] <= 3.0
+        if len(mine) > effects.MIN_PAIRS:  # it was not stopped a pair earlier
+            assert effect_stats.effect(mine[:-1])["halfwidth_pct"] > 3.0
+        pct = 100 * (truth(d["config"]) / truth(design["base"]) - 1)
+        assert abs(v["effect_pct"] - pct) <= 2 * v["halfwidth_pct"], v  # near the truth
+        if pct:  # a real effect (-20%, -10% or +11%): its interval excludes 0 on its side
+            assert v["ci_pct"][0] * pct > 0 and v["ci_pct"][1] * pct > 0, v
+
+
+def test_the_launch_order_is_drawn_seeded_recorded_and_followed(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tune_launch, "run_launch", truth_launch(calls=calls))
+    out = _run(tmp_path)
+    suite = tune.make_suite(suite_path=str(tmp_path / "suite.yaml"))
+    base_cmd = tune_launch.launch_command(suite, out["base"], True)
+    pairs = [r for r in _records(tmp_path / "s.journal") if r["record"] == "pair"]
+    assert {tuple(p["order"]) for p in pairs} == {("base", "variant"), ("variant", "base")}
+    for p in pairs:
+        assert p["order"] == effects.order(0, "plan", p["attempt"])
+        first = calls[2 * p["attempt"]]
+        assert (first == base_cmd) is (p["order"][0] == "base")
+        assert p["base_run"]["position"] == p["order"].index("base")
+    other = [effects.order(1, "plan", a) for a in range(len(pairs))]
+    assert other != [p["order"] for p in pairs]  # another seed, another draw
+
+
+def test_the_budget_stops_the_stage_before_a_pair_would_overrun_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune_launch, "run_launch", truth_launch(seconds=10.0))
+    out = _run(tmp_path, gpu_hours=105 / 3600)
+    assert out["stopped"] == "budget" and out["pairs"] == 5  # a 6th would end at 120 s
+    assert out["gpu_hours"] * 3600 == pytest.approx(100.0)
+
+
+def _failing(flag: str, value: str):
+    """`truth_launch`, but a launch whose `flag` is `value` crashes (as an OOM would)."""
+    ok = truth_launch()
+
+    def run(cmd, env, *, tick, deadline_s):
+        if cmd[cmd.index(flag) + 1] == value:
+            return None, "rc=1: CUDA out of memory", 5.0
+        return ok(cmd, env, tick=tick, deadline_s=deadline_s)
+    return run
+
+
+def test_a_variant_that_keeps_failing_is_given_up_and_a_failing_base_stops(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(tune_launch, "run_launch", _failing("--grad-accum", "2"))
+    out = _run(tmp_path)
+    assert out["stopped"] == "done"
+    failed = [r for r in _records(tmp_path / "s.journal") if r["record"] == "failed"]
+    assert [r["variant"] for r in failed] == ["grad_accum=2"] * effects.MAX_FAILURES
+    row = next(v for v in out["variants"] if v["variant"] == "grad_accum=2")
+    assert row["pairs"] == 0 and row["failed"] == effects.MAX_FAILURES
+    assert out["gpu_hours"] * 3600 >= 5.0 * effects.MAX_FAILURES  # failed launches cost too
+
+    monkeypatch.setattr(tune_launch, "run_launch", _failing("--num-workers", "2"))  # the base
+    out = _run(tmp_path, name="other")  # another study in the same storage
+    assert out["stopped"] == "base-failed" and out["pairs"] == 0
+
+
+def test_search_and_effects_share_one_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune_launch, "run_launch", truth_launch(seconds=10.0))
+    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
+    out = loop.run_stages(suite, storage=str(tmp_path / "s.journal"), name="s",
+                          gpu_hours=200 / 3600, trials=40, effects_share=0.5,
+                          effects={"base": "best"}, cpu=True, progress=False)
+    assert out["stopped"] == "budget" and out["gpu_hours"] * 3600 == pytest.approx(100.0)
+    e = out["effects"]
+    assert e["stopped"] == "budget" and e["pairs"] == 5 and e["design"] == "best"
+    assert e["base"] == out["best"]["config"]
+    study = tune_report.load(str(tmp_path / "s.journal"))
+    assert tune.gpu_seconds(study) + e["gpu_hours"] * 3600 == pytest.approx(200.0)
+
+
+CHILD = """
+import sys
+from trainplan.tune import effects, study, trial
+sys.path.insert(0, {tests!r})
+from tune.test_effects import truth_launch
+trial.run_launch = truth_launch(sleep=0.3)
+suite = study.make_suite(suite_path={suite!r})
+effects.run_effects(suite, storage={storage!r}, name="s", gpu_hours=1.0, base="plan",
+                    cpu=True, progress=False)
+"""
+
+
+def test_a_killed_stage_resumes_with_no_pair_lost_or_repeated(tmp_path, monkeypatch):
+    suite, storage = _suite(tmp_path, gpus=1), tmp_path / "s.journal"
+    rec, live = effect_stats.paths(storage)
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'lib'}{os.pathsep}{ROOT / 'tests'}")
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(
+        tests=str(ROOT / "tests"), suite=str(suite), storage=str(storage))], env=env,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not rec.is_file() or
+                                           rec.read_text().count('"record": "pair"') < 3):
+        assert child.poll() is None, child.stderr.read()
+        time.sleep(0.05)
+    while not live.is_file() and time.monotonic() < deadline:  # the next pair is under way
+        time.sleep(0.01)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=10)
+    before = rec.read_text()
+    assert before.count('"record": "pair"') >= 3
+
+    monkeypatch.setattr(tune_launch, "run_launch", truth_launch(seed=1))
+    out = _run(tmp_path)
+    assert out["stopped"] == "done" and out["recovered"] == 1 and not live.exists()
+    assert rec.read_text().startswith(before)  # nothing written before the kill changed
+    records = [r for r in _records(storage) if r["record"] != "design"]
+    assert [r["attempt"] for r in records] == list(range(len(records)))  # each once, in order
+    assert [r["record"] for r in records].count("interrupted") == 1
+    assert out["pairs"] == sum(r["record"] == "pair" for r in records)
+    assert out["new_pairs"] == out["pairs"] - before.count('"record": "pair"')
+    spent = sum(r["gpu_seconds"] for r in records)
+    assert out["gpu_hours"] * 3600 == pytest.approx(spent)
+    assert next(r for r in records if r["record"] == "interrupted")["gpu_seconds"] > 0
+
+
+# ---------------------------------------------------------------- the report
+
+
+def _pairs(rec, study, design, family, truth: dict, n: int, seed: int) -> None:
+    """A design record and n pairs of every variant with rates from `truth` (% effects)."""
+    base = {**{k: v.default for k, v in knobs.SPACE.items()}, "prefetch_factor": 2}
+    variants = [{"id": f"{k}={v}", "knob": k, "value": v, "config": {**base, k: v}}
+                for k, v in truth]
+    effects.append(rec, {"record": "design", "study": study, "design": design,
+                         "family": family, "base": base, "base_from": design,
+                         "variants": variants, "left_out": [], "seed": 0,
+                         "halfwidth_pct": 3.0})
+    rng = np.random.default_rng(seed)
+    attempt = 0
+    for _ in range(n):
+        for (k, v), pct in truth.items():
+            b = 1000 * math.exp(rng.normal(0, 0.01))
+            x = b * (1 + pct / 100) * math.exp(rng.normal(0, 0.01))
+            effects.append(rec, {"record": "pair", "study": study, "design": design,
+                                 "attempt": attempt, "variant": f"{k}={v}", "knob": k,
+                                 "value": v, "order": ["base", "variant"],
+                                 "base_run": {"tokens_per_s_per_gpu": b},
+                                 "variant_run": {"tokens_per_s_per_gpu": x},
+                                 "gpu_seconds": 20.0})
+            attempt += 1
+
+
+def _study_with_effects(tmp_path, family_a="FSDP", truth_a=None):
+    storage = tmp_path / "fake.journal"
+    fake_study(storage)
+    rec = effect_stats.paths(storage)[0]
+    _pairs(rec, "fake", "best", family_a, truth_a or {
+        ("nccl_proto", "LL"): -30.0, ("micro_batch", 4): -8.0, ("num_workers", 0): 4.0,
+        ("grad_accum", 2): 0.0, ("nccl_algo", "Ring"): 0.0}, n=8, seed=0)
+    _pairs(rec, "fake", "trial-3", "TP + FSDP", {
+        ("nccl_algo", "Ring"): 12.0, ("prefetch_factor", 4): -6.0, ("micro_batch", 4): 2.0},
+        n=8, seed=1)
+    return storage
+
+
+def test_the_report_ranks_the_top_three_knobs_per_family(tmp_path, capsys):
+    storage = _study_with_effects(tmp_path)
+    assert cli.main(["tune", "--report", "--storage", str(storage), "--json"]) == 0
+    eff = json.loads(capsys.readouterr().out)["effects"]
+    fams = eff["families"]
+    assert set(fams) == {"FSDP", "TP + FSDP"}
+    assert [k["knob"] for k in fams["FSDP"]["top_knobs"]] == [
+        "nccl_proto", "micro_batch", "num_workers"]
+    assert [k["knob"] for k in fams["TP + FSDP"]["top_knobs"]] == [
+        "nccl_algo", "prefetch_factor", "micro_batch"]
+    for k in fams["FSDP"]["top_knobs"]:
+        assert k["effect_pairs"] == 8 and k["ci_pct"][0] <= k["effect_pct"] <= k["ci_pct"][1]
+    assert len(fams["FSDP"]["knobs"]) == len(knobs.EFFECT_KNOBS)  # every knob, measured or not
+    assert cli.main(["tune", "--report", "--storage", str(storage)]) == 0
+    text = capsys.readouterr().out
+    assert "TP + FSDP: base trial-3, 24 pairs" in text
+    top = fams["FSDP"]["top_knobs"][0]
+    assert f"top: nccl_proto LL {top['effect_pct']:+.1f}% +- {top['halfwidth_pct']:.1f} " \
+           "(8 pairs)" in text
+    assert "nccl_algo: set Ring (+1" in text  # +12% by the truth
+    from trainplan.runbook import figures
+
+    fig = figures.paired_effects(eff)
+    assert len(fig.axes) == 2 and len(fig.axes[0].get_yticks()) == 5  # FSDP's five variants
+
+
+def test_advice_says_set_leave_or_not_measured():
+    def row(*cis, base="default", knob="nccl_proto"):
+        return {"knob": knob, "base_value": base, "variants": [
+            {"value": f"v{i}", "pairs": 5, "effect_pct": (lo + hi) / 2, "ci_pct": [lo, hi],
+             "halfwidth_pct": (hi - lo) / 2} for i, (lo, hi) in enumerate(cis)]}
+    assert effect_stats.advice(row((2.0, 6.0), (-1.0, 1.0)), 3.0) == (
+        "set", "set v0 (+4.0% +- 2.0)", "v0")
+    assert effect_stats.advice(row((-1.0, 2.0)), 3.0)[1] == "leave default (effect within +-3.0%)"
+    assert effect_stats.advice(row((-7.5, 2.0)), 3.0)[1] == "leave default (effect within +-7.5%)"
+    assert effect_stats.advice(row((-9.0, -5.0), base=1, knob="num_workers"), 3.0)[1] == \
+        "keep 1 (at v0: -7.0% +- 2.0)"
+    assert effect_stats.advice({"knob": "pack", "variants": [], "base_value": True}, 3.0)[1] \
+        == "not measured on this layout family"
+
+
+@pytest.fixture
+def suggest_family(tmp_path, monkeypatch, capsys):
+    """The layout family of the design suggest command's plan (asked, not assumed)."""
+    monkeypatch.setattr(tune_report, "COMMITTED", tmp_path / "no-study.journal")
+    assert cli.main(["suggest", "--model-size", "7B", "--gpus", "16", "--dataset-tokens", "1T",
+                     "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["effects"]["family"]
+
+
+def test_suggest_cites_the_effects_of_its_layout_family(tmp_path, suggest_family, capsys):
+    storage = _study_with_effects(tmp_path, suggest_family, {
+        ("nccl_proto", "LL"): 6.0, ("num_workers", 4): 0.0, ("grad_accum", 2): 0.0})
+    argv = ["suggest", "--model-size", "7B", "--gpus", "16", "--dataset-tokens", "1T",
+            "--study", str(storage)]
+    assert cli.main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    k = out["effects"]["knobs"]
+    assert k["nccl_proto"]["advice"].startswith("set LL (+6.")
+    assert out["config"]["nccl"]["NCCL_PROTO"] == "LL"
+    assert k["num_workers"]["advice"] == "leave default (effect within +-3.0%)"
+    assert k["micro_batch"]["advice"] == "not measured on this layout family"
+    assert "study fake, 24 pairs" in out["reasons"]["knob_effects"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "nccl_proto: set LL (+6." in text and "micro_batch" in text
+
+
+def test_suggest_on_a_family_the_study_did_not_measure_says_so(tmp_path, capsys):
+    storage = _study_with_effects(tmp_path, "HSDP")
+    assert cli.main(["suggest", "--model-size", "7B", "--gpus", "16", "--dataset-tokens",
+                     "2e9", "--study", str(storage), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["effects"]["family"] != "HSDP"
+    assert {a["advice"] for a in out["effects"]["knobs"].values()} == {
+        "not measured on this layout family"}
+    assert out["config"]["nccl"]["NCCL_PROTO"] is None
+
+
+def test_recipe_cites_the_effects_per_family(tmp_path):
+    words = tune_report.recipe_sentences(tune_report.report(str(_study_with_effects(tmp_path))))
+    assert "On **FSDP** (40 pairs" in words["effects"]
+    assert "`nccl_algo`: set Ring (+1" in words["effects"]  # +12% by the truth
+    assert "`nccl_proto`: leave default (at LL: -" in words["effects"]  # -30%
+    assert "`pack`: not measured on this layout family" in words["effects"]
+    assert "has not run" in tune_report.recipe_sentences(None)["effects"]
+
+
+# ---------------------------------------------------------------- the command
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--effects-share", "1.5"], "'1.5' is not a share"),
+    (["--base", "nope"], "'nope' is not a base"),
+    (["--effects-knobs", "zero"], "'zero' is not an effects knob"),
+    (["--effects-halfwidth", "0"], "'0'"),
+])
+def test_bad_effects_options_are_one_line_exit_2(args, needle, tmp_path, capsys):
+    rc = cli.main(["tune", "--model", "llama-1.3b", "--gpu-hours", "1", "--cpu",
+                   "--storage", str(tmp_path / "s.journal"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_pair_through_the_real_trial_runner_on_cpu(tmp_path):
+    suite, storage = _suite(tmp_path, gpus=1), tmp_path / "s.journal"
+    proc = _tune("--suite", suite, "--cpu", "--storage", storage, "--gpu-hours", 1,
+                 "--effects-share", 1, "--base", "plan", "--effects-knobs", "micro_batch",
+                 "--effects-max-pairs", 1, "--no-progress", "--json")
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-2000:]
+    e = json.loads(stdout)["effects"]
+    assert e["stopped"] == "done" and e["pairs"] == 1 and e["family"] == "single GPU"
+    pair = next(r for r in _records(storage) if r["record"] == "pair")
+    assert pair["knob"] == "micro_batch" and pair["value"] != e["base"]["micro_batch"]
+    v, b = pair["variant_run"]["tokens_per_s_per_gpu"], pair["base_run"]["tokens_per_s_per_gpu"]
+    assert v > 0 and b > 0 and pair["log_ratio"] == pytest.approx(math.log(v / b))
+    assert sorted(pair["order"]) == ["base", "variant"] and pair["gpu_seconds"] > 0
