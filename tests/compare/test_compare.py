@@ -383,3 +383,16 @@ def test_per_layer_needs_two_depths_and_takes_neighbours(committed):
     assert got[0]["measured_step_s"] == pytest.approx(0.02)
     other = {**flat, "layout": {**flat["layout"], "micro_batch": 2}}  # not alike: no pair
     assert compare_views.per_layer([other, twin]) == []
+
+
+def test_a_records_yaml_model_path_is_read_from_the_repository_root(tmp_path, monkeypatch):
+    """Records name a model file as the run wrote it (from the repository root); the
+    runbook re-predicts them from notebooks/, where that relative path does not exist."""
+    from trainplan.compare.after import record_model
+    from trainplan.errors import PresetNotFound
+
+    monkeypatch.chdir(tmp_path)
+    spec = record_model("data/models/llama3-8b.yaml:4-layers")
+    assert spec.n_layers == 4 and spec.vocab > 100_000
+    with pytest.raises(PresetNotFound):
+        record_model("data/models/no-such-model.yaml")

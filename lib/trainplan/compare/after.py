@@ -6,9 +6,21 @@ of that host, judged by its leave-one-out error (docs/measurement.md, "Fits").""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from trainplan.compare.matching import PLAN_KEYS, error_summary, extras, rel
-from trainplan.specs import SUITE_CLUSTER, load_cluster, load_model
+from trainplan.specs import DATA_DIR, SUITE_CLUSTER, load_cluster, load_model
+
+
+def record_model(name: str):
+    """The model a record names: a preset, or a YAML path as written by the run, which ran
+    from the repository root (`data/models/x.yaml[:N-layers]`); read from the root when it
+    is not there from the working directory (the runbook's notebooks run in notebooks/)."""
+    base = name.split(":")[0]
+    if base.endswith((".yaml", ".yml")) and not Path(base).is_absolute() \
+            and not Path(base).is_file() and (DATA_DIR.parent / base).is_file():
+        name = str(DATA_DIR.parent / name)
+    return load_model(name)
 
 
 def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
@@ -23,7 +35,7 @@ def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
     gpu = load_gpu(cfg.get("gpu_preset") or card_preset(row["card"]) or row["card"],
                    calibrated=calibrated)
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
-    out = plan(load_model(row["model"]), gpu, load_cluster(SUITE_CLUSTER), gpus=row["gpus"],
+    out = plan(record_model(row["model"]), gpu, load_cluster(SUITE_CLUSTER), gpus=row["gpus"],
                seq_len=seq, global_batch_tokens=tokens,
                pins={k: lay[k] for k in PLAN_KEYS if k in lay},
                compiled=bool(row["layout"].get("compile", True)))
