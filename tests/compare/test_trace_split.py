@@ -202,10 +202,16 @@ def test_pair_asks_for_the_host_when_two_ran_the_layout():
 
 
 def test_pair_with_the_committed_records():
-    """A profile of page 4's TP 2 x FSDP 2 layout finds its row in `trainplan compare`."""
+    """A profile of page 4's TP 2 x FSDP 2 layout finds its row in `trainplan compare`: where
+    the layout was measured again on that host, the series that stands, not the one it
+    superseded."""
     rows = compare.compare(repredictions=False)["rows"]
     pp = trace_split.pair(make_profile(), rows)
-    assert pp["config"] == "tp2-fsdp2-mb8-c" and pp["host"] == "4 x NVIDIA H200"
+    assert pp["host"] == "4 x NVIDIA H200"
+    row = next(r for r in rows if r["config"] == pp["config"] and r["host"] == pp["host"])
+    same = [r for r in rows if r["host"] == pp["host"] and r["layout"] == row["layout"]]
+    assert len(same) >= 2 and any("superseded_by" in r for r in same)
+    assert pp["config"] == next(r["config"] for r in same if "superseded_by" not in r)
 
 
 def test_untraced_needs_a_compared_config():

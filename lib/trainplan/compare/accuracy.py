@@ -42,6 +42,7 @@ from trainplan.compare.matching import (
     label,
     make_row,
     pick_prediction,
+    precedes_own_run,
     read,
     record_paths,
     same_config,
@@ -66,7 +67,8 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         pred, ref = pick_prediction(launches, kinds["prediction"])
         chosen.add(pred["_where"] if pred else None)
         eligible.update(p["_where"] for p in kinds["prediction"]  # came before this series
-                        if same_config(p, launches[0]) and stamp(p) < stamp(launches[0]))
+                        if same_config(p, launches[0]) and (stamp(p) < stamp(launches[0])
+                                                            or precedes_own_run(p, launches)))
         refused += [{"config": label(launches, pred), **r} for r in ref]
         row = make_row(launches, pred)
         if pred is None:
@@ -98,7 +100,8 @@ def compare(paths=None, repredictions: bool = True) -> dict:
         "hosts": hosts,
         "all_hosts": summary(compared), "width_check": summary(slices),
         # not refused: a prediction compared on another host, one recorded before a later
-        # series of its config, one whose own run never got to its config (budget)
+        # series of its config or before its own run's launches that pooled into one (an
+        # unchanged prediction recorded again), one whose own run never got to its config
         "rows": rows, "refused": [r for r in refused if r["prediction"] not in kept],
         "measured_configs": len(rows), "flagged_configs": sum(r["flagged"] for r in rows),
         "superseded": sum("superseded_by" in r for r in rows),

@@ -185,11 +185,11 @@ def pick_prediction(launches: list[dict], predictions: list[dict]):
     refused = [{"prediction": p["_where"], "predicted_at": p["recorded_at"],
                 "first_measured_at": launches[0]["recorded_at"],
                 "reason": "recorded at or after the first measurement of its config"}
-               for p in same if stamp(p) >= first and not _precedes_own_run(p, launches)]
+               for p in same if stamp(p) >= first and not precedes_own_run(p, launches)]
     return (max(before, key=stamp) if before else None), refused
 
 
-def _precedes_own_run(pred: dict, launches: list[dict]) -> bool:
+def precedes_own_run(pred: dict, launches: list[dict]) -> bool:
     """Whether the prediction was recorded before every launch of its own run."""
     own = [stamp(m) for m in launches if pred.get("run_id") and m.get("run_id") == pred["run_id"]]
     return bool(own) and stamp(pred) < min(own)

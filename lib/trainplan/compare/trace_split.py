@@ -264,6 +264,8 @@ def pair(profile: dict, rows: list[dict], host: str | None = None) -> dict:
         raise RecordError(f"{where}: card = {quote(profile['card'])}, but its layout was "
                           f"measured only on {sorted({r['card'] for r in same})}; profile it on "
                           "that card")
+    if len(found) > 1:  # the same layout measured again: the series that stands
+        found = [r for r in found if "superseded_by" not in r] or found
     if len(found) > 1:
         raise RecordError(f"{where}: layout matches {len(found)} compare rows "
                           f"({[(r['config'], r['host']) for r in found]}); pass host=")
