@@ -1,7 +1,8 @@
 """What `cost.ring` predicts the ring-attention microbenchmark (`bench.micro.ring`) measures.
 
 Writes one JSON line per (model, seq, cp, mode): the ring's seconds beyond a rank's share of
-plain SDPA (exposed collectives + HBM passes, one block, fwd + bwd) and its extra bytes, on
+plain SDPA (exposed collectives + HBM passes, one block, fwd + bwd) and its peak bytes over
+its shards (`ring.micro_peak_bytes`, the benchmark's `peak_extra_bytes`), on
 the card of `--gpu` with the calibration file `--calibration`, before the run.
 Run: python tools/ring_predict.py --calibration FILE --model llama-1.3b --out FILE
 """
@@ -40,8 +41,8 @@ def main() -> None:
                     exposed, passes = ring.ring_layer_time(
                         m, gpu, cluster, seq_len=seq, micro_batch=a.micro_batch, cp=a.cp, tp=1,
                         recompute_full=False, compiled=compiled, attn_fwd_s=attn_fwd)
-                    peak = ring.ring_peak_bytes(m, seq_len=seq, micro_batch=a.micro_batch,
-                                                cp=a.cp, tp=1)
+                    peak = ring.micro_peak_bytes(m, seq_len=seq, micro_batch=a.micro_batch,
+                                                 cp=a.cp, tp=1, compiled=compiled)
                     row = {"model": m.name, "seq": seq, "cp": a.cp, "micro_batch": a.micro_batch,
                            "compile": compiled, "exposed_s": float(exposed),
                            "passes_s": float(passes), "ring_extra_s": float(exposed + passes),

@@ -143,15 +143,26 @@ def test_more_pipeline_stages_never_add_per_stage_weights(m, tp, zero, data):
 
 
 @SETTINGS
-@given(m=any_model, cp=st.sampled_from([1, 2, 4]), tp=pow2, rc=recompute,
+@given(m=any_model, cp=st.sampled_from([2, 4]), tp=pow2, rc=recompute,
        pp=st.sampled_from([1, 2]), mb=st.sampled_from([1, 2, 8]), schedule=st.sampled_from([0, 2]))
 def test_more_context_parallel_never_adds_activations(m, cp, tp, rc, pp, mb, schedule):
+    """From a ring of cp to one of 2 cp. From cp 1 to 2 the ring's buffers first appear
+    (`cost.ring`: about 47 E eager, measured), which a model of one or two small blocks
+    does not pay back: `test_context_parallel_halves_a_real_models_activations`."""
     assume(m.n_layers % pp == 0)
     kw = dict(tp=tp, recompute=rc, pp=pp, micro_batch=mb, schedule=schedule, seq_len=1024)
     lo, hi = total(m, cp=cp, **kw), total(m, cp=2 * cp, **kw)
     assert hi["activations"] < lo["activations"]
-    if cp > 1:  # from one rank to two, gradients start to be reduced: DDP's buckets appear
-        assert hi["total"] <= lo["total"] * (1 + 1e-12)
+    assert hi["total"] <= lo["total"] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("rc", [NONE, FULL])
+def test_context_parallel_halves_a_real_models_activations(rc):
+    """cp 1 -> 2 on the 1.3B proxy (24 blocks) at 8k tokens: the ring's buffers are far
+    smaller than the half of every block's activations that a rank stops holding."""
+    m = load_model("llama-1.3b")
+    lo, hi = (total(m, cp=c, recompute=rc, seq_len=8192) for c in (1, 2))
+    assert hi["activations"] < 0.75 * lo["activations"]
 
 
 # ---------------------------------------------------------------- search

@@ -176,9 +176,10 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     flight) or the last (logits).
 
     Full recompute also rebuilds one block's complete activations during its
-    backward, so one such block is added on top; context parallel's ring holds its
-    gathered K, V and fp32 gradient buffers then (`ring.ring_peak_bytes`), the larger of
-    them and the head's logits counting. `scale` (and `full_scale`
+    backward, so one such block is added on top; context parallel's compiled blocks each
+    keep the gathered K, V (`ring.ring_kept_bytes`), and the ring holds its buffers
+    during a block's backward (`ring.ring_peak_bytes`), the larger of them and the head's
+    logits counting. `scale` (and `full_scale`
     for the rebuilt block) are the measured kept / analytic bytes of a block,
     `logits_scale` the eager head's measured peak / analytic logits bytes
     (`trainplan.calibrate.pieces`; 1 when uncalibrated); a compiled loss is
@@ -199,9 +200,14 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     layers = m.n_layers / np.asarray(pp)
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
               sequence_parallel=sequence_parallel)
+    full = np.asarray(recompute) == FULL
+    ring_kw = dict(seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp, compiled=compiled,
+                   recompute_full=full)
+    # context parallel: compiled blocks keep the gathered K, V (`ring.ring_kept_bytes`)
     per_layer = layer_kept_bytes(m, recompute=recompute, scale=scale, path=path,
-                                 compiled=compiled, ep=ep, **kw)
-    rebuilt = np.where(np.asarray(recompute) == FULL,
+                                 compiled=compiled, ep=ep, **kw) \
+        + ring.ring_kept_bytes(m, **ring_kw)
+    rebuilt = np.where(full,
                        full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
     in_flight = microbatches_in_flight(pp, grad_accum, L.pp_schedule, L.pp_virtual)
     head_tp = np.where(np.asarray(tp) > 1, 1, tp) if extras else tp  # `head_input_bytes`
@@ -214,7 +220,7 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
                                           sequence_parallel=sequence_parallel)
     # context parallel: the ring's buffers during a block's backward, when every block's
     # activations are held and the head's logits are already freed (`ring.ring_peak_bytes`)
-    ring_peak = ring.ring_peak_bytes(m, seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp)
+    ring_peak = ring.ring_peak_bytes(m, **ring_kw)
     first = per_layer * layers * in_flight + rebuilt + buffers + ring_peak
     last = per_layer * layers + rebuilt + np.maximum(logits, ring_peak) + buffers
     return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)

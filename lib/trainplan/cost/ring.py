@@ -18,6 +18,17 @@ K and V to n_heads before SDPA, bench/harness/model.py, so K and V are E each):
   the fp32 dk, dv of the chunk held are passed to the next rank (`_AllToAllRotater`,
   `ft_c.permute_tensor`: c sends of 8 E bytes), and cast to bf16 at the end.
 
+Compiled (the harness compiles every block), AOTAutograd traces forward and backward into
+one joint graph and runs common-subexpression elimination on it before partitioning
+(torch/_functorch/partitioners.py, `min_cut_rematerialization_partition`: `fx_graph_cse`
+when `functorch.config.cse`, the default): the backward's `contiguous`, `cat` and
+all-gather of the same K, V are the forward's, so they merge, and the partitioner never
+recomputes a collective (`force_save_collectives`): the gathered K, V is saved for the
+backward instead of gathered again. The kernel tables agree: one all-gather per compiled
+SDPA fwd + bwd against two eager (data/measurements/validate-h200x2-20261127/ring/
+profile.txt); in a whole step of 24 blocks under ZeRO-3 74 (FSDP2's at most 50, so the
+ring's 24, not 48; validate-h200x2-20261127/profile/cp2-s16384.json).
+
 The SDPA FLOPs stay where they were (`compute.attention_flops_per_token_per_layer`): in
 128-wide tiles a causal call of length s does T (T + 1) / 2 tiles (T = s / 128); step 0
 does T/c (T/c + 1) / 2 and each of the c - 1 others T/c x T/(2c), summing to the rank's
@@ -32,6 +43,16 @@ from trainplan.cost import comms
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
 
 BF16, FP32 = 2, 4
+MiB = 2**20
+
+# Bytes per E that one block's ring backward holds beyond plain SDPA's own (its output and
+# dq, dk, dv: 8 E) and beyond the gathered K, V (4 c E), per compile mode, with a compiled
+# constant; see `ring_peak_bytes`. Source: the ring microbenchmark's `peak_extra_bytes`
+# (`bench.micro.ring`), exactly (4 c + 47) E eager and (4 c + 16) E + 60 MiB compiled over
+# its 36 records at cp 2 and 4, s = 256-16384, 1.3B and 13B widths
+# (validate-h200x2-20261127/ring/ring*.jsonl, validate-h200x4-20261127d/ring/ring4.jsonl).
+BWD_TEMP_E_EAGER, BWD_TEMP_E_COMPILED = 39.0, 8.0
+COMPILED_WORKSPACE_BYTES = 60 * MiB
 
 
 def ring_elems(m: ModelSpec, *, seq_len, micro_batch, cp, tp):
@@ -92,13 +113,28 @@ def pass_bytes_per_elem(cp, compiled):
     return fwd, bwd, 16.0 * k
 
 
+def gathers_per_block(compiled, recompute_full):
+    """All-gathers of K, V per block and micro-batch (count).
+
+    Eager: the forward's, the backward's (`_templated_ring_attention_backward` gathers
+    again), and full recompute's replay of the forward: 2, 3 with full recompute.
+    Compiled: the backward's merges into the forward's (the joint graph's CSE; module
+    docstring), so 1; under full recompute the partitioner replays the forward's gather
+    in the backward (a user-annotated checkpoint region may recompute collectives,
+    `must_recompute`), which the backward's again merges into: 2.
+    """
+    redo = np.where(np.asarray(recompute_full), 1.0, 0.0)
+    return np.where(np.asarray(compiled, dtype=bool), 1.0, 2.0) + redo
+
+
 def ring_layer_time(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, seq_len, micro_batch,
                     cp, tp, recompute_full, compiled, attn_fwd_s):
     """(exposed collectives, HBM passes) seconds the ring adds to one block and micro-batch.
 
-    Collectives: an all-gather of K, V forward (again in full recompute's replay), one
-    backward, and c sends of the fp32 dk, dv (`gather_time`, `dkv_send_time`). Compiled,
-    none hides: while tracing, a functional collective is waited at once
+    Collectives: `gathers_per_block` all-gathers of K, V (eager: forward, again in full
+    recompute's replay, and backward; compiled: the backward's merged into the forward's)
+    and c sends of the fp32 dk, dv (`gather_time`, `dkv_send_time`). Compiled, none hides:
+    while tracing, a functional collective is waited at once
     (`_functional_collectives._maybe_wrap_tensor` returns `wait_tensor(...)`) and
     inductor moves no compute between them (`reorder_for_compute_comm_overlap` and
     `aten_distributed_optimizations.enable_overlap_scheduling` are off by default, and the
@@ -118,7 +154,8 @@ def ring_layer_time(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, seq_len
     step_fwd = np.asarray(attn_fwd_s, dtype=float) / np.maximum(cp, 1.0)
     eager = (1.0 + redo) * np.maximum(ag - step_fwd, 0.0) + np.maximum(ag - 2 * step_fwd, 0.0) \
         + (cp - 1.0) * np.maximum(send - 2 * step_fwd, 0.0) + send
-    exposed = np.where(np.asarray(compiled, dtype=bool), (2.0 + redo) * ag + cp * send, eager)
+    gathers = gathers_per_block(True, recompute_full)
+    exposed = np.where(np.asarray(compiled, dtype=bool), gathers * ag + cp * send, eager)
     fwd, bwd, calls = pass_bytes_per_elem(cp, compiled)
     rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
     passes = ((1.0 + redo) * fwd + bwd + calls) * e / rate
@@ -126,17 +163,60 @@ def ring_layer_time(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, seq_len
     return np.where(on, exposed, 0.0), np.where(on, passes, 0.0)
 
 
-def ring_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, tp):
-    """Bytes the ring holds beyond plain SDPA during one block's backward (its larger phase).
+def ring_kept_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, tp, compiled, recompute_full):
+    """Bytes one block keeps from forward to backward beyond plain SDPA's, per micro-batch.
 
-    The gathered K, V (c x 4 E, bf16, alive through the loop), the fp32 dq accumulator
-    (4 E), and the fp32 dk, dv three times over (24 E): the buffer received from the
-    previous rank and added into, the `cat` sent on, and the next `permute_tensor`'s
-    output. The forward holds less (the gathered K, V, the fp32 output and one fp32
-    temporary: (4 c + 8) E). Live while every block's activations are still held (the
-    last block's backward comes first), after the head's logits are freed.
-    0 where cp = 1.
+    Compiled: the gathered K, V of the whole sequence, c x 4 E bytes (bf16; the forward's
+    `all_gather_single` output, which the backward reuses, module docstring), saved like
+    any activation while later blocks run. Not under full recompute (the block keeps its
+    input only; the gather is replayed) and not eager (the forward's buffer is freed when
+    the forward returns; the backward gathers its own, `ring_peak_bytes`). A check, not a
+    fit: at the 1.3B width and the same tokens a rank, p-cp4-z3-mb1-s16k's peak allocated
+    exceeds p-cp2-fsdp2-mb1-s8k's by 1.58 GiB (validate-h200x4-20261127d/vB), where 24
+    blocks x 4 (c4 - c2) E = 1.50 GiB. 0 where cp = 1.
     """
     cp = np.asarray(cp, dtype=float)
     e = ring_elems(m, seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp)
-    return np.where(cp > 1, (4.0 * cp + 28.0) * e, 0.0)
+    keeps = np.asarray(compiled, dtype=bool) & ~np.asarray(recompute_full, dtype=bool) & (cp > 1)
+    return np.where(keeps, 4.0 * cp * e, 0.0)
+
+
+def ring_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, tp, compiled, recompute_full):
+    """Bytes the ring holds during one block's backward beyond plain SDPA and beyond what
+    the block keeps (`ring_kept_bytes`): a transient on top of every block's kept bytes.
+
+    Eager: the gathered K, V again (c x 4 E) and 39 E of fp32 and bf16 temporaries (the
+    fp32 dq accumulator 4 E, the fp32 dk, dv three times over 24 E: the buffer received
+    from the previous rank and added into, the `cat` sent on and the next
+    `permute_tensor`'s output; each step's bf16 dq, dk, dv 6 E; the dead send `cat` of
+    K, V 4 E; 1 E unassigned). Compiled: 8 E (inductor fuses the adds, casts and `cat`s)
+    and a constant 60 MiB, with the gathered K, V counted where it is kept, and as a
+    transient under full recompute (replayed). Both measured on the ring microbenchmark
+    (BWD_TEMP_E_EAGER, BWD_TEMP_E_COMPILED, COMPILED_WORKSPACE_BYTES; their source there),
+    whose peak is this plus the kept bytes plus plain SDPA's 8 E. 0 where cp = 1.
+    """
+    cp = np.asarray(cp, dtype=float)
+    e = ring_elems(m, seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp)
+    compiled = np.asarray(compiled, dtype=bool)
+    gathered = 4.0 * cp * e - ring_kept_bytes(m, seq_len=seq_len, micro_batch=micro_batch,
+                                              cp=cp, tp=tp, compiled=compiled,
+                                              recompute_full=recompute_full)
+    temps = np.where(compiled, BWD_TEMP_E_COMPILED * e + COMPILED_WORKSPACE_BYTES,
+                     BWD_TEMP_E_EAGER * e)
+    return np.where(cp > 1, gathered + temps, 0.0)
+
+
+def micro_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, tp, compiled):
+    """Bytes the ring microbenchmark records as `peak_extra_bytes` (`bench.micro.ring`): the
+    peak of one SDPA fwd + bwd under context parallel over its q, k, v and grad-out shards.
+
+    Plain SDPA's own output and dq, dk, dv (4 x 2 E, bf16; its fp32 log-sum-exp, 4 E / hd,
+    left out) plus what the ring adds: `ring_kept_bytes` (held until the backward ends)
+    and `ring_peak_bytes`. 0 where cp = 1 (the benchmark runs cp > 1 only).
+    """
+    cp = np.asarray(cp, dtype=float)
+    e = ring_elems(m, seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp)
+    kw = dict(seq_len=seq_len, micro_batch=micro_batch, cp=cp, tp=tp, compiled=compiled,
+              recompute_full=False)
+    extra = ring_kept_bytes(m, **kw) + ring_peak_bytes(m, **kw)
+    return np.where(cp > 1, 4.0 * BF16 * e + extra, 0.0)
