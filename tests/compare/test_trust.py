@@ -176,3 +176,44 @@ def test_plan_json_says_whether_each_plan_fits_with_its_memory_band(capsys):
             not p["memory_fits_band"])
     assert f"decision: #{d['rank']} {d['plan']['strategy']}" in text
     assert (d["plan"]["memory_fits_band"] is False) == ("no plan fits" in text)
+
+
+def test_a_config_s_span_carries_its_launches_spread():
+    """Predicted 0.165 s, the series measured 0.150 s (+10%); launches of 0.12 s and 0.16 s
+    widen the span to the point factor times 0.150 over each."""
+    row = {**_row({"dp": 4, "zero": 2, "dp_shard": 4}, 0.10), "predicted_step_time_s": 0.165,
+           "measured_step_time_s": 0.150, "measured_step_time_ci": [0.149, 0.151]}
+    lo, hi = trust.factor_span(row, [0.12, 0.16])
+    assert (lo, hi) == (pytest.approx(1.1 * 0.150 / 0.16), pytest.approx(1.1 * 0.150 / 0.12))
+    assert trust.factor_span(row) == (pytest.approx(0.165 / 0.151), pytest.approx(0.165 / 0.149))
+
+
+def test_a_family_band_takes_the_spread_of_every_series_of_a_config_on_its_host():
+    """The superseded series' error is left out, its launches are not (the spread is the
+    host's); another host's launches of the same config, and another config's, stay apart."""
+    z2 = {"dp": 4, "zero": 2, "dp_shard": 4}
+
+    def row(config, error, measured, launches, host="4 x NVIDIA H200", **extra):
+        return {**_row(z2, error, config=config), "host": host, "measured_step_time_s": measured,
+                "launch_step_time_s": launches, **extra}
+
+    rows = [row("a", 0.10, 0.150, [0.148, 0.152]),
+            row("a", 0.40, 0.120, [0.121, 0.119], superseded_by={"config": "a"}),
+            row("a", 0.0, 0.300, [0.30, 0.60], host="2 x NVIDIA H200", step_time_error=None),
+            row("b", -0.02, 0.250, [0.25, 0.255])]
+    (band,) = trust.family_bands({"rows": rows})
+    assert band["configs"] == 2  # the superseded series and the error-less row are not counted
+    assert band["high"] == pytest.approx(1.1 * 0.150 / 0.119)
+    assert band["low"] == pytest.approx(0.98 * 0.250 / 0.255)
+    assert band["launch_spread"] == pytest.approx(0.152 / 0.119 - 1)
+    assert band["launch_spread_config"] == "a"
+    assert trust.band_for([band], "ZeRO-2", "h200-sxm")["launch_spread"] == band["launch_spread"]
+    (once,) = trust.family_bands({"rows": [row("c", 0.05, 0.2, [0.2])]})
+    assert once["launch_spread"] is None  # no config ran twice
+
+
+def test_compare_rows_carry_each_launch_s_median(tmp_path):
+    pred, meas = tp2_records()
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas])], repredictions=False)
+    (row,) = out["rows"]
+    assert row["launch_step_time_s"] == [m["step_time_s"] for m in meas]

@@ -181,17 +181,19 @@ def format_compare(out: dict) -> str:
 
 
 def format_families(bands: list[dict]) -> str:
-    """Per layout family and card class: configs, measured / predicted throughput, |error|."""
+    """Per layout family and card class: configs, measured / predicted throughput, |error|,
+    and the largest spread of one config's launches on one host (`trust.family_bands`)."""
     lines = ["per layout family (every host of a card class; measured / predicted tokens/s):",
              f"  {'class':<8}{'family':<22}{'n':>3}{'low':>7}{'median':>8}{'high':>7}"
-             f"{'step max':>10}{'mem max':>9}  status"]
+             f"{'step max':>10}{'mem max':>9}{'launches':>10}  status"]
     for b in bands:
         status = ("within 10%" if b["within_targets"] else "outside 10%") \
             if b["validated"] else "not validated (1 config)"
         lines.append(f"  {b['card_class']:<8}{b['family'][:21]:<22}{b['configs']:>3}"
                      f"{b['low']:>7.2f}{b['median']:>8.2f}{b['high']:>7.2f}"
                      f"{_pct(b['step_time_error']['max'])[1:]:>10}"
-                     f"{_pct(b['memory_error']['max'])[1:]:>9}  {status}")
+                     f"{_pct(b['memory_error']['max'])[1:]:>9}"
+                     f"{_pct(b.get('launch_spread'))[1:] or '-':>10}  {status}")
     return "\n".join(lines)
 
 

@@ -231,6 +231,7 @@ def make_row(launches: list[dict], pred: dict | None) -> dict:
         "gpus": first["gpus"], "card": first["card"], "host": host(first),
         "layout": first["layout"],
         "launches": comb["launches"], "steps": comb["steps"],
+        "launch_step_time_s": [m["step_time_s"] for m in launches],
         "flagged": comb["launches"] < MIN_LAUNCHES,
         "predicted_step_time_s": p_step, "measured_step_time_s": comb["step_time_s"],
         "measured_step_time_ci": comb["step_time_s_ci"],

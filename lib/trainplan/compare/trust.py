@@ -16,7 +16,10 @@ series of each config counts. The project's older proxy runs, predicted by plann
 were refitted since, stay in `trainplan compare` and on page 4, in no band. A family is
 validated on a class when at least `MIN_CONFIGS` of its configs were compared there; a
 plan of another family says `validated: false`: the planner prices it from the same
-terms, but nothing has checked how they combine. The same runs give each family's memory
+terms, but nothing has checked how they combine. A config's span also carries how far its
+launches on one host spread (`launch_medians`, `factor_span`): a host-bound config's launches
+differ by up to tens of percent (the host's issue rate varies from machine to machine and
+launch to launch), a GPU-bound one's by a few. The same runs give each family's memory
 band: the largest measured peak (reserved) over its prediction (`memory_band`), which
 decides whether a plan fits with margin (`memory_margin`).
 """
@@ -56,7 +59,9 @@ def family_of(layout: dict) -> str:
 def family_bands(out: dict) -> list[dict]:
     """One band per (card class, family) compared in `out` (`compare.accuracy.compare`),
     the best-measured first: factors low / median / high of measured over predicted
-    throughput (low and high over every config's measurement interval, `factor_span`),
+    throughput (low and high over every config's measurement interval and launches,
+    `factor_span`; `launch_spread`: the largest max / min - 1 of one config's launch
+    medians on one host, and whose, None where no config ran twice),
     the |error| summaries of step time and memory, the largest measured over predicted peak
     memory (`memory_high` over `memory_configs`; None where none), what it pools, and whether it
     is validated (`MIN_CONFIGS`) and within the planner's targets (`TARGETS` max)."""
@@ -65,10 +70,14 @@ def family_bands(out: dict) -> list[dict]:
         if r["step_time_error"] is None or "superseded_by" in r:
             continue
         groups[(card_class(r["card"]), family_of(r["layout"]))].append(r)
+    medians = launch_medians(out["rows"])
     bands = []
     for (cls, family), rows in groups.items():
         f = sorted(1.0 + r["step_time_error"] for r in rows)
-        spans = [factor_span(r) for r in rows]
+        own = [medians.get((r["config"], r["host"]), ()) for r in rows]
+        spans = [factor_span(r, m) for r, m in zip(rows, own, strict=True)]
+        spread = max(((max(m) / min(m) - 1.0, r["config"]) for r, m in zip(rows, own, strict=True)
+                      if len(m) > 1), default=(None, None))
         step = error_summary(r["step_time_error"] for r in rows)
         mem = error_summary(r["memory_error"] for r in rows if r["memory_error"] is not None)
         peaks = [1.0 / (1.0 + r["memory_error"]) for r in rows if r["memory_error"] is not None]
@@ -84,19 +93,37 @@ def family_bands(out: dict) -> list[dict]:
             "hosts": sorted({r["host"] for r in rows}),
             "models": sorted({r["model"] for r in rows}),
             "configs_compared": sorted(r["config"] for r in rows),
+            "launch_spread": spread[0], "launch_spread_config": spread[1],
             "memory_high": max(peaks, default=None), "memory_configs": len(peaks)})
     return sorted(bands, key=lambda b: (b["card_class"], -b["configs"], b["family"]))
 
 
-def factor_span(row: dict) -> tuple[float, float]:
+def factor_span(row: dict, launches=()) -> tuple[float, float]:
     """Measured over predicted throughput of one compared config, as the interval its
     measurement allows: predicted step time over the 95% interval's ends of the measured
-    median step time (`compare.accuracy` rows), or the point ratio where there is none."""
+    median step time (`compare.accuracy` rows), or the point ratio where there is none;
+    widened to `launches` (seconds, the config's launch medians on its host,
+    `launch_medians`): the point ratio times the row's measured median over each."""
     point = 1.0 + row["step_time_error"]
     ci, pred = row.get("measured_step_time_ci"), row.get("predicted_step_time_s")
-    if not ci or not pred or None in ci or min(ci) <= 0:
-        return point, point
-    return min(point, pred / max(ci)), max(point, pred / min(ci))
+    lo, hi = point, point
+    if ci and pred and None not in ci and min(ci) > 0:
+        lo, hi = min(point, pred / max(ci)), max(point, pred / min(ci))
+    measured = row.get("measured_step_time_s")
+    ratios = [point * measured / t for t in launches if t and t > 0] if measured else []
+    return min([lo, *ratios]), max([hi, *ratios])
+
+
+def launch_medians(rows: list[dict]) -> dict[tuple[str, str], list[float]]:
+    """{(config, host): the median step time (s) of each of its launches} over every row of
+    `compare.accuracy` (`launch_step_time_s`), superseded series too: how far one config's
+    launches spread on one kind of host is the hardware's, whatever predicted them, so a
+    later series' band carries the earlier launches' spread (measured times only, never
+    an earlier prediction)."""
+    out: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rows:
+        out[(r["config"], r["host"])] += list(r.get("launch_step_time_s") or ())
+    return dict(out)
 
 
 def band_for(bands: list[dict], family: str, gpu: str) -> dict:
@@ -110,7 +137,7 @@ def band_for(bands: list[dict], family: str, gpu: str) -> dict:
                 "why": f"no {family} layout has been measured on {cls} GPUs"}
     out = {k: band[k] for k in ("family", "card_class", "validated", "configs", "low",
                                 "median", "high", "step_time_error", "memory_error",
-                                "within_targets", "cards")}
+                                "within_targets", "cards", "launch_spread")}
     if not band["validated"]:
         out["why"] = (f"{band['configs']} {family} config measured on {cls} GPUs; "
                       f"a band needs {MIN_CONFIGS}")
