@@ -12,7 +12,7 @@ export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
 .PHONY: book book-all pdf lab bench-book browser test test-scenarios notebooks bench-search clean \
-        lint system-deps snap validate fault-matrix
+        lint system-deps snap validate fault-matrix wheels
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -87,6 +87,18 @@ test-scenarios: browser book-all
 snap:
 	rm -rf .snap && mkdir .snap && git archive HEAD lib data/suites data/hardware data/models \
 	  data/clusters data/scenarios | tar -x -C .snap && git rev-parse HEAD > .snap/COMMIT
+
+## wheels: the Python packages the GPU machines lack, for a device call to carry: they have
+## torch 2.11 and no package index. Downloads torchao (fp8 training; the version
+## requirements.txt pins, one abi3 wheel for CPython >= 3.10 on x86-64) into .whl/ (ignored).
+## On the device: carry .whl, then
+##   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+##   export PYTHONPATH=$$PWD/lib:/tmp/site
+TORCHAO := $(shell sed -n 's/^\(torchao==[^ ]*\).*/\1/p' requirements.txt)
+wheels: $(STAMP)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 -d .whl $(TORCHAO)
+	@ls .whl
 
 ## notebooks: re-execute the committed notebooks in place (default scenario) after a library change
 notebooks: $(STAMP)

@@ -51,10 +51,11 @@ COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the
 # calibration has no ddp_block_scale and DDP is priced as one GPU.
 # GEMMs at the token counts and tp shards the suite runs (micro-batch 1-8, pp micro-
 # batches of 2, tp 2 and 4), so the planner reads a measured curve, not the 16k point.
+MATMUL_TOKENS = "2048,4096,8192,16384"  # GEMM rows of the bf16 and fp8 curves
 GPU_MICRO = ["--block-modes",
              "compiled:none,eager:none,compiled:selective,compiled:none:autocast-fp32",
              "--head-modes", "eager,compiled",
-             "--matmul-tp", "1,2,4", "--matmul-tokens", "2048,4096,8192,16384",
+             "--matmul-tp", "1,2,4", "--matmul-tokens", MATMUL_TOKENS,
              "--attention-seqs", "2048,4096,8192,16384"]
 RING_SEQS, RING_LIMIT_S = "256,1024", 120.0  # host-bound lengths; ~40 s a cp on 2 x H200
 MICRO_LIMIT_S = 360.0  # 4 x H100: about 184 s with the host bench, + ~60-90 s host-step
@@ -196,6 +197,21 @@ def run_ring_micro(path: Path, gpus: int, model: str, clock: Clock) -> None:
                       "host time from it")
 
 
+def run_fp8_micro(path: Path, model: str, clock: Clock) -> None:
+    """Stage 1c, where a suite runs fp8: the fp8 GEMMs of both recipes (`bench.micro.fp8`) at
+    the bf16 curve's token counts, appended to `path` for `calibrate.fit.fp8_curves`; a
+    failure is said, not fatal (fp8 is then priced at the preset's stated fraction)."""
+    from trainplan.bench.series.suite import run_group  # pandas: not loaded at import
+
+    cmd = [sys.executable, "-m", "trainplan.bench.micro.run", "--out", str(path), "--model",
+           model, "--benches", "matmul-fp8", "--matmul-tokens", MATMUL_TOKENS]
+    rc, _, _ = run_group(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"},
+                         min(RING_LIMIT_S, clock.left() - COMPARE_RESERVE_S), capture=False)
+    if rc != 0:
+        clock.say(f"fp8 GEMM microbenchmark failed (exit {rc}); fp8 priced at the preset's "
+                  "stated fraction")
+
+
 def micro_kinds(path: Path) -> set[str]:
     """The benchmark kinds a (possibly cut) micro.jsonl holds whole records of."""
     kinds = set()
@@ -250,6 +266,8 @@ def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
     micro = run_micro(out, args.gpus, model, cuda, clock)
     if cuda and args.gpus >= 2:
         run_ring_micro(micro, args.gpus, model, clock)
+    if cuda and getattr(args, "fp8", False):  # a suite runs fp8: its GEMMs' curve
+        run_fp8_micro(micro, model, clock)
     cal = calibrate.build([micro], gpu)
     calibrate.write(cal, target)
     clock.say(f"calibrated {preset} from {micro.name} ({time.monotonic() - t0:.0f} s): "
@@ -324,6 +342,7 @@ def validate(args) -> dict:
                   "measuring everything again")
         skip = {}
     given = calibration_file(args, preset, prev)
+    args.fp8 = any(suite_mod.precision(s, c)["precision"] == "fp8" for s, c in jobs)
     out.mkdir(parents=True, exist_ok=True)
     cal = calibration(args, out, gpu, given, cuda, model, clock)
     clock.say(f"card {card} -> preset {preset}; calibration: {cal['label']} ({cal['source']})")

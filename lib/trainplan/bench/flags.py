@@ -1,4 +1,4 @@
-"""The flags the proxy harness and the trainer share: checkpointing and monitoring.
+"""The flags the proxy harness and the trainer share: checkpointing, monitoring, precision.
 
 Argparse only, so that `trainplan train --help` and the command line's checks do not import
 torch; the code that reads them is `bench.ckpt.store` and `bench.harness.monitor`.
@@ -47,3 +47,14 @@ def add_monitor_arguments(p) -> None:
                    help="alert when tokens/s/GPU over the window falls below this; default off")
     g.add_argument("--alert-window", type=int, default=5,
                    help="measured steps the alert's rate is taken over")
+
+
+def add_precision_arguments(p) -> None:
+    """--precision bf16|fp8 and --fp8-recipe (`bench.harness.float8`)."""
+    g = p.add_argument_group("precision (trainplan.bench.harness.float8)")
+    g.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
+                   help="fp8: the block linears in torchao float8 (a CUDA GPU of compute "
+                        "capability >= 8.9: H100, H200); bf16 otherwise (fp32 on CPU)")
+    g.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"),
+                   help="fp8 scaling: tensorwise (with FSDP2: weights all-gathered in fp8) or "
+                        "rowwise (a scale per row)")

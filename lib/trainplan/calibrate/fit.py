@@ -209,6 +209,7 @@ def build(paths, gpu: GPUSpec) -> dict:
         attention_curve=tuple(map(tuple, curve)),
         collectives=tuple((op, f["latency_us"], f["busbw_gbps"]) for op, f in sorted(coll.items())))
     scales, checks = calibrate_pieces.fit(by_bench, base)
+    scales.update(fp8_curves(by_bench["matmul-fp8"], gpu))
     if curve:  # set before the pieces are fitted: block_terms prices attention with it
         scales = {"attention_curve": curve, **scales}
     return {
@@ -235,6 +236,23 @@ def build(paths, gpu: GPUSpec) -> dict:
             "the planner uses them for groups inside a node, the cluster's figures across",
         ],
     }
+
+
+def fp8_curves(recs: list[dict], gpu: GPUSpec) -> dict:
+    """The fp8 GEMM curves of `matmul-fp8` records (`bench.micro.fp8`), as the bf16 curve
+    (`calibrate.pieces.matmul_curve`) but as fractions of the fp8 peak: `fp8_matmul_curve`
+    from tensorwise records, `fp8_rowwise_matmul_curve` from rowwise ones; {} without any."""
+    if recs and gpu.fp8_tflops <= 0:
+        raise CalibrationError(f"matmul-fp8 records for {gpu.name}, whose spec has no fp8 peak "
+                               "(fp8_tflops = 0); calibrate them against an fp8 card")
+    out = {}
+    for recipe, key in (("tensorwise", "fp8_matmul_curve"),
+                        ("rowwise", "fp8_rowwise_matmul_curve")):
+        mine = [r for r in recs if r["config"].get("recipe") == recipe]
+        if mine:
+            out[key] = [[m, w, min(1.0, max(1e-4, f))]  # a curve's fractions lie in (0, 1]
+                        for m, w, f in calibrate_pieces.matmul_curve(mine, gpu.fp8_tflops)]
+    return out
 
 
 def write(calibration: dict, path: str | Path) -> Path:

@@ -54,7 +54,8 @@ SCALE_NAMES = {  # the scales as the runbook names them, and their uncalibrated 
                         "1 (no slowdown)"),
 }  # fsdp_block_scale joins when a calibration has it (a row here changes notebook 04's table)
 NOT_PIECES = {"name", "bf16_tflops", "memory_gib", "hbm_tbps", "matmul_efficiency",  # GPUSpec
-              "attention_efficiency", "fp8_tflops", "source", "calibration", "collectives"}
+              "attention_efficiency", "fp8_tflops", "fp8_matmul_efficiency", "source",
+              "calibration", "collectives"}
 MIN_SCALE = 0.05  # a residual below this is noise, not a speed-up
 
 

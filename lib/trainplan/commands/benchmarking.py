@@ -62,6 +62,9 @@ HARNESS_FLAGS = {  # flag -> (type, help); passed on to train.py as given
     "instruct_file": (str, "JSON-lines records for --data instruct (default: from the stdlib)"),
     "prefetch_factor": (positive_int, "batches each loader worker prepares"),
     "run_id": (str, "shared by the configs of one launch series"),
+    "precision": (lambda t: _choice(t, ("bf16", "fp8")),
+                  "fp8: block linears in torchao float8 (GPU of compute capability >= 8.9)"),
+    "fp8_recipe": (lambda t: _choice(t, ("tensorwise", "rowwise")), "fp8 scaling recipe"),
 }
 SWITCHES = ("compile", "synthetic", "cpu", "pin_memory", "no_sequence_parallel", "no_progress",
             "pad")

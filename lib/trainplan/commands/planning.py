@@ -68,6 +68,10 @@ def register(verbs) -> None:
     add_common(p, gpus=True)
     p.add_argument("--global-batch-tokens", type=positive_int, default=4 * 2**20)
     p.add_argument("--top", type=positive_int, default=5)
+    p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
+                   help="fp8: the block linears in torchao float8 (cost.fp8); H100/H200 only")
+    p.add_argument("--fp8-recipe", choices=("tensorwise", "rowwise"), default="tensorwise",
+                   help="fp8 scaling: tensorwise (fp8 FSDP2 all-gather) or rowwise")
     add_layout(p)
     p.set_defaults(run=cmd_plan, fmt=format_plan)
 
@@ -93,9 +97,10 @@ def cmd_plan(args) -> dict:
     from trainplan.train.support import not_runnable
     out = decided(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                   global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args),
-                  top=args.top, gpus_per_node=args.gpus_per_node)
+                  top=args.top, gpus_per_node=args.gpus_per_node, precision=args.precision,
+                  fp8_recipe=args.fp8_recipe)
     for p in out["plans"]:  # what `trainplan train` and `launch` can run (train.support)
-        why = not_runnable(p["parallel"], m)
+        why = not_runnable({**p["parallel"], "precision": args.precision}, m)
         p["runnable"] = why is None
         if why:
             p["not_runnable_why"] = why
@@ -113,7 +118,11 @@ def cmd_memory(args) -> dict:
 
 
 def format_plan(out: dict) -> str:
-    head = (f"{out['model']} on {out['gpus']} x {out['gpu']} ({out['cluster']}), seq "
+    fp8 = ""
+    if out.get("precision") == "fp8":
+        rate = "measured" if out["fp8"]["validated"] else "GEMM rate not measured"
+        fp8 = f", fp8 {out['fp8']['recipe']} ({rate})"
+    head = (f"{out['model']} on {out['gpus']} x {out['gpu']} ({out['cluster']}){fp8}, seq "
             f"{out['seq_len']}, {out['global_batch_tokens']:,} tokens a step: "
             f"{out['searched']:,} layouts in {out['elapsed_s']:.3f} s")
     lines = [head, f"{'#':>2}  {'strategy':<28}{'zero':>5}{'mb':>4}{'accum':>6}  {'recompute':<10}"

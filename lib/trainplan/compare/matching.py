@@ -77,9 +77,19 @@ def extras(rec: dict) -> dict:
     else:
         src, seq = rec["layout"], rec.get("seq_len")
     out = {k: src[k] for k in EXTRA_KEYS if k in src}
+    out.update(precision_of(rec))
     if seq is not None:
         out["seq_len"] = seq
     return out
+
+
+def precision_of(rec: dict) -> dict:
+    """{"precision": ...} of a record's layout, bf16 where it names none (records from before
+    fp8), with its `fp8_recipe` for fp8: always compared, so bf16 and fp8 never match."""
+    lay = rec["layout"]
+    precision = lay.get("precision") or "bf16"
+    return {"precision": precision,
+            **({"fp8_recipe": lay.get("fp8_recipe")} if precision == "fp8" else {})}
 
 
 def config_key(rec: dict) -> tuple:
@@ -207,7 +217,8 @@ def label(launches: list[dict], pred: dict | None) -> str:
     lay = launches[0]["layout"]
     parts = [f"{k}{lay[k]}" for k in ("dp", "tp", "pp") if lay[k] > 1] or ["1gpu"]
     parts += [f"z{lay['zero']}", f"mb{lay['micro_batch']}x{lay['grad_accum']}", lay["recompute"]]
-    return "-".join(parts) + ("-c" if lay["compile"] else "")
+    return "-".join(parts) + ("-c" if lay["compile"] else "") + (
+        "-fp8" if lay.get("precision") == "fp8" else "")
 
 
 def rel(pred: float | None, meas: float | None) -> float | None:

@@ -79,30 +79,36 @@ def p2p_time(cluster: ClusterSpec, nbytes, span):
 # ---------------------------------------------------------------- data parallel
 
 
-def dp_microbatch_time(cluster: ClusterSpec, *, stage_params, zero, dp_shard, cp, tp):
+def dp_microbatch_time(cluster: ClusterSpec, *, stage_params, zero, dp_shard, cp, tp,
+                       gather_params=None):
     """Data-parallel traffic repeated every micro-batch (FSDP2 behaviour).
 
     ZeRO-3: all-gather the bf16 weights for forward and again for backward,
     reduce-scatter fp32 gradients. ZeRO-2 (no reshard after forward): one
     all-gather and one reduce-scatter. ZeRO-0/1: nothing per micro-batch
-    (gradients accumulate locally; see `dp_step_time`).
+    (gradients accumulate locally; see `dp_step_time`). `gather_params`: what the
+    all-gather moves in bf16 units where it differs from `stage_params` (fp8 weights,
+    `cost.fp8.gather_params`).
     """
     n = np.asarray(dp_shard) * np.asarray(cp)
     span = n * np.asarray(tp)
-    ag = collective_time(cluster, "all_gather", GATHER_BYTES * stage_params, n, span)
+    gathered = stage_params if gather_params is None else gather_params
+    ag = collective_time(cluster, "all_gather", GATHER_BYTES * gathered, n, span)
     rs = collective_time(cluster, "reduce_scatter", REDUCE_BYTES * stage_params, n, span)
     zero = np.asarray(zero)
     return np.where(zero == 3, 2 * ag + rs, np.where(zero == 2, ag + rs, 0.0))
 
 
-def dp_step_time(cluster: ClusterSpec, *, stage_params, zero, dp, dp_shard, cp, tp):
+def dp_step_time(cluster: ClusterSpec, *, stage_params, zero, dp, dp_shard, cp, tp,
+                 gather_params=None):
     """Data-parallel traffic once per optimizer step: (overlappable, blocking) seconds.
 
     ZeRO-0 (DDP): all-reduce fp32 gradients over dp x cp, overlapped with the
     last backward (Li et al. 2020, PyTorch DDP). HSDP (a shard group smaller
     than dp): all-reduce of the sharded gradients across replicas, overlapped
     likewise. ZeRO-1: reduce-scatter gradients and all-gather the updated bf16
-    weights around the optimizer step, blocking.
+    weights around the optimizer step, blocking. `gather_params` as in
+    `dp_microbatch_time`.
     """
     zero = np.asarray(zero)
     n_all = np.asarray(dp) * np.asarray(cp)
@@ -112,7 +118,8 @@ def dp_step_time(cluster: ClusterSpec, *, stage_params, zero, dp, dp_shard, cp, 
     span_shard = n_shard * np.asarray(tp)
     rs = collective_time(cluster, "reduce_scatter", REDUCE_BYTES * stage_params, n_shard,
                          span_shard)
-    ag = collective_time(cluster, "all_gather", GATHER_BYTES * stage_params, n_shard, span_shard)
+    gathered = stage_params if gather_params is None else gather_params
+    ag = collective_time(cluster, "all_gather", GATHER_BYTES * gathered, n_shard, span_shard)
     replicas = np.asarray(dp) // np.asarray(dp_shard)
     hsdp = collective_time(cluster, "all_reduce", REDUCE_BYTES * stage_params / n_shard,
                            replicas, span_all)

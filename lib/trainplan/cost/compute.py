@@ -238,6 +238,14 @@ def head_time_per_token(m: ModelSpec, gpu: GPUSpec, *, tokens, tp, compiled):
     return scale * head_analytic_per_token(m, gpu, tokens=tokens, tp=tp)
 
 
+def block_wrapper_scale(gpu: GPUSpec, *, tp, ddp, fsdp):
+    """The measured factor on a block's time for what wraps it: `tp_block_scale` where
+    tp > 1, else `ddp_block_scale` (DDP) or `fsdp_block_scale` (FSDP2), else 1."""
+    return np.where(np.asarray(tp) > 1, overheads.tp_block_scale(gpu, tp, fsdp),
+                    np.where(ddp, gpu.ddp_block_scale, np.where(fsdp, gpu.fsdp_block_scale,
+                                                                1.0)))
+
+
 def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch, tp, cp, pp,
                             recompute, sequence_parallel, last_stage=True, compiled=True,
                             autocast=False, ddp=False, fsdp=False):
@@ -271,10 +279,8 @@ def microbatch_compute_time(m: ModelSpec, gpu: GPUSpec, *, seq_len, micro_batch,
     elem = elementwise_scale(gpu, compiled, autocast) * (
         1.0 + recompute_elementwise_factor(recompute)) * layers * \
         elementwise_bytes_per_token_per_layer(m, tp, sequence_parallel)
-    wrapper = np.where(np.asarray(tp) > 1, overheads.tp_block_scale(gpu, tp, fsdp),
-                       np.where(ddp, gpu.ddp_block_scale, np.where(fsdp, gpu.fsdp_block_scale,
-                                                                   1.0)))
-    blocks = wrapper * (mm / mm_rate + attn / attn_rate + elem / mem_rate)
+    blocks = block_wrapper_scale(gpu, tp=tp, ddp=ddp, fsdp=fsdp) * (
+        mm / mm_rate + attn / attn_rate + elem / mem_rate)
     head = head_time_per_token(m, gpu, tokens=tokens, tp=tp, compiled=compiled) \
         if last_stage else 0.0
     return tokens * (blocks + head)

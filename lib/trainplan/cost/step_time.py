@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from trainplan.cost import comms, compute, memory, params, ring
+from trainplan.cost import comms, compute, fp8, memory, params, ring
 from trainplan.cost import measured as overheads
 from trainplan.cost.measured import activation_scale
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
@@ -59,11 +59,15 @@ def _exposed(comm, window, floor, leak=0.0):
 
 
 def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
-             seq_len: int, compiled: bool = True) -> pd.DataFrame:
+             seq_len: int, compiled: bool = True, precision: str = "bf16",
+             fp8_recipe: str = "tensorwise") -> pd.DataFrame:
     """Memory, time breakdown, throughput and MFU of every layout in `L`, one row each.
 
     `compiled`: blocks run under `torch.compile` (fused element-wise work and
     the activations it keeps), as trainplan recommends; False prices eager.
+    `precision` "fp8": the block linears `cost.fp8.converts` picks run torchao's float8
+    with `fp8_recipe`, and fp8's terms (`cost.fp8`) join the bf16 ones; MFU stays quoted
+    against the bf16 peak.
     """
 
     cluster = comms.with_measured_links(cluster, gpu)
@@ -80,6 +84,14 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         m, L, seq_len=seq_len, activation_scale=activation_scale(gpu, compiled, L.recompute),
         rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale,
         compiled_loss=compiled, gpu=gpu)
+    is_fp8 = precision == "fp8"
+    fp8_gather = ~autocast & (fp8_recipe == "tensorwise")  # FSDP2's float8 all-gather
+    if is_fp8:
+        extra_params, extra_other = fp8.memory_delta(
+            m, recipe=fp8_recipe, tokens=mb * seq_len / cp, tp=tp, pp=pp, ep=ep, zero=L.zero,
+            fsdp=~autocast, fp8_gather=fp8_gather)
+        mem = {**mem, "params": mem["params"] + extra_params, "other": mem["other"] + extra_other}
+        mem["total"] = sum(mem[k] for k in MEMORY_TERMS[:-1])
 
     # compute of one micro-batch on the slowest (last) stage
     compute_mb = compute.microbatch_compute_time(
@@ -91,6 +103,16 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     head_mb = tokens_mb * compute.head_time_per_token(m, gpu, tokens=tokens_mb, tp=tp,
                                                       compiled=compiled)
     stage_params = params.stage_params_per_rank(m, tp, pp, ep)
+    converted = fp8.converted_layer_params(m, fp8_recipe, tp, ep) * layers if is_fp8 else 0.0
+    if is_fp8:  # converted GEMMs at the fp8 rate, and their casts
+        compute_mb = compute_mb + compute.block_wrapper_scale(
+            gpu, tp=tp, ddp=compute.ddp_layout(dp, L.zero, tp, pp, cp), fsdp=~autocast) * (
+            fp8.gemm_delta_time(m, gpu, recipe=fp8_recipe, tokens=tokens_mb, tp=tp,
+                                passes=3.0 + compute.recompute_matmul_factor(L.recompute),
+                                layers=layers)) + fp8.cast_time(gpu, fp8.cast_bytes(
+                                    m, recipe=fp8_recipe, tokens=tokens_mb, tp=tp,
+                                    recompute=L.recompute, fp8_gather=fp8_gather, layers=layers))
+    gathered = fp8.gather_params(stage_params, converted, fp8_gather) if is_fp8 else None
     # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
     compute_mb = compute_mb + compute.grad_accum_time(
         gpu, stage_params, ga, zero=L.zero, shard_ranks=L.dp_shard * cp, fsdp=~autocast) / ga
@@ -116,10 +138,16 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
                                               compiled=compiled, attn_fwd_s=attn_fwd_layer)
     cp_mb = layers * (cp_comm + cp_passes)
     dp_mb = comms.dp_microbatch_time(cluster, stage_params=stage_params, zero=L.zero,
-                                     dp_shard=L.dp_shard, cp=cp, tp=tp)
+                                     dp_shard=L.dp_shard, cp=cp, tp=tp, gather_params=gathered)
     leak = gpu.overlap_exposed
     copy_mb, copy_step = compute.dp_copy_time(gpu, stage_params, zero=L.zero,
                                               shard_ranks=L.dp_shard * cp, dp_ranks=dp * cp)
+    if is_fp8:
+        delta_mb, delta_step = fp8.dp_copy_delta_bytes(converted, zero=L.zero,
+                                                       shard_ranks=L.dp_shard * cp,
+                                                       fp8_gather=fp8_gather)
+        copy_mb = copy_mb + fp8.cast_time(gpu, delta_mb)
+        copy_step = copy_step + fp8.cast_time(gpu, delta_step)
     # FSDP2's root group (embedding, final norm, output; bench/parallelize.apply_fsdp) is
     # gathered first and reduced last, with no compute to hide under: the floor is the
     # larger of one block's and the stage's ends' share of the traffic
@@ -141,7 +169,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     pp_sends = comms.pp_exposed_time(cluster, boundary_bytes=boundary, pp=pp,
                                      n_transfers=ga * v + pp - 1, stage_span=tp * cp * dp)
     overlappable, blocking = comms.dp_step_time(cluster, stage_params=stage_params, zero=L.zero,
-                                                dp=dp, dp_shard=L.dp_shard, cp=cp, tp=tp)
+                                                dp=dp, dp_shard=L.dp_shard, cp=cp, tp=tp,
+                                                gather_params=gathered)
     dp_step = _exposed(overlappable, 2.0 / 3.0 * compute_mb, overlappable / layers, leak) \
         + blocking + copy_step
     held = stage_params / shard_degree(L.zero, L.dp_shard, cp, 1)
@@ -161,6 +190,10 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     df = L.frame()
     df["strategy"] = labels(L, strategy_label)
     df["family"] = labels(L, strategy_family)
+    if is_fp8:  # fp8 plans are trusted only on fp8 measurements (`compare.trust`)
+        df["family"] = df["family"] + " fp8"
+        df["precision"] = precision  # bf16 tables keep their columns (notebooks show them)
+        df["fp8_recipe"] = fp8_recipe
     for name in MEMORY_TERMS:
         df[f"{name}_gib"] = np.broadcast_to(mem[name], len(L)) / GiB
     df["fits"] = memory.fits(mem["total"], gpu.memory_gib)

@@ -65,13 +65,14 @@ def choose(table: pd.DataFrame, model, gpu, bands: list[dict] | None = None) -> 
     memory bands of the suite's records (`trust.suite_bands`) unless `bands` are given."""
     table = with_margins(table, gpu, trust.suite_bands() if bands is None else bands)
     fastest = table.iloc[0]
-    why = not_runnable(_degrees(fastest), model)
+    why = not_runnable(_degrees(fastest, table), model)
     fitting = table[table["fits"].astype(bool)]
     if fitting.empty:  # an exact layout that does not fit: nothing to choose from
         return Decision(table, fastest, fastest, why, None, why is None)
-    runs = {(cp, ep) for cp, ep in fitting[["cp", "ep"]].drop_duplicates().itertuples(
-        index=False) if not_runnable(_degrees({"cp": cp, "ep": ep}), model) is None}
-    runnable = [(cp, ep) in runs for cp, ep in zip(fitting["cp"], fitting["ep"], strict=True)]
+    keys = ["cp", "ep", "tp"]
+    runs = {k for k in fitting[keys].drop_duplicates().itertuples(index=False, name=None)
+            if not_runnable(_degrees(dict(zip(keys, k, strict=True)), table), model) is None}
+    runnable = [k in runs for k in fitting[keys].itertuples(index=False, name=None)]
     candidates = fitting[runnable] if any(runnable) else fitting
     safe = candidates[candidates["fits_band"].map(lambda f: f is None or bool(f))]
     if len(safe):
@@ -84,8 +85,12 @@ def choose(table: pd.DataFrame, model, gpu, bands: list[dict] | None = None) -> 
                     any(runnable))
 
 
-def _degrees(row) -> dict:
-    return {"cp": int(row["cp"]), "ep": int(row["ep"])}
+def _degrees(row, table: pd.DataFrame) -> dict:
+    """What `train.support.not_runnable` reads of a row: cp, ep, tp, and the table's
+    precision (bf16 where it has no column)."""
+    precision = table["precision"].iloc[0] if "precision" in table.columns else "bf16"
+    return {"cp": int(row["cp"]), "ep": int(row["ep"]), "tp": int(row["tp"]),
+            "precision": precision}
 
 
 def margin_of(row: pd.Series) -> dict:
@@ -110,12 +115,13 @@ def decision_summary(d: Decision) -> dict:
 
 
 def decided(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_tokens: int,
-            pins: dict | None = None, top: int = 5, gpus_per_node: int | None = None) -> dict:
+            pins: dict | None = None, top: int = 5, gpus_per_node: int | None = None,
+            precision: str = "bf16", fp8_recipe: str = "tensorwise") -> dict:
     """`plan.planner.plan`'s answer with the rule's `decision` (`decision_summary`): what
     `trainplan plan` prints, and whose decision `trainplan launch` runs."""
     result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
-                    gpus_per_node=gpus_per_node)
+                    gpus_per_node=gpus_per_node, precision=precision, fp8_recipe=fp8_recipe)
     out = answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
                  global_batch_tokens=global_batch_tokens, top=top)
     out["decision"] = decision_summary(choose(result.table, m, gpu))

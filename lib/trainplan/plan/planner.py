@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from trainplan.cost import fp8
 from trainplan.cost.step_time import MEMORY_TERMS, evaluate
 from trainplan.plan.search import SearchResult, search
 from trainplan.specs import PLAN_FIELDS, ClusterSpec, GPUSpec, ModelSpec, ParallelConfig
@@ -48,13 +49,18 @@ def fully_pinned(pins: dict) -> bool:
 
 def ranked(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
            global_batch_tokens: int, pins: dict | None = None,
-           gpus_per_node: int | None = None, compiled: bool = True) -> SearchResult:
+           gpus_per_node: int | None = None, compiled: bool = True, precision: str = "bf16",
+           fp8_recipe: str = "tensorwise") -> SearchResult:
     """The search behind `plan`: every layout the pins allow, ranked; with every dimension
     pinned, exactly that layout (the unpinned fields at ParallelConfig's defaults), priced
     whether it fits or not.
 
     `compiled`: blocks under torch.compile (default); False prices eager blocks.
+    `precision` "fp8" prices torchao float8 with `fp8_recipe` (`cost.fp8`; refused with
+    one line where the card has no fp8 rate).
     """
+    if precision == "fp8":
+        fp8.check_gpu(gpu)
     pins = dict(pins or {})
     exact = fully_pinned(pins)
     if exact:  # one layout: the unpinned fields take ParallelConfig's defaults
@@ -63,7 +69,8 @@ def ranked(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_l
         pins.setdefault("pp_virtual", 1)
     result = search(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
-                    gpus_per_node=gpus_per_node, require_fit=not exact, compiled=compiled)
+                    gpus_per_node=gpus_per_node, require_fit=not exact, compiled=compiled,
+                    precision=precision, fp8_recipe=fp8_recipe)
     if exact:
         result.table = result.table.head(1)
     return result
@@ -82,18 +89,28 @@ def answer(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, result: SearchResul
         "plans": [row_to_plan(r) for _, r in rows.iterrows()],
         "searched": result.searched,
         "elapsed_s": round(result.elapsed_s, 4),
-    }
+    } | fp8_answer(m, gpu, result.table)
+
+
+def fp8_answer(m: ModelSpec, gpu: GPUSpec, table: pd.DataFrame) -> dict:
+    """{"precision": "fp8", "fp8": `cost.fp8.summary`} for a table priced in fp8; {} for bf16,
+    whose answers name no precision (bf16 is the default, as in records without one)."""
+    if "precision" not in table.columns:
+        return {}
+    return {"precision": "fp8", "fp8": fp8.summary(m, gpu, table["fp8_recipe"].iloc[0])}
 
 
 def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
          global_batch_tokens: int, pins: dict | None = None, top: int = 5,
-         gpus_per_node: int | None = None, compiled: bool = True) -> dict:
+         gpus_per_node: int | None = None, compiled: bool = True, precision: str = "bf16",
+         fp8_recipe: str = "tensorwise") -> dict:
     """The best `top` plans, best first; with every dimension pinned, exactly that layout
     (`ranked`, `answer`), so a known configuration can be predicted and checked against a
     measurement."""
     result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
-                    gpus_per_node=gpus_per_node, compiled=compiled)
+                    gpus_per_node=gpus_per_node, compiled=compiled, precision=precision,
+                    fp8_recipe=fp8_recipe)
     return answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
                   global_batch_tokens=global_batch_tokens, top=top)
 

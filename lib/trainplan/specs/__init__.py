@@ -96,7 +96,10 @@ class GPUSpec:
     matmul_efficiency: float  # achieved fraction of bf16 peak on large GEMMs
     attention_efficiency: float  # achieved fraction of peak in fused attention (fwd + bwd)
     memory_efficiency: float  # achieved fraction of HBM bandwidth on streaming kernels
-    fp8_tflops: float = 0.0
+    fp8_tflops: float = 0.0  # dense fp8 (e4m3) peak, TFLOP/s; 0 = no fp8 matmuls (A100)
+    fp8_matmul_efficiency: float = 0.0  # stated fraction of fp8 peak until measured; 0 = none
+    fp8_matmul_curve: tuple = ()  # ((tokens, n k, fraction of fp8 peak), ...) tensorwise scaling
+    fp8_rowwise_matmul_curve: tuple = ()  # the same with a scale per row (torchao rowwise)
     source: str = ""
     cluster: str = ""  # the interconnect preset this card comes in (--cluster's default); "" none
     calibration: str = "datasheet"  # where the efficiencies come from (calibrate.py sets it)
@@ -135,10 +138,11 @@ class GPUSpec:
                                   "elementwise_scale", "eager_elementwise_scale", "head_scale",
                                   "optimizer_scale", "logits_scale", "ddp_block_scale",
                                   "fsdp_block_scale"),
-                  non_negative=("fp8_tflops", "overlap_exposed", "autocast_elementwise_scale",
-                                "eager_autocast_elementwise_scale", "compiled_head_scale",
-                                "host_overlap_k"))
-        check_curve("GPUSpec.matmul_curve", self.matmul_curve)
+                  non_negative=("fp8_tflops", "fp8_matmul_efficiency", "overlap_exposed",
+                                "autocast_elementwise_scale", "eager_autocast_elementwise_scale",
+                                "compiled_head_scale", "host_overlap_k"))
+        for name in ("matmul_curve", "fp8_matmul_curve", "fp8_rowwise_matmul_curve"):
+            check_curve(f"GPUSpec.{name}", getattr(self, name))
         check_seq_curve("GPUSpec.attention_curve", self.attention_curve)
         for name in ("host_block_s", "host_step_s", "host_step_layer_s", "fragmentation_scales"):
             for row in getattr(self, name):

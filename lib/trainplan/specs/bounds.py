@@ -36,6 +36,7 @@ FIELDS = {
     ("ModelSpec", "norm_eps"): (1e-30, 1.0),
     ("GPUSpec", "bf16_tflops"): (1e-6, 1e6),
     ("GPUSpec", "fp8_tflops"): (0.0, 1e7),
+    ("GPUSpec", "fp8_matmul_efficiency"): (0.0, 1.0),
     ("GPUSpec", "memory_gib"): (1e-6, 1e7),
     ("GPUSpec", "hbm_tbps"): (1e-6, 1e4),
     ("GPUSpec", "matmul_efficiency"): (1e-4, 1.0),

@@ -51,3 +51,4 @@ def add_arguments(p) -> None:
     a("--json", action="store_true", help="print the run's summary as one JSON line")
     bench_flags.add_checkpoint_arguments(p)
     bench_flags.add_monitor_arguments(p)
+    bench_flags.add_precision_arguments(p)

@@ -12,15 +12,14 @@
                        < dp; with cp > 1 over dp_shard x cp (context.py: a
                        replica's cp ranks hold the same weights)
 
-Why this order: tensor parallel must see plain `nn.Linear` modules by name
-before wrappers rename them; checkpointing wraps the (possibly TP) block so
-its recompute replays the TP collectives; compile sees the checkpointed block
-and can fuse the recompute; FSDP goes last so its all-gather/reduce-scatter
-hooks sit outside the compiled region and wrap whole blocks.
+Why this order: tensor parallel must see plain `nn.Linear` modules by name before wrappers
+rename them; checkpointing wraps the (possibly TP) block so its recompute replays the TP
+collectives; compile sees the checkpointed block and can fuse the recompute; FSDP goes
+last so its all-gather/reduce-scatter hooks sit outside the compiled region, whole blocks.
 
-Not implemented (a `LayoutError` says so): expert parallel, context parallel
-on CPU or with learned positions, tied embeddings under pp or tp, learned
-positions under tp. ZeRO-1 has no FSDP2 form: it runs as ZeRO-2, and says so.
+Not implemented (a `LayoutError` says so): expert parallel, context parallel on CPU or with
+learned positions, tied embeddings under pp or tp, learned positions under tp. ZeRO-1 has no
+FSDP2 form: it runs as ZeRO-2, and says so. fp8 (float8.py) swaps the linears before step 0.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ class Parallelized:
     ddp: bool = False
     pp_group: object | None = None  # process group of this rank's pipeline (pp > 1)
     cp_mesh: object | None = None  # 1-D mesh of this rank's context-parallel group (cp > 1)
+    after_optimizer: object | None = None  # called after each optimizer step (fp8's scales)
     notes: list[str] = field(default_factory=list)
 
     def parameters(self):
@@ -223,7 +223,7 @@ def apply_tp(model: Transformer, tp_mesh, sequence_parallel: bool) -> None:
 # ---------------------------------------------------------------- 2. activation checkpointing
 
 _SAVE_OPS = (  # outputs selective recompute keeps: matmuls, attention, TP collectives
-    "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
+    "aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten._scaled_mm.default",
     "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_efficient_attention.default",
     "aten._scaled_dot_product_cudnn_attention.default",

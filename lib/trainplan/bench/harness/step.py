@@ -87,6 +87,8 @@ def train_step(par: Parallelized, optimizer, micro: list[Batch], *, autocast: bo
             total[1] += len(losses)
     total[2] = clip_grad_norm(par, max_norm)
     optimizer.step()
+    if par.after_optimizer is not None:  # fp8: the next step's weight scales
+        par.after_optimizer()
     optimizer.zero_grad(set_to_none=True)
     return total
 

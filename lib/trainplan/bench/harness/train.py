@@ -1,19 +1,18 @@
 """The proxy training run: `torchrun ... -m trainplan.bench.harness.train --model llama-1.3b
 --dp 2 ...`.
 
-One code path for CPU (gloo) and GPU (NCCL). It builds the plain model,
-applies the layout (parallelize.py), trains `--steps` steps and measures:
-whole synchronised steps timed (the slowest rank's time per step), the first
-`--warmup` steps (compile, allocator warm-up) dropped and counted, tokens/s/GPU
-as total tokens over total time, MFU = tokens/s/GPU x (6 N + 12 l h s) / peak
-(docs/measurement.md, "MFU"; `trainplan.cost.compute.model_flops_per_token`),
-peak memory allocated and reserved (max over ranks), and the loss of every step.
-Rank 0 prints the summary as one JSON line and, with `--records`, appends a
-measurement record through `trainplan.records.schema` (GPU runs only).
+One code path for CPU (gloo) and GPU (NCCL). It builds the plain model, applies the layout
+(parallelize.py), trains `--steps` steps and measures: whole synchronised steps timed (the
+slowest rank's time per step), the first `--warmup` steps (compile, allocator warm-up)
+dropped and counted, tokens/s/GPU as total tokens over total time, MFU = tokens/s/GPU x
+(6 N + 12 l h s) / bf16 peak (docs/measurement.md, "MFU";
+`trainplan.cost.compute.model_flops_per_token`), peak memory allocated and reserved (max over
+ranks), and the loss of every step. Rank 0 prints the summary as one JSON line and, with
+`--records`, appends a measurement record through `trainplan.records.schema` (GPU only).
 
-Precision: fp32 on CPU (so layouts match a single process closely). On GPU,
-bf16 compute with fp32 gradient reduction: inside FSDP2 through its
-MixedPrecisionPolicy where FSDP is used, else by autocast.
+Precision: fp32 on CPU (so layouts match a single process closely). On GPU, bf16 compute
+with fp32 gradient reduction: inside FSDP2 through its MixedPrecisionPolicy where FSDP is
+used, else by autocast; `--precision fp8` adds torchao float8 linears (float8.py).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.ckpt import store as ckpt
-from trainplan.bench.harness import affinity, context, feed, hf_baseline, monitor
+from trainplan.bench.harness import affinity, context, feed, float8, hf_baseline, monitor
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness.model import Transformer, count_params, slice_spec
@@ -87,6 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     feed.add_arguments(p)  # --synthetic --data --pack/--pad --num-workers --pin-memory ...
     ckpt.add_arguments(p)  # --ckpt-dir --ckpt-every --ckpt-keep --ckpt-async --resume ...
     monitor.add_arguments(p)  # --metrics --straggler-tolerance --alert-tokens-per-s-per-gpu ...
+    float8.add_arguments(p)  # --precision bf16|fp8 --fp8-recipe tensorwise|rowwise
     return p.parse_args(argv)
 
 
@@ -112,6 +112,7 @@ def check_args(args) -> None:
                              "(MFU needs a GPU peak); leave --records out on CPU, or give "
                              "--peak-tflops (tests)")
     context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
+    float8.check(args, cpu)
     feed.check_args(args)
     ckpt.check_args(args)
     monitor.check_args(args)
@@ -148,9 +149,11 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device, mesh):
     with torch.device("meta" if meta else device):
         model = Transformer.from_spec(spec, max_seq_len=args.seq_len)
     n_params = count_params(model)
+    attach = float8.convert_for(model, cfg, args)  # fp8 before any parallelism (torchtitan)
     result = par_mod.parallelize(model, cfg, mesh, compile=args.compile, device=device,
                                  mixed_precision=device.type == "cuda",
                                  loss_fn=loss_fn)
+    attach(result)  # fp8: the weight scales' hook after each optimizer step, a note
     if meta:
         for part in result.parts:
             part.to_empty(device=device)
@@ -302,7 +305,8 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
                    "zero": cfg.zero, "dp_shard": cfg.dp_shard, "micro_batch": cfg.micro_batch,
                    "grad_accum": cfg.grad_accum, "recompute": cfg.recompute,
                    "compile": args.compile, "sequence_parallel": cfg.sequence_parallel,
-                   "pp_schedule": cfg.pp_schedule, "pp_virtual": cfg.pp_virtual},
+                   "pp_schedule": cfg.pp_schedule, "pp_virtual": cfg.pp_virtual,
+                   **float8.layout_fields(args)},
         "gpus": world if device.type == "cuda" else 0,
         "ranks": world,
         "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -9,8 +9,9 @@ MODEL_BENCHES = ("hbm", "head", "block", "optimizer", "overlap")  # the model's 
 
 def summary(record: dict) -> tuple[str, str, str, str]:
     c, r = record["config"], record["results"]
-    if record["bench"] == "matmul":
-        return "matmul", f"{c['name']} {c['m']}x{c['n']}x{c['k']}", \
+    if record["bench"] in ("matmul", "matmul-fp8"):
+        recipe = f" {c['recipe']}" if "recipe" in c else ""
+        return record["bench"], f"{c['name']} {c['m']}x{c['n']}x{c['k']}{recipe}", \
             f"{r['time_s'] * 1e3:.3f} ms", f"{r['tflops']:.1f} TFLOP/s"
     if record["bench"] == "attention":
         return "attention", f"b{c['batch']} a{c['heads']} s{c['seq']} d{c['head_dim']}", \

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainplan.bench.micro import fp8 as micro_fp8
 from trainplan.bench.micro import layouts as micro_layouts
 from trainplan.bench.micro import memory as micro_memory
 from trainplan.bench.micro import model as micro_model
@@ -51,7 +52,7 @@ from trainplan.specs import ModelSpec, load_model
 
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
            "tp", "host", "host-step")
-OPT_IN = ("memory-stack",)  # run only when --benches names them: not in validate's launch
+OPT_IN = ("memory-stack", "matmul-fp8")  # run only when --benches names them
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
 HOST_STEP_LAYERS = 4  # the host-step bench's short depth: the step's host time per layer
 BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
@@ -233,6 +234,11 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     tasks = []
     if rank == 0 and "matmul" in benches:
         tasks += matmuls
+    if rank == 0 and micro_fp8.BENCH in benches:  # fp8 GEMMs (bench.micro.fp8), each recipe
+        tasks += micro_fp8.fp8_tasks(spec, args.tp, args.tokens,
+                                     micro_layouts.whole_list(args.matmul_tp, "--matmul-tp"),
+                                     micro_layouts.whole_list(args.matmul_tokens,
+                                                              "--matmul-tokens"))
     seqs = sorted({args.seq_len, *micro_layouts.whole_list(args.attention_seqs,
                                                            "--attention-seqs")})
     if rank == 0 and "attention" in benches:
@@ -293,6 +299,8 @@ def _run(kind: str, kw: dict, common: dict) -> dict:
         return getattr(micro_model, f"bench_{kind}")(**kw, **keep)
     if kind == "matmul":
         return bench_matmul(**kw, **common)
+    if kind == micro_fp8.BENCH:  # fp8 in, bf16 out: --dtype does not apply
+        return micro_fp8.bench_matmul_fp8(**kw, **common)
     if kind == "attention":
         return bench_attention(**kw, **common)
     return bench_collective(kind, **kw, **common)

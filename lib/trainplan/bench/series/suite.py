@@ -49,6 +49,7 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 LAYOUT_FLAGS = ("dp", "tp", "pp", "cp", "zero", "dp_shard", "micro_batch", "grad_accum",
                 "recompute", "pp_schedule", "pp_virtual")
 IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
+PRECISIONS, RECIPES = ("bf16", "fp8"), ("tensorwise", "rowwise")  # `precision:`, `fp8_recipe:`
 
 
 def load_suite(path: str) -> dict:
@@ -71,6 +72,11 @@ def load_suite(path: str) -> dict:
         if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
             raise SpecError(f"suite {path}: config {tag} layers = {quote(layers)}; "
                             "use a whole number >= 1 (a layer slice of the model)")
+        prec = precision(suite, c)
+        if prec["precision"] not in PRECISIONS or prec.get("fp8_recipe", RECIPES[0]) \
+                not in RECIPES:
+            raise SpecError(f"suite {path}: config {tag} precision = {quote(prec)}; use "
+                            f"precision {list(PRECISIONS)} and fp8_recipe {list(RECIPES)}")
         if c.get("impl", "trainplan") not in IMPLS:
             raise SpecError(f"suite {path}: config {tag} has impl = {quote(c['impl'])}; "
                             f"use one of {list(IMPLS)}")
@@ -87,6 +93,14 @@ def load_suite(path: str) -> dict:
 def base_model(suite: dict, cfg: dict) -> str:
     """The model a config runs: its own `model`, else the suite's (a preset or YAML file)."""
     return cfg.get("model", suite.get("model"))
+
+
+def precision(suite: dict, cfg: dict) -> dict:
+    """A config's {"precision"} (its own, else the suite's, else bf16), with `fp8_recipe`
+    (its own, else the suite's, else tensorwise) for fp8: the records' layout fields."""
+    value = cfg.get("precision", suite.get("precision", "bf16"))
+    recipe = cfg.get("fp8_recipe", suite.get("fp8_recipe", RECIPES[0]))
+    return {"precision": value, **({"fp8_recipe": recipe} if value == "fp8" else {})}
 
 
 def seq_len(suite: dict, cfg: dict) -> int:
@@ -120,15 +134,17 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     gpu = load_gpu(gpu_preset(card, suite))
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
     cluster = load_cluster(suite.get("cluster", "dgx-h100"))
+    prec = precision(suite, cfg)
     out = plan(load_model(model_name(suite, cfg)), gpu, cluster,
                gpus=cfg["gpus"], seq_len=seq, global_batch_tokens=tokens, pins=lay,
-               compiled=bool(cfg.get("compile", False)))
+               compiled=bool(cfg.get("compile", False)), precision=prec["precision"],
+               fp8_recipe=prec.get("fp8_recipe", RECIPES[0]))
     p = out["plans"][0]
     predicted = {k: p[k] for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "fits")}
     predicted["memory_gib"] = p["memory_gib"]
     predicted["time_breakdown_s"] = p["time_breakdown_s"]
     layout = {**{k: lay[k] for k in LAYOUT_FIELDS},
-              "compile": bool(cfg.get("compile", False))}
+              "compile": bool(cfg.get("compile", False)), **prec}
     return records.prediction_record(
         model=model_name(suite, cfg), layout=layout, gpus=cfg["gpus"], card=card,
         predicted=predicted,
@@ -161,6 +177,8 @@ def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
         cmd += [f"--{k.replace('_', '-')}", str(lay[k])]
     if cfg.get("compile"):
         cmd.append("--compile")
+    for key, value in precision(suite, cfg).items():  # bf16 is train.py's default too
+        cmd += [f"--{key.replace('_', '-')}", value] if value != "bf16" else []
     if cfg.get("layers"):
         cmd += ["--layers", str(cfg["layers"])]
     cmd += [str(a) for a in cfg.get("extra_args", suite.get("extra_args", []))]
@@ -326,5 +344,6 @@ def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
         "provenance": records.provenance(), "run_id": run_id, "tag": cfg["tag"],
         "model": base_model(suite, cfg), "gpus": cfg["gpus"], "card": card_name(),
         "seq_len": seq_len(suite, cfg),
-        "layout": {**full_layout(cfg), "compile": bool(cfg.get("compile", False))},
+        "layout": {**full_layout(cfg), "compile": bool(cfg.get("compile", False)),
+                   **precision(suite, cfg)},
         "compile": bool(cfg.get("compile", False)), "launch": launch, "reason": reason})

@@ -1,0 +1,80 @@
+"""fp8 GEMM microbenchmark (`--benches matmul-fp8`): `torch._scaled_mm` at the model's GEMM shapes.
+
+The GEMMs a converted linear runs under `--precision fp8` (`bench.harness.float8`): y =
+x W^T with x (M, K) and W (N, K) in fp8 e4m3, x row-major and W^T column-major as
+`_scaled_mm` takes them, output bf16, scaled per tensor (tensorwise: two fp32 scalars)
+or per row (rowwise: x's (M, 1) and W's (1, N) fp32 scales). FLOPs 2 M N K; only the
+GEMM is timed, since the planner prices the casts apart (`cost.fp8.cast_bytes`).
+Records (`bench: matmul-fp8`) carry the recipe; `trainplan calibrate` fits
+`fp8_matmul_curve` / `fp8_rowwise_matmul_curve` from them as fractions of the fp8 peak
+(`calibrate.pieces.fp8_curves`), as it fits the bf16 curve.
+
+Shapes: those `bench.micro.layouts.matmul_tasks` lists for bf16 (the launch's --tp and
+--tokens, then --matmul-tp x --matmul-tokens), kept where `cost.fp8.converts` would run
+them in fp8; the output layer never is. Torch runs `_scaled_mm` on CPU too (tests), but
+fp8 tensor cores need a CUDA GPU of compute capability >= 8.9.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainplan.bench.micro.layouts import matmul_tasks
+from trainplan.bench.micro.shapes import whole
+from trainplan.bench.micro.timing import card, time_blocks, timed_results
+from trainplan.cost.fp8 import RECIPES, check_precision, converts
+from trainplan.errors import SpecError
+from trainplan.records.schema import microbenchmark_record
+from trainplan.specs import ModelSpec
+
+BENCH = "matmul-fp8"
+
+
+def fp8_tasks(spec: ModelSpec, tp: int, tokens: int, tps: list[int], token_counts: list[int],
+              recipes=RECIPES) -> list[tuple[str, dict]]:
+    """(BENCH, kwargs) per recipe and shape of `matmul_tasks` that the recipe converts, whole
+    (unsharded) linear (out, in) judged by `converts` as the harness judges it."""
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
+        raise SpecError(f"--benches {BENCH}: {torch.cuda.get_device_name()} has no fp8 tensor "
+                        "cores (compute capability < 8.9); leave it out on this card")
+    h, f, kv = spec.hidden, spec.ffn, spec.kv_dim
+    whole_dims = {"q": (h, h), "kv": (kv, h), "out": (h, h), "gate_up": (f, h), "up": (f, h),
+                  "down": (h, f)}  # (out, in) of the layer's linear before any tp split
+    tasks = []
+    for recipe in recipes:
+        check_precision("fp8", recipe)
+        for _, kw in matmul_tasks(spec, tp, tokens, tps, token_counts):
+            dims = whole_dims.get(kw["name"])
+            if dims and converts(*dims, recipe):
+                tasks.append((BENCH, {**kw, "recipe": recipe}))
+    return tasks
+
+
+def bench_matmul_fp8(m: int, n: int, k: int, *, recipe: str = "tensorwise",
+                     device: str | None = None, warmup: int = 10, iters: int = 20,
+                     repeats: int = 7, name: str = "", tp: int = 1, base: bool = True,
+                     run_id: str | None = None, extra: dict | None = None, **_) -> dict:
+    """TFLOP/s of the fp8 GEMM y = x W^T, x (m, k), W (n, k), scaled by `recipe`; 2 m n k
+    FLOPs a call. `name`, `tp` and `base` as `run.bench_matmul` records them."""
+    check_precision("fp8", recipe)
+    whole(m=m, n=n, k=k)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    e4m3 = torch.float8_e4m3fn
+    x = torch.randn(m, k, device=dev).to(e4m3)  # (M, K) row-major
+    w = torch.randn(n, k, device=dev).to(e4m3)  # (N, K) row-major: w.t() is column-major
+    if recipe == "rowwise":
+        sx, sw = torch.ones(m, 1, device=dev), torch.ones(1, n, device=dev)
+    else:
+        sx, sw = torch.ones((), device=dev), torch.ones((), device=dev)
+    out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+
+    def gemm():
+        torch._scaled_mm(x, w.t(), sx, sw, out_dtype=torch.bfloat16, out=out)
+
+    times = time_blocks(gemm, dev, warmup, iters, repeats)
+    config = {"name": name, "m": m, "n": n, "k": k, "tp": tp, "base": base, "recipe": recipe,
+              "dtype": "float8_e4m3fn", "out_dtype": "bfloat16", "device": dev.type,
+              "flops": 2 * m * n * k, "warmup": warmup, "iters": iters, "repeats": repeats}
+    return microbenchmark_record(bench=BENCH, config=config, gpus=1, card=card(dev),
+                                 results=timed_results(times, 2 * m * n * k, "tflops", 1e12),
+                                 run_id=run_id, extra=extra)

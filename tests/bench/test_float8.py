@@ -1,0 +1,147 @@
+"""fp8 in the harness on CPU (`bench.harness.float8`): which linears torchao converts, a
+converted block's forward and backward, the refusal where fp8 cannot run, the suite's
+precision field, the records' precision, and the fp8 GEMM microbenchmark with its fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainplan.bench.harness import float8
+from trainplan.bench.harness import train as harness
+from trainplan.bench.harness.model import Transformer
+from trainplan.bench.micro import fp8 as micro_fp8
+from trainplan.bench.series import suite
+from trainplan.calibrate import fit as calibrate_fit
+from trainplan.calibrate.store import load_gpu
+from trainplan.compare.matching import same_config
+from trainplan.cost import fp8 as fp8_cost
+from trainplan.errors import SpecError, TrainplanError
+from trainplan.records import schema as records
+from trainplan.specs import ModelSpec, load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCK = ("attention.wq", "attention.wk", "attention.wv", "attention.wo", "feed_forward.w1",
+         "feed_forward.w2", "feed_forward.w3")
+
+
+def _converted(recipe: str, fsdp: bool = False) -> list[str]:
+    with torch.device("meta"):  # the 1.3B proxy's shapes, no memory
+        model = Transformer.from_spec(load_model("llama-1.3b"), max_seq_len=64)
+    return float8.convert(model, recipe, fsdp=fsdp)
+
+
+def test_tensorwise_converts_every_block_linear_but_not_the_output():
+    names = _converted("tensorwise", fsdp=True)
+    assert len(names) == 24 * len(BLOCK)
+    assert {n.split(".", 2)[2] for n in names} == set(BLOCK)
+    assert "output" not in names
+
+
+def test_rowwise_converts_only_the_wide_linears():
+    names = _converted("rowwise")  # h 2048: q, k, v, o and down (N = 2048) are too small
+    assert {n.split(".", 2)[2] for n in names} == {"feed_forward.w1", "feed_forward.w3"}
+
+
+def test_filter_rule_and_skips():
+    keep = float8.module_filter("tensorwise")
+    assert keep(nn.Linear(2048, 2048), "layers.0.attention.wq")
+    assert not keep(nn.Linear(2048, 2056), "layers.0.attention.wq")  # 2056 % 16 = 8
+    assert not keep(nn.Linear(4096, 1024), "layers.0.feed_forward.w2")  # K <= 4096, N <= 1024
+    assert not keep(nn.Linear(2048, 32000), "output")  # the output layer, by name
+    assert not keep(nn.Embedding(10, 2048), "tok_embeddings")
+
+
+def test_converted_block_trains_on_cpu():
+    spec = ModelSpec(name="wide", n_layers=1, hidden=2048, n_heads=16, ffn=5504, vocab=256)
+    torch.manual_seed(0)
+    model = Transformer.from_spec(spec, max_seq_len=16)
+    names = float8.convert(model, "tensorwise", fsdp=False)
+    assert len(names) == len(BLOCK)
+    x = torch.randint(0, 256, (1, 16))
+    loss = nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.layers["0"].feed_forward.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_fp8_refused_on_cpu_with_one_line():
+    args = harness.parse_args(["--precision", "fp8", "--cpu", "--model", "llama-1.3b"])
+    with pytest.raises(TrainplanError, match="compute capability >= 8.9"):
+        harness.check_args(args)
+    out = subprocess.run([sys.executable, "-m", "trainplan.cli", "bench", "--model",
+                          "llama-1.3b", "--cpu", "--precision", "fp8", "--dry-run"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert [ln for ln in out.stderr.splitlines() if "error" in ln] == [
+        next(ln for ln in out.stderr.splitlines() if "--precision fp8 needs" in ln)]
+
+
+def test_bf16_records_say_so():
+    args = harness.parse_args(["--model", "llama-1.3b"])
+    assert float8.layout_fields(args) == {"precision": "bf16"}
+    args = harness.parse_args(["--precision", "fp8", "--fp8-recipe", "rowwise"])
+    assert float8.layout_fields(args) == {"precision": "fp8", "fp8_recipe": "rowwise"}
+
+
+def test_suite_precision_reaches_the_launch_and_the_prediction():
+    s = {"model": "llama-1.3b", "seq_len": 512, "configs": [
+        {"tag": "a", "gpus": 2, "precision": "fp8", "layout": {"dp": 2, "zero": 2}},
+        {"tag": "b", "gpus": 2, "layout": {"dp": 2, "zero": 2}}]}
+    fp8_cfg, bf16_cfg = s["configs"]
+    argv = suite.train_args(s, fp8_cfg, Path("out"), "r")
+    assert argv[argv.index("--precision") + 1] == "fp8"
+    assert argv[argv.index("--fp8-recipe") + 1] == "tensorwise"
+    assert "--precision" not in suite.train_args(s, bf16_cfg, Path("out"), "r")
+    low, high = (suite.predict(s, c, "NVIDIA H100 80GB HBM3", "r") for c in (fp8_cfg, bf16_cfg))
+    assert low["layout"]["precision"] == "fp8" and high["layout"]["precision"] == "bf16"
+    assert low["predicted"]["step_time_s"] != high["predicted"]["step_time_s"]  # priced apart
+    meas = records.measurement_record(
+        model="llama-1.3b", impl="trainplan", layout={**high["layout"], "precision": "fp8",
+                                                      "fp8_recipe": "tensorwise"},
+        gpus=2, card="NVIDIA H100 80GB HBM3", run_id="r", step_times_s=[1.0, 1.1],
+        tokens_per_step=1024, flops_per_token=1e9, peak_tflops=989.0,
+        peak_mem_reserved_gib=1.0, peak_mem_allocated_gib=1.0, warmup_steps_dropped=1,
+        extra={"seq_len": 512, "tag": "a"})
+    assert same_config(low, meas) and not same_config({**high, "config": {
+        **high["config"], "tag": "a"}}, meas)
+
+
+def test_suite_refuses_an_unknown_precision(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("model: llama-1.3b\nconfigs:\n  - {tag: a, gpus: 2, precision: fp4, "
+                    "layout: {dp: 2}}\n")
+    with pytest.raises(SpecError, match="precision"):
+        suite.load_suite(str(path))
+
+
+def test_fp8_gemm_bench_and_its_curve():
+    spec = load_model("llama-1.3b")
+    tasks = micro_fp8.fp8_tasks(spec, 1, 64, [], [])
+    assert {kw["recipe"] for _, kw in tasks} == {"tensorwise", "rowwise"}
+    assert not any(kw["name"] == "output" for _, kw in tasks)
+    assert {kw["name"] for _, kw in tasks if kw["recipe"] == "rowwise"} == {"gate_up"}
+    recs = [micro_fp8.bench_matmul_fp8(64, n, k, recipe=r, device="cpu", warmup=1, iters=1,
+                                       repeats=2) for n, k, r in ((64, 128, "tensorwise"),
+                                                                   (128, 64, "rowwise"))]
+    for r in recs:
+        assert records.validate(r)["bench"] == "matmul-fp8" and r["results"]["tflops"] > 0
+    peak = 2 * recs[0]["results"]["tflops"]  # a CPU's rate as if it were half a card's peak
+    gpu = dataclasses.replace(load_gpu("h100-sxm", calibrated=False), fp8_tflops=peak)
+    curves = calibrate_fit.fp8_curves(recs, gpu)
+    assert curves["fp8_matmul_curve"] == [[64.0, 64.0 * 128, 0.5]]
+    assert curves["fp8_rowwise_matmul_curve"][0][2] == pytest.approx(
+        min(1.0, recs[1]["results"]["tflops"] / peak), abs=1e-4)
+    fitted = dataclasses.replace(gpu, fp8_matmul_curve=tuple(map(tuple,
+                                                                 curves["fp8_matmul_curve"])))
+    assert fp8_cost.fp8_efficiency_at(fitted, "tensorwise", 64, 8192) == \
+        curves["fp8_matmul_curve"][0][2]
+    with pytest.raises(SpecError, match="no fp8 peak"):
+        calibrate_fit.fp8_curves(recs, load_gpu("a100-80gb", calibrated=False))
