@@ -106,7 +106,7 @@ def test_the_default_scenarios_fastest_plan_is_passed_over_and_named(overruns):
 def _table(totals: list[float], family="FSDP") -> pd.DataFrame:
     n = len(totals)
     return pd.DataFrame({"family": [family] * n, "strategy": [family] * n,
-                         "total_gib": totals, "fits": [True] * n, "cp": [1] * n,
+                         "total_gib": totals, "fits": [True] * n, "cp": [1] * n, "tp": [1] * n,
                          "ep": [1] * n, "tokens_per_s": [100.0 - i for i in range(n)],
                          "tokens_per_s_per_gpu": [10.0 - i for i in range(n)],
                          "step_time_s": [1.0 + i for i in range(n)], "micro_batch": [1] * n,
