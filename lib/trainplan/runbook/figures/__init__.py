@@ -31,6 +31,10 @@ from trainplan.runbook.figures.planning import (  # noqa: F401
     time_to_train_table,
     tradeoff_table,
 )
+from trainplan.runbook.figures.precision import (  # noqa: F401
+    precision_bars,
+    precision_table,
+)
 from trainplan.runbook.figures.resilience import (  # noqa: F401
     checkpoint_bench_figure,
     checkpoint_bench_table,
