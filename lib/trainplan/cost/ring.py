@@ -18,21 +18,14 @@ K and V to n_heads before SDPA, bench/harness/model.py, so K and V are E each):
   the fp32 dk, dv of the chunk held are passed to the next rank (`_AllToAllRotater`,
   `ft_c.permute_tensor`: c sends of 8 E bytes), and cast to bf16 at the end.
 
-Compiled (the harness compiles every block), AOTAutograd traces forward and backward into
-one joint graph and runs common-subexpression elimination on it before partitioning
-(torch/_functorch/partitioners.py, `min_cut_rematerialization_partition`: `fx_graph_cse`
-when `functorch.config.cse`, the default): the backward's `contiguous`, `cat` and
-all-gather of the same K, V are the forward's, so they merge, and the partitioner never
-recomputes a collective (`force_save_collectives`): the gathered K, V is saved for the
-backward instead of gathered again. The kernel tables agree: one all-gather per compiled
-SDPA fwd + bwd against two eager (data/measurements/validate-h200x2-20261127/ring/
-profile.txt); in a whole step of 24 blocks under ZeRO-3 74 (FSDP2's at most 50, so the
-ring's 24, not 48; validate-h200x2-20261127/profile/cp2-s16384.json).
+Compiled (every block is), AOTAutograd's joint graph is de-duplicated before partitioning
+(torch/_functorch/partitioners.py: `fx_graph_cse`, then `force_save_collectives`), so the
+backward reuses the forward's gathered K, V, saved instead of gathered again. The kernel
+tables agree: one all-gather per compiled SDPA fwd + bwd against two eager
+(data/measurements/validate-h200x2-20261127/ring/profile.txt; profile/cp2-s16384.json).
 
-The SDPA FLOPs stay where they were (`compute.attention_flops_per_token_per_layer`): in
-128-wide tiles a causal call of length s does T (T + 1) / 2 tiles (T = s / 128); step 0
-does T/c (T/c + 1) / 2 and each of the c - 1 others T/c x T/(2c), summing to the rank's
-1/c share of the plain call's. What this module adds is what the ring costs beyond them.
+The SDPA FLOPs stay in `compute` (the ring's tiles sum to the rank's 1/c share of the
+plain causal call's); this module prices what the ring costs beyond them.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
     trainplan suggest --model-size 7B --gpus 16 --dataset-tokens 1T [--gpu h100-sxm] --json
 
---dataset-tokens takes a number (2e9) or a number and a unit, as --model-size does (500M,
-1T; `parse_tokens`); it sets the steps, days and GPU-hours of the estimate.
+--dataset-tokens (2e9, 500M, 1T; `parse_tokens`) sets the estimate's steps and GPU-hours.
 
 1. Model: a preset whose parameter count is within `PRESET_TOLERANCE` of the
    size (llama-1.3b, -7b, -13b, -70b; "8x7B" is mixtral-8x7b); otherwise a
@@ -19,11 +18,9 @@
    fitting layout (`trainplan.plan.search`), the same code path as `trainplan plan`.
 4. NCCL and data loader: the committed knob study's findings where it has
    them (`trainplan.tune.report`), else the defaults, said as such ("defaults:
-   no study yet"); no effect is claimed that was not measured. Where the study's
-   paired effects stage measured the plan's layout family, each knob's advice is
-   cited ("set X (+a% +- b)", "leave default (effect within +-c%)", or "not
-   measured on this layout family"; `trainplan.tune.effect_stats`), and a "set"
-   or "leave" on an NCCL or loader knob decides its value.
+   no study yet"); no effect is claimed that was not measured. Each knob's paired
+   effect on the plan's layout family is cited where measured, with "set", "leave
+   default" or "not measured" (`trainplan.tune.effect_stats`), and decides its value.
 5. Time to train: one pass over the dataset at the planner's steady-state
    rate (`perf.time_to_train`); failures, restarts and checkpoint stalls come
    on top (runbook page 5).
