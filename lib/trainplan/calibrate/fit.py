@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from trainplan.calibrate import host as calibrate_host
 from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.calibrate.store import COLLECTIVES, CalibrationError, card_preset
 from trainplan.cost import comms
@@ -157,8 +158,6 @@ def collective_fit(recs: list[dict]) -> dict:
 # ---------------------------------------------------------------- build
 
 
-
-
 def _source(path: Path, recs: list[dict]) -> dict:
     stamps = sorted(r["recorded_at"] for r in recs)
     commits = sorted({r.get("provenance", {}).get("git_commit") for r in recs}, key=str)
@@ -167,19 +166,66 @@ def _source(path: Path, recs: list[dict]) -> dict:
             "recorded": [stamps[0], stamps[-1]]}
 
 
-def build(paths, gpu: GPUSpec) -> dict:
-    """A calibration of preset `gpu` from the microbenchmark records in `paths`."""
-    by_bench, sources = defaultdict(list), []
+def _micro(path: Path, gpu: GPUSpec) -> list[dict]:
+    """The microbenchmark records of `path`, each measured on a card of preset `gpu`."""
+    recs = [r for r in records.load(path) if r["kind"] == "microbenchmark"]
+    for r in recs:
+        preset = card_preset(r["card"])
+        if preset is not None and preset != gpu.name:
+            raise CalibrationError(f"{path}: card {quote(r['card'])} is {preset}, not "
+                                   f"{gpu.name}; pass --gpu {preset} or other records")
+    return recs
+
+
+def gather(paths, gpu: GPUSpec, host_paths=None) -> tuple[dict, list[dict], int | None]:
+    """(records by bench, `sources`, host-bench records set aside) from the files.
+
+    Without `host_paths` every microbenchmark record of `paths` counts and the count set
+    aside is None. With them, the host-bench records (`calibrate_host.is_host`) come from
+    `host_paths` only (their other records are left out) and those of `paths` are set aside:
+    a source says `host_set_aside: n` where it lost n of them, a host file `host_only: true`
+    (and `not_host_left_out: n` where it held others). A host file without any host-bench
+    record, or a record of another card, is one CalibrationError.
+    """
+    by_bench, sources, set_aside = defaultdict(list), [], 0 if host_paths else None
     for path in map(Path, paths):
-        recs = [r for r in records.load(path) if r["kind"] == "microbenchmark"]
+        recs = _micro(path, gpu)
+        if host_paths:
+            kept = [r for r in recs if not calibrate_host.is_host(r)]
+            recs, dropped = kept, len(recs) - len(kept)
+            set_aside += dropped
         for r in recs:
-            preset = card_preset(r["card"])
-            if preset is not None and preset != gpu.name:
-                raise CalibrationError(f"{path}: card {quote(r['card'])} is {preset}, not "
-                                       f"{gpu.name}; pass --gpu {preset} or other records")
             by_bench[r["bench"]].append(r)
         if recs:
-            sources.append(_source(path, recs))
+            sources.append(_source(path, recs) | ({"host_set_aside": dropped}
+                                                  if host_paths and dropped else {}))
+    for path in map(Path, host_paths or ()):
+        every = _micro(path, gpu)
+        recs = [r for r in every if calibrate_host.is_host(r)]
+        if not recs:
+            raise CalibrationError(
+                f"--host-records {path}: no host-bench record (purpose host, interleave or "
+                "host-step) in it; give the records of `python -m trainplan.bench.micro.run "
+                "--benches host,host-step` on that machine")
+        for r in recs:
+            by_bench[r["bench"]].append(r)
+        left = len(every) - len(recs)
+        sources.append(_source(path, recs) | {"host_only": True}
+                       | ({"not_host_left_out": left} if left else {}))
+    return by_bench, sources, set_aside
+
+
+def build(paths, gpu: GPUSpec, host_paths=None) -> dict:
+    """A calibration of preset `gpu` from the microbenchmark records in `paths`.
+
+    With `host_paths`, the host terms (`calibrate_host`: host_block_s, host_overlap_k,
+    host_step_s, host_step_layer_s) come from the host-bench records of those files alone,
+    e.g. re-measured on the machine to be planned for, and every other term from `paths`
+    (`gather`); `host_records` then says which files and how many records were set aside.
+    tp_block_scales take the host's time out of the TP blocks' (`calibrate_tp`), so they
+    follow the host terms too.
+    """
+    by_bench, sources, set_aside = gather(paths, gpu, host_paths)
     for bench in ("matmul", "attention"):
         if not by_bench[bench]:  # the pieces' scales are relative to these two fractions
             raise CalibrationError(f"no {bench!r} microbenchmark records in {list(map(str, paths))}"
@@ -214,7 +260,9 @@ def build(paths, gpu: GPUSpec) -> dict:
         scales = {"attention_curve": curve, **scales}
     return {
         "gpu": gpu.name, "card": sorted({r["card"] for v in by_bench.values() for r in v}),
-        "label": f"{gpu.name} ({n} microbenchmark records, {day})",
+        "label": f"{gpu.name} ({n} microbenchmark records, {day}"
+                 + (f"; host terms from {', '.join(Path(p).name for p in host_paths)})"
+                    if host_paths else ")"),
         "peak_bf16_tflops": gpu.bf16_tflops,
         "matmul_efficiency": mm["fraction"], "attention_efficiency": att["fraction"],
         "memory_efficiency": scales.get("memory_efficiency"),
@@ -223,6 +271,8 @@ def build(paths, gpu: GPUSpec) -> dict:
                    "attention_efficiency": gpu.attention_efficiency,
                    "memory_efficiency": gpu.memory_efficiency},
         "matmul": mm, "attention": att, "collectives": coll, "sources": sources,
+        **({} if set_aside is None else {"host_records": {
+            "from": [str(p) for p in host_paths], "set_aside": set_aside}}),
         "notes": [
             "memory_efficiency: " + ("device copy bandwidth / datasheet"
                                      if "memory_efficiency" in scales else
@@ -234,6 +284,8 @@ def build(paths, gpu: GPUSpec) -> dict:
             + "; backward shapes are not measured",
             "collectives: fitted on the largest world recorded, inside one node (NVLink); "
             "the planner uses them for groups inside a node, the cluster's figures across",
+            *([f"host terms: the host-bench records of {[str(p) for p in host_paths]} only; "
+               f"{set_aside} of the other files' set aside"] if host_paths else []),
         ],
     }
 

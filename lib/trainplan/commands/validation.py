@@ -1,7 +1,8 @@
 """`trainplan compare` and `trainplan calibrate`: predicted vs measured, and a card's constants.
 
     trainplan compare [--records FILE ...] [--no-repredict] --json
-    trainplan calibrate --records FILE ... --gpu PRESET [--out PATH] --json
+    trainplan calibrate --records FILE ... [--host-records FILE ...] --gpu PRESET
+        [--out PATH] --json
     trainplan validate --gpus N --suite FILE [FILE ...] --out DIR [--budget-s S]
         [--launches 3] [--only TAG ...] [--skip-micro] [--calibration FILE]
         [--continue-from DIR] [--sweep] --json
@@ -10,7 +11,9 @@
 data/measurements/*.jsonl) and prints the error table (`trainplan.compare.accuracy`).
 `calibrate` fits the card's efficiency constants to microbenchmark records
 only and writes data/hardware/calibration/<gpu>.yaml (or --out); the
-planner then uses them for that card (`trainplan.calibrate.fit`). `validate`
+planner then uses them for that card (`trainplan.calibrate.fit`); with --host-records
+the host terms come from those files' host-bench records alone (this machine's host) and
+the host-bench records of --records are set aside. `validate`
 runs microbenchmarks, calibration, a suite (predictions first) and the
 comparison in one command, everything under DIR (`trainplan.validate`).
 `compare` adds weak-scaling efficiency where the records allow
@@ -37,6 +40,10 @@ def register(verbs) -> None:
     p = verbs.add_parser("calibrate", help="a card's efficiency constants from microbenchmarks")
     p.add_argument("--records", nargs="+", required=True, metavar="FILE",
                    help="files holding microbenchmark records")
+    p.add_argument("--host-records", nargs="+", default=None, metavar="FILE",
+                   help="the host terms from these files' host-bench records only (bench.micro "
+                        "--benches host,host-step on this machine); those in --records are "
+                        "set aside")
     p.add_argument("--gpu", required=True, help="GPU preset the records calibrate")
     p.add_argument("--out", default=None,
                    help="where to write (default: data/hardware/calibration/GPU.yaml)")
@@ -105,7 +112,7 @@ def cmd_calibrate(args) -> dict:
     from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
 
     gpu = load_gpu(args.gpu, calibrated=False)
-    cal = calibrate.build(args.records, gpu)  # raises before anything is written
+    cal = calibrate.build(args.records, gpu, args.host_records)  # raises before writing
     path = calibrate.write(cal, args.out or calibration.path_for(gpu.name))
     return {"path": str(path), **cal}
 
@@ -207,4 +214,8 @@ def format_calibrate(out: dict) -> str:
         lines.append(f"  {op:<15} alpha {f['latency_us']:.1f} us, bus bandwidth "
                      f"{f['busbw_gbps']:.0f} GB/s (fit |error| median "
                      f"{f['rel_error_median']:.1%}, max {f['rel_error_max']:.1%})")
+    if "host_records" in out:
+        host = out["host_records"]
+        lines.append(f"  host terms from   {', '.join(host['from'])} only; "
+                     f"{host['set_aside']} host-bench record(s) of --records set aside")
     return "\n".join(lines)
