@@ -83,3 +83,26 @@ def test_annotations_are_not_counted():
         {"matmul": 100e-6, "collectives": 40e-6, "optimizer": 10e-6})
     assert got["busy_s"] == pytest.approx(150e-6)
     assert [k["kernel"][:5] for k in got["top_kernels"]] == ["nvjet", "ncclD", "void "]
+
+
+def test_every_rank_writes_its_own_buckets(tmp_path, monkeypatch):
+    """With --every-rank a rank other than 0 writes its kernel buckets beside rank 0's file
+    (pipeline stages run different kernels); without it, it writes nothing."""
+    model = tmp_path / "tiny.yaml"
+    model.write_text("n_layers: 2\nhidden: 64\nn_heads: 4\nffn: 128\nvocab: 256\n")
+    out = tmp_path / "prof.json"
+    args = ["--profile-out", str(out), "--active", "2", "--model", str(model), "--seq-len", "16",
+            "--steps", "5", "--warmup", "1", "--synthetic", "--cpu"]
+    monkeypatch.setattr(profile, "_rank", lambda: 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert profile.main(args) == 0
+        assert not out.exists() and not profile.rank_path(str(out), 1).exists()
+        assert profile.main([*args, "--every-rank"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    got = json.loads(profile.rank_path(str(out), 1).read_text())
+    assert profile.rank_path(str(out), 1).name == "prof.rank1.json" and not out.exists()
+    assert got["rank"] == 1 and got["active_steps"] == 2 and got["busy_s"] > 0
+    assert got["busy_s"] == pytest.approx(sum(got["buckets_s_per_step"].values()))

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 -m trainplan.bench.observe.profile \
         --profile-out prof.json [--impl trainplan|hf-baseline] [--sdpa cudnn] \
-        [--active 3] [train.py flags]
+        [--active 3] [--every-rank] [train.py flags]
 
 Profile before optimising. The run is train.py's own (its loop,
 data, loss, optimizer and layout: nothing copied); this entry only counts
@@ -13,6 +13,8 @@ kernel time per step in buckets (matmul, attention, fused element-wise
 timed step of the same steps, so that the gap to the matmul ceiling is a sum
 of named terms. Collective kernels overlap compute, so the buckets can add up
 to more than the step: `busy_s` is the union's upper bound, not the wall.
+`--every-rank`: the other ranks write their own buckets beside it
+(prof.rank1.json, ...), where ranks do different work (pipeline stages).
 
 `--sdpa` picks the attention backend before anything is compiled (the
 choice is baked into compiled graphs): default, flash, cudnn, efficient.
@@ -26,6 +28,7 @@ import os
 import re
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 
@@ -92,7 +95,20 @@ def parse(argv):
     p.add_argument("--impl", choices=("trainplan", "hf-baseline"), default="trainplan")
     p.add_argument("--sdpa", choices=SDPA, default="default")
     p.add_argument("--active", type=int, default=3, help="steps recorded after the warm-up")
+    p.add_argument("--every-rank", action="store_true",
+                   help="ranks other than 0 also write their kernel buckets, to PATH's name "
+                   "with .rankN before its suffix (pipeline stages differ)")
     return p.parse_known_args(argv)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def rank_path(path: str, rank: int) -> Path:
+    """Where rank `rank` (> 0) writes its buckets: prof.json -> prof.rank1.json."""
+    out = Path(path)
+    return out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
 
 
 def main(argv=None) -> int:
@@ -127,8 +143,15 @@ def main(argv=None) -> int:
             code = train.main([*rest, "--impl", mine.impl])
     finally:
         step_mod.train_step, train.summarise = real_step, real_summarise
-    if code or int(os.environ.get("RANK", 0)) != 0:
+    rank = _rank()
+    if code or (rank != 0 and not mine.every_rank):
         return code
+    if rank != 0:  # its own kernels only: the step's summary is rank 0's
+        with open(rank_path(mine.profile_out, rank), "w") as f:
+            json.dump({"rank": rank, "active_steps": active, "provenance": provenance(),
+                       **summarise(prof.key_averages(), active,
+                                   device=torch.cuda.is_available())}, f, indent=1)
+        return 0
     # the profiler's active steps; the last one also runs the profiler's stop and trace
     # collection (0.4-0.9 s on 4 x H100), so the step is their median, not their mean
     recorded = summary.get("step_times_s", [])[1:1 + active]
