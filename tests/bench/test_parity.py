@@ -9,8 +9,8 @@ relative tolerance RTOL. The gradient norm is compared too because Adam is
 blind to a gradient scale error (a sum where a mean belongs) that the loss
 alone would not show. Observed differences: 0 or ~1e-7 for DDP, FSDP2 and
 pipeline layouts, up to ~5e-7 where tensor parallel splits the matmul
-reductions (gradient norm ~5e-6 at tp 2-4, ~3e-5 at tp 8); RTOL leaves a
-factor of 4 or more.
+reductions (gradient norm ~5e-6 at tp 2-4, ~3e-5 at tp 8), ~1e-7 (loss) and
+~7e-6 (gradient norm) with `--loss fused`; RTOL leaves a factor of 4 or more.
 
 Layouts run in groups, one launch per group (`trainplan.bench.series.sweep`):
 starting torch and gloo, and DTensor's first step, are most of the cost on
@@ -44,6 +44,11 @@ DATA_PARALLEL_2 = {
     "fsdp-zero3-full-ac": "--dp 2 --zero 3 --recompute full",
     "fsdp-zero2-selective-ac": "--dp 2 --zero 2 --recompute selective",
     "hsdp-replicate2": "--dp 2 --zero 3 --dp-shard 1",
+    # the fused loss (harness/loss.py) against the standard loss's single process
+    "ddp-fused": "--dp 2 --loss fused",
+    "fsdp-zero2-accum2-fused": "--dp 2 --zero 2 --grad-accum 2 --loss fused --loss-chunk 24",
+    "fsdp-zero3-accum2-fused": "--dp 2 --zero 3 --grad-accum 2 --loss fused",
+    "hsdp-replicate2-fused": "--dp 2 --zero 3 --dp-shard 1 --loss fused",
 }
 MODEL_PARALLEL_2 = {
     "tp2-sp": "--tp 2",

@@ -65,6 +65,9 @@ HARNESS_FLAGS = {  # flag -> (type, help); passed on to train.py as given
     "precision": (lambda t: _choice(t, ("bf16", "fp8")),
                   "fp8: block linears in torchao float8 (GPU of compute capability >= 8.9)"),
     "fp8_recipe": (lambda t: _choice(t, ("tensorwise", "rowwise")), "fp8 scaling recipe"),
+    "loss": (lambda t: _choice(t, ("standard", "fused")),
+             "fused: output layer + cross-entropy chunk by chunk (one process, DDP, FSDP2)"),
+    "loss_chunk": (positive_int, "tokens per chunk of --loss fused"),
 }
 SWITCHES = ("compile", "synthetic", "cpu", "pin_memory", "no_sequence_parallel", "no_progress",
             "pad")
@@ -162,6 +165,7 @@ def _check_harness(args, argv: list[str]) -> None:
         last = [ln for ln in err.getvalue().splitlines() if ln.strip()][-1:]
         raise UsageError(f"harness flags: {last[0].split('error: ', 1)[-1] if last else argv}"
                          ) from None
+    targs.impl = args.impl  # train.py gets it from torchrun_command; its checks read it
     train.check_args(targs)
     spec = train.load_spec(targs)
     cfg = train.layout(targs)

@@ -70,7 +70,8 @@ def stamp(rec: dict) -> datetime:
 
 
 def extras(rec: dict) -> dict:
-    """Layout fields beyond the schema's, and the sequence length, where the record has them."""
+    """Layout fields beyond the schema's, and the sequence length, where the record has them;
+    precision and loss always (records from before them: bf16, standard)."""
     if rec["kind"] == "prediction":
         cfg = rec.get("config") or {}
         src, seq = cfg.get("full_layout") or {}, cfg.get("seq_len")
@@ -78,6 +79,7 @@ def extras(rec: dict) -> dict:
         src, seq = rec["layout"], rec.get("seq_len")
     out = {k: src[k] for k in EXTRA_KEYS if k in src}
     out.update(precision_of(rec))
+    out["loss"] = rec["layout"].get("loss") or "standard"  # fused or not: never one series
     if seq is not None:
         out["seq_len"] = seq
     return out

@@ -22,6 +22,7 @@ from trainplan.specs import ModelSpec
 from trainplan.specs.layouts import Layouts, shard_degree
 
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
+FUSED_CHUNK = 4096  # tokens per chunk of the fused loss: bench.harness.loss.DEFAULT_CHUNK
 NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
 
 
@@ -139,13 +140,30 @@ def compiled_logits_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
     return 4.0 * tokens * m.vocab / np.asarray(tp)
 
 
+def fused_logits_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, chunk=FUSED_CHUNK):
+    """Output layer and loss fused and chunked (`bench.harness.loss`, `--loss fused`).
+
+    Per chunk of c = min(chunk, b s / cp) tokens: bf16 logits (2), their fp32
+    upcast (4), the fp32 softmax turned gradient (4) and its bf16 cast (2), 12 c V
+    bytes, freed before the next chunk; held to the backward: the gradient of the
+    hidden states (2 b s / cp H) and of the output weight, accumulated in fp32 and
+    kept in bf16 (6 V H). No tensor parallel (the harness refuses it). Not measured.
+    """
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    chunk_tokens = np.minimum(chunk, tokens)
+    return 12.0 * chunk_tokens * m.vocab + 2.0 * tokens * m.hidden + 6.0 * m.vocab * m.hidden
+
+
 def head_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, compiled_loss,
-                    logits_scale=1.0):
-    """The head's peak bytes: `compiled_logits_bytes` if the loss is compiled, else
-    `logits_scale` x `logits_bytes` (the scale is measured on the unfused, eager head)."""
+                    logits_scale=1.0, fused_loss=False):
+    """The head's peak bytes: `fused_logits_bytes` for the fused loss, else
+    `compiled_logits_bytes` if the loss is compiled, else `logits_scale` x `logits_bytes`
+    (the scale is measured on the unfused, eager head)."""
     kw = dict(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp)
-    return np.where(compiled_loss, compiled_logits_bytes(m, **kw),
-                    logits_scale * logits_bytes(m, **kw))
+    return np.where(fused_loss, fused_logits_bytes(m, seq_len=seq_len, micro_batch=micro_batch,
+                                                   cp=cp),
+                    np.where(compiled_loss, compiled_logits_bytes(m, **kw),
+                             logits_scale * logits_bytes(m, **kw)))
 
 
 def layer_kept_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, recompute,
@@ -171,7 +189,8 @@ def sequence_parallel_on(L: Layouts):
 
 
 def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale=1.0,
-                     logits_scale=1.0, compiled_loss=False, path=None, compiled=None):
+                     logits_scale=1.0, compiled_loss=False, path=None, compiled=None,
+                     fused_loss=False):
     """Peak activation bytes on the worst stage of each layout in `L`: the first (most in
     flight) or the last (logits).
 
@@ -183,7 +202,8 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     for the rebuilt block) are the measured kept / analytic bytes of a block,
     `logits_scale` the eager head's measured peak / analytic logits bytes
     (`trainplan.calibrate.pieces`; 1 when uncalibrated); a compiled loss is
-    priced by `compiled_logits_bytes` instead (`head_peak_bytes`).
+    priced by `compiled_logits_bytes` instead, the fused loss (`fused_loss`) by
+    `fused_logits_bytes` (`head_peak_bytes`).
 
     `path` (`memory_runtime.harness_path`; None = the analytic terms alone) adds
     what the harness's precision path keeps on top, each term in `memory_runtime`:
@@ -212,7 +232,8 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     in_flight = microbatches_in_flight(pp, grad_accum, L.pp_schedule, L.pp_virtual)
     head_tp = np.where(np.asarray(tp) > 1, 1, tp) if extras else tp  # `head_input_bytes`
     logits = head_peak_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=head_tp, cp=cp,
-                             compiled_loss=compiled_loss, logits_scale=logits_scale) \
+                             compiled_loss=compiled_loss, logits_scale=logits_scale,
+                             fused_loss=fused_loss) \
         + extras * rt.head_input_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
                                        tp=tp, cp=cp)
     buffers = extras * rt.pp_buffer_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
@@ -260,7 +281,8 @@ def grads_at_peak(grads, activations, *, grad_accum, pp):
 
 
 def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuilt_scale=1.0,
-              logits_scale=1.0, compiled_loss=False, compiled=None, gpu=None) -> dict:
+              logits_scale=1.0, compiled_loss=False, compiled=None, gpu=None,
+              fused_loss=False) -> dict:
     """Bytes per GPU at the step's peak of each layout in `L`, by term: params, grads,
     optimizer, activations, other, total.
 
@@ -275,7 +297,8 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     measured `fragmentation_scales` for the layout's wrapper; None or none measured:
     `memory_runtime.FRAGMENTATION`): the peak is `torch.cuda.max_memory_reserved`.
     Memory outside PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
-    instead, in `fits`. `compiled` (default: `compiled_loss`) says the blocks run compiled.
+    instead, in `fits`. `compiled` (default: `compiled_loss`) says the blocks run compiled;
+    `fused_loss` that the loss is the harness's `--loss fused` (`fused_logits_bytes`).
     """
     dp, tp, pp, cp, ep, zero, dp_shard = L.dp, L.tp, L.pp, L.cp, L.ep, L.zero, L.dp_shard
     grad_accum = L.grad_accum
@@ -283,7 +306,8 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     sharding = dict(tp=tp, pp=pp, ep=ep, zero=zero, dp_shard=dp_shard, cp=cp)
     activations = activation_bytes(
         m, L, seq_len=seq_len, scale=activation_scale, full_scale=rebuilt_scale,
-        logits_scale=logits_scale, compiled_loss=compiled_loss, path=path, compiled=compiled)
+        logits_scale=logits_scale, compiled_loss=compiled_loss, path=path, compiled=compiled,
+        fused_loss=fused_loss)
     weights, optimizer = rt.state_bytes(m, path=path, **sharding)
     grads = rt.grad_bytes(m, path=path, grad_accum=grad_accum, **sharding)
     terms = {

@@ -20,18 +20,28 @@ autocast is on, else the inputs' dtype), log-softmax in fp32, dlogits cast
 back to the compute dtype for the two gradient matmuls; the weight gradient
 is accumulated over chunks in fp32.
 
-Off by default; not wired into the model yet (the lead's README lines say
-how). Every label must be a real class (no ignore_index): our loader packs
-sequences without padding.
+Labels equal to IGNORE (-100, `data.rows.IGNORE`: prompts and padding of
+instruction data) carry no loss, as in F.cross_entropy's default: the mean
+is over the positions with a loss, a chunk without any adds nothing, and with
+none at all the loss is nan and every gradient zero (what F.cross_entropy
+gives). The count is a tensor, so a compiled chunk serves every mask.
+
+In the harness: `--loss fused` (train.py) turns the model's `output` into a
+`LinearCrossEntropy`; the model's forward then stops at the final norm and
+the step's loss calls that module with (h, labels), so FSDP2's hooks on it
+gather the weight and reduce-scatter its gradient (parallelize.apply_fsdp).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from trainplan.errors import SpecError
+from trainplan.errors import SpecError, TrainplanError
 
 DEFAULT_CHUNK = 4096  # tokens per chunk: a (4096, 32000) fp32 chunk is 0.5 GiB
+IGNORE = -100  # F.cross_entropy's default ignore_index; data.rows.IGNORE
+LOSSES = ("standard", "fused")
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -39,14 +49,22 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else t.dtype
 
 
-def _chunk_grad(logits: torch.Tensor, labels: torch.Tensor, n_total: int, dtype: torch.dtype):
-    """(loss sum over the chunk, dlogits of the mean loss) from (c, V) logits; fp32 inside."""
+def _chunk_grad(logits: torch.Tensor, labels: torch.Tensor, n_total: torch.Tensor,
+                dtype: torch.dtype):
+    """(loss sum over the chunk, dlogits of the mean loss) from (c, V) logits; fp32 inside.
+
+    `n_total`: positions with a loss in the whole batch (a tensor, >= 1); rows whose label
+    is IGNORE add no loss and get zero dlogits.
+    """
     logits = logits.float()
+    keep = labels != IGNORE  # (c,)
+    safe = torch.where(keep, labels, 0)[:, None]  # any real class; masked below
     lse = torch.logsumexp(logits, dim=-1)  # (c,)
-    target = logits.gather(1, labels[:, None]).squeeze(1)  # (c,)
+    target = logits.gather(1, safe).squeeze(1)  # (c,)
     probs = torch.exp(logits - lse[:, None])  # softmax (c, V)
-    probs.scatter_add_(1, labels[:, None], torch.full_like(target, -1.0)[:, None])
-    return (lse - target).sum(), (probs / n_total).to(dtype)
+    probs.scatter_add_(1, safe, torch.full_like(target, -1.0)[:, None])
+    scale = keep.float() / n_total  # (c,): 1/N for a position with a loss, else 0
+    return torch.where(keep, lse - target, 0.0).sum(), (probs * scale[:, None]).to(dtype)
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -56,17 +74,19 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(h.device.type, enabled=False):
             hc_all, w = h.to(dtype), weight.to(dtype)
             n = hc_all.shape[0]
+            count = (labels != IGNORE).sum()  # positions with a loss; 0 gives nan, as F does
+            n_grad = count.clamp(min=1).float()
             grad_h = torch.empty_like(hc_all)
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
             loss = torch.zeros((), dtype=torch.float32, device=h.device)
             for s in range(0, n, chunk):
                 hc = hc_all[s:s + chunk]  # (c, H)
-                part, dlogits = chunk_fn(hc @ w.t(), labels[s:s + chunk], n, dtype)
+                part, dlogits = chunk_fn(hc @ w.t(), labels[s:s + chunk], n_grad, dtype)
                 loss += part
                 grad_h[s:s + chunk] = dlogits @ w  # (c, H)
                 grad_w += (dlogits.t() @ hc).float()  # (V, H)
         ctx.save_for_backward(grad_h.to(h.dtype), grad_w.to(weight.dtype))
-        return loss / n
+        return loss / count
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -84,7 +104,7 @@ def fused_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: to
     h: (N, H) or (B, S, H) final hidden states (after the last norm);
     weight: (V, H), the output layer's; labels: (N,) or (B, S) class ids.
     Equals `step.cross_entropy(F.linear(h, weight), labels)` in value and
-    gradients (tests/bench/test_loss.py). `compile` fuses each chunk's
+    gradients, IGNORE labels included (tests/bench/test_loss.py). `compile` fuses each chunk's
     element-wise work (upcast, log-sum-exp, softmax, scatter, cast) into one
     kernel; pick `chunk` dividing N so one graph serves every chunk.
     """
@@ -100,3 +120,68 @@ def fused_linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: to
             _compiled_chunk = torch.compile(_chunk_grad, dynamic=False)
         fn = _compiled_chunk
     return _FusedLinearCrossEntropy.apply(h2, weight, y, chunk, fn)
+
+
+class LinearCrossEntropy(nn.Linear):
+    """The output layer as the loss: forward(h (B, S, H), labels (B, S)) -> the mean
+    cross-entropy of h W^T (`fused_linear_cross_entropy`). It holds the very `weight`
+    Parameter of the layer it replaces, so names, a tie to the embedding, initialisation
+    (model.init_normal) and checkpoints are those of the standard path."""
+
+    def __init__(self, linear: nn.Linear, chunk: int = DEFAULT_CHUNK, compile: bool = False):
+        nn.Module.__init__(self)  # not nn.Linear's: it would draw a new weight
+        if linear.bias is not None:
+            raise SpecError("fused loss: the output layer has a bias; use --loss standard")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.register_parameter("bias", None)
+        self.chunk, self.compile_chunk = chunk, compile
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return fused_linear_cross_entropy(h, self.weight, labels, self.chunk,
+                                          self.compile_chunk)
+
+
+def add_arguments(p) -> None:
+    """--loss standard|fused and --loss-chunk (train.py)."""
+    g = p.add_argument_group("loss (trainplan.bench.harness.loss)")
+    g.add_argument("--loss", default="standard", choices=LOSSES,
+                   help="fused: output layer and cross-entropy chunk by chunk, the (B, S, V) "
+                        "logits never whole (one process, DDP, FSDP2)")
+    g.add_argument("--loss-chunk", type=int, default=DEFAULT_CHUNK,
+                   help="with --loss fused: tokens per chunk (best a divisor of micro-batch x "
+                        "seq-len, so one compiled graph serves every chunk)")
+
+
+def check(args) -> None:
+    """Refuse (one line) `--loss fused` where it is not built: tensor parallel (its output
+    is vocab-sharded), pipeline stages, context parallel, the `transformers` baseline."""
+    if getattr(args, "loss", "standard") != "fused":
+        return
+    chunk = args.loss_chunk
+    if chunk < 1:
+        raise TrainplanError(f"--loss-chunk = {chunk} must be a whole number >= 1")
+    supported = "it runs on one process, DDP and FSDP2 (ZeRO 1-3, HSDP)"
+    for flag in ("tp", "pp", "cp"):
+        if getattr(args, flag) > 1:
+            raise TrainplanError(f"--loss fused with --{flag} {getattr(args, flag)}: {supported}"
+                                 "; not with tensor, pipeline or context parallel; use "
+                                 f"--{flag} 1 or --loss standard")
+    if getattr(args, "impl", "trainplan") != "trainplan":
+        raise TrainplanError(f"--loss fused with --impl {args.impl}: {supported} on the "
+                             "harness's own model; use --loss standard")
+
+
+def for_model(model: nn.Module, args):
+    """With `--loss fused`: swap `model.output` for a `LinearCrossEntropy` in place (the
+    model's forward then returns the final-norm hidden states) and return it, the step's
+    loss function `(h, labels) -> loss`; else None."""
+    if getattr(args, "loss", "standard") != "fused":
+        return None
+    model.output = LinearCrossEntropy(model.output, args.loss_chunk, args.compile)
+    return model.output
+
+
+def layout_fields(args) -> dict:
+    """The record's layout field of the loss: {"loss": "standard" | "fused"}."""
+    return {"loss": getattr(args, "loss", "standard")}

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainplan.bench.harness.loss import LinearCrossEntropy
 from trainplan.errors import SpecError
 from trainplan.specs import ModelSpec
 
@@ -206,7 +207,9 @@ class Transformer(nn.Module):
         for layer in self.layers.values():
             h = layer(h, self.rope_cos, self.rope_sin)  # (B, S, H)
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h  # (B, S, V)
+        if self.output is None or isinstance(self.output, LinearCrossEntropy):
+            return h  # (B, S, H): a stage's output, or the fused loss applies the output layer
+        return self.output(h)  # (B, S, V)
 
 
 def count_params(model: nn.Module) -> int:

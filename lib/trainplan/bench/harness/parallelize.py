@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainplan.bench.harness import context
+from trainplan.bench.harness.loss import LinearCrossEntropy
 from trainplan.bench.harness.model import Transformer
 from trainplan.errors import LayoutError
 from trainplan.specs import ModelSpec, ParallelConfig
@@ -322,13 +323,18 @@ def apply_compile(model: Transformer) -> None:
 
 
 def apply_fsdp(model: nn.Module, mesh, *, reshard: bool, mixed_precision: bool) -> None:
-    """FSDP2 per block, then the root (embeddings, final norm, output) as one group."""
+    """FSDP2 per block, then the root (embeddings, final norm, output) as one group. The
+    fused loss calls `output` after the forward: then, untied, it is a group of its own whose
+    hooks gather its weight and reduce-scatter its gradient (tied, the root holds it gathered)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if mixed_precision else MixedPrecisionPolicy()
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    out = getattr(model, "output", None)
+    if isinstance(out, LinearCrossEntropy) and out.weight is not model.tok_embeddings.weight:
+        fully_shard(out, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
 
 

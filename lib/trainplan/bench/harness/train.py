@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from trainplan.bench.ckpt import store as ckpt
 from trainplan.bench.harness import affinity, context, feed, float8, hf_baseline, monitor
+from trainplan.bench.harness import loss as loss_mod
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness.model import Transformer, count_params, slice_spec
@@ -87,6 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ckpt.add_arguments(p)  # --ckpt-dir --ckpt-every --ckpt-keep --ckpt-async --resume ...
     monitor.add_arguments(p)  # --metrics --straggler-tolerance --alert-tokens-per-s-per-gpu ...
     float8.add_arguments(p)  # --precision bf16|fp8 --fp8-recipe tensorwise|rowwise
+    loss_mod.add_arguments(p)  # --loss standard|fused --loss-chunk
     return p.parse_args(argv)
 
 
@@ -111,6 +113,7 @@ def check_args(args) -> None:
         raise TrainplanError(f"--records {args.records}: measurement records are for GPU runs "
                              "(MFU needs a GPU peak); leave --records out on CPU, or give "
                              "--peak-tflops (tests)")
+    loss_mod.check(args)  # before cp's device check: one line names --loss fused
     context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
     float8.check(args, cpu)
     feed.check_args(args)
@@ -143,11 +146,11 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device, mesh):
     same weights as a single process, as the loss-parity tests need.
     """
     sharded = cfg.world > 1 and (cfg.zero > 0 or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1)
-    loss_fn = step_mod.loss_function(args.compile)
     meta = device.type == "cuda" and sharded
     torch.manual_seed(args.seed)
     with torch.device("meta" if meta else device):
         model = Transformer.from_spec(spec, max_seq_len=args.seq_len)
+    loss_fn = loss_mod.for_model(model, args) or step_mod.loss_function(args.compile)
     n_params = count_params(model)
     attach = float8.convert_for(model, cfg, args)  # fp8 before any parallelism (torchtitan)
     result = par_mod.parallelize(model, cfg, mesh, compile=args.compile, device=device,
@@ -306,7 +309,7 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
                    "grad_accum": cfg.grad_accum, "recompute": cfg.recompute,
                    "compile": args.compile, "sequence_parallel": cfg.sequence_parallel,
                    "pp_schedule": cfg.pp_schedule, "pp_virtual": cfg.pp_virtual,
-                   **float8.layout_fields(args)},
+                   **float8.layout_fields(args), **loss_mod.layout_fields(args)},
         "gpus": world if device.type == "cuda" else 0,
         "ranks": world,
         "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

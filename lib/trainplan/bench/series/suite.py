@@ -50,6 +50,7 @@ LAYOUT_FLAGS = ("dp", "tp", "pp", "cp", "zero", "dp_shard", "micro_batch", "grad
                 "recompute", "pp_schedule", "pp_virtual")
 IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
 PRECISIONS, RECIPES = ("bf16", "fp8"), ("tensorwise", "rowwise")  # `precision:`, `fp8_recipe:`
+LOSSES = ("standard", "fused")  # a config's `loss:`, train.py's --loss (harness/loss.py)
 
 
 def load_suite(path: str) -> dict:
@@ -77,6 +78,9 @@ def load_suite(path: str) -> dict:
                 not in RECIPES:
             raise SpecError(f"suite {path}: config {tag} precision = {quote(prec)}; use "
                             f"precision {list(PRECISIONS)} and fp8_recipe {list(RECIPES)}")
+        if loss_of(suite, c)["loss"] not in LOSSES:
+            raise SpecError(f"suite {path}: config {tag} loss = {quote(loss_of(suite, c)['loss'])}"
+                            f"; use one of {list(LOSSES)}")
         if c.get("impl", "trainplan") not in IMPLS:
             raise SpecError(f"suite {path}: config {tag} has impl = {quote(c['impl'])}; "
                             f"use one of {list(IMPLS)}")
@@ -101,6 +105,12 @@ def precision(suite: dict, cfg: dict) -> dict:
     value = cfg.get("precision", suite.get("precision", "bf16"))
     recipe = cfg.get("fp8_recipe", suite.get("fp8_recipe", RECIPES[0]))
     return {"precision": value, **({"fp8_recipe": recipe} if value == "fp8" else {})}
+
+
+def loss_of(suite: dict, cfg: dict) -> dict:
+    """A config's {"loss"} (its own, else the suite's, else standard): the records' layout
+    field; fused is the chunked output layer + cross-entropy (`bench.harness.loss`)."""
+    return {"loss": cfg.get("loss", suite.get("loss", "standard"))}
 
 
 def seq_len(suite: dict, cfg: dict) -> int:
@@ -144,7 +154,7 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     predicted["memory_gib"] = p["memory_gib"]
     predicted["time_breakdown_s"] = p["time_breakdown_s"]
     layout = {**{k: lay[k] for k in LAYOUT_FIELDS},
-              "compile": bool(cfg.get("compile", False)), **prec}
+              "compile": bool(cfg.get("compile", False)), **prec, **loss_of(suite, cfg)}
     return records.prediction_record(
         model=model_name(suite, cfg), layout=layout, gpus=cfg["gpus"], card=card,
         predicted=predicted,
@@ -179,6 +189,8 @@ def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
         cmd.append("--compile")
     for key, value in precision(suite, cfg).items():  # bf16 is train.py's default too
         cmd += [f"--{key.replace('_', '-')}", value] if value != "bf16" else []
+    if loss_of(suite, cfg)["loss"] != "standard":  # train.py's default
+        cmd += ["--loss", loss_of(suite, cfg)["loss"]]
     if cfg.get("layers"):
         cmd += ["--layers", str(cfg["layers"])]
     cmd += [str(a) for a in cfg.get("extra_args", suite.get("extra_args", []))]
@@ -345,5 +357,5 @@ def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
         "model": base_model(suite, cfg), "gpus": cfg["gpus"], "card": card_name(),
         "seq_len": seq_len(suite, cfg),
         "layout": {**full_layout(cfg), "compile": bool(cfg.get("compile", False)),
-                   **precision(suite, cfg)},
+                   **precision(suite, cfg), **loss_of(suite, cfg)},
         "compile": bool(cfg.get("compile", False)), "launch": launch, "reason": reason})
