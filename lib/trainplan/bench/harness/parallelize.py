@@ -103,14 +103,10 @@ def check_layout(cfg: ParallelConfig, spec: ModelSpec, world: int, *,
 
 
 def build_mesh(cfg: ParallelConfig, device_type: str):
-    """A 5-D DeviceMesh (pp, dp_replicate, dp_shard, cp, tp); None on a single rank.
-
-    Every dimension is kept, size 1 or not, so steps can slice it by name.
-    Ranks are laid out tp fastest (inside a node, where NVLink is), then the
-    context-parallel ring, then the FSDP shard group, then replicas, then
-    pipeline stages (torchtitan's order). With cp > 1 the mesh also has
-    dp_shard_cp, the flattened dp_shard x cp that FSDP2 shards over.
-    """
+    """A 5-D DeviceMesh (pp, dp_replicate, dp_shard, cp, tp), every dimension kept so steps
+    slice it by name; None on a single rank. Ranks run tp fastest (inside a node, on NVLink),
+    then the context-parallel ring, the FSDP shard group, replicas, pipeline stages
+    (torchtitan's order); with cp > 1 also dp_shard_cp, the dp_shard x cp FSDP2 shards over."""
     if cfg.world == 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh
@@ -323,9 +319,8 @@ def apply_compile(model: Transformer) -> None:
 
 
 def apply_fsdp(model: nn.Module, mesh, *, reshard: bool, mixed_precision: bool) -> None:
-    """FSDP2 per block, then the root (embeddings, final norm, output) as one group. The
-    fused loss calls `output` after the forward: then, untied, it is a group of its own whose
-    hooks gather its weight and reduce-scatter its gradient (tied, the root holds it gathered)."""
+    """FSDP2 per block, then the root (embeddings, final norm, output) as one group; the fused
+    loss's untied `output`, called after the forward, is a group of its own (its own hooks)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
@@ -343,12 +338,10 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh, *, compile: bool 
                 loss_fn=None) -> Parallelized:
     """Turn one plain model into what this rank trains under layout `cfg`.
 
-    `model` is the whole model (on the meta device or materialised); with
-    pp > 1 it is split and only this rank's stages are kept. `loss_fn(logits,
-    labels)` is needed for pp > 1 (the last stage computes the loss).
-    `mixed_precision` turns on bf16 parameters with fp32 gradient reduction
-    inside FSDP2; the caller autocasts where FSDP is not used.
-    """
+    `model` is the whole model (on the meta device or materialised); with pp > 1 it is split
+    and only this rank's stages are kept. `loss_fn(logits, labels)` is needed for pp > 1 (the
+    last stage computes the loss). `mixed_precision`: bf16 parameters with fp32 gradient
+    reduction inside FSDP2; the caller autocasts where FSDP is not used."""
     device = device or torch.device("cpu")
     world = dist.get_world_size() if dist.is_initialized() else 1
     check_layout(cfg, model.spec, world)

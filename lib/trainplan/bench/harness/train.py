@@ -12,7 +12,8 @@ ranks), and the loss of every step. Rank 0 prints the summary as one JSON line a
 
 Precision: fp32 on CPU (so layouts match a single process closely). On GPU, bf16 compute
 with fp32 gradient reduction: inside FSDP2 through its MixedPrecisionPolicy where FSDP is
-used, else by autocast; `--precision fp8` adds torchao float8 linears (float8.py).
+used, else by autocast; `--precision fp8` adds torchao float8 linears (float8.py). `--loss
+fused` applies the output layer chunk by chunk inside the loss (loss.py): no whole logits.
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--dp", type=int, default=1, help="data-parallel degree")
     a("--tp", type=int, default=1, help="tensor-parallel degree (with sequence parallel)")
     a("--pp", type=int, default=1, help="pipeline stages")
-    a("--cp", type=int, default=1, help="context-parallel degree (ring attention; GPU only, "
-                                        "--seq-len divisible by 2 x cp)")
+    a("--cp", type=int, default=1, help="context-parallel degree (ring attention, GPU only)")
     a("--ep", type=int, default=1, help="expert parallel (not implemented: must be 1)")
     a("--zero", type=int, default=0, help="0 DDP, 1-2 FSDP2 no reshard, 3 FSDP2 reshard")
     a("--dp-shard", type=int, default=0, help="ranks per FSDP shard group; < dp is HSDP")
@@ -139,12 +139,10 @@ def init_distributed(force_cpu: bool, timeout=None, pin: str = "none") -> torch.
 def build(spec: ModelSpec, cfg: ParallelConfig, args, device, mesh):
     """Build the model and apply the layout; return (Parallelized, loss function).
 
-    Where parameters are sharded (FSDP or TP) on GPU, the model is built on
-    the meta device and materialised shard by shard after parallelize, so a
-    rank never holds the whole model. Elsewhere (CPU, DDP, one rank) it is
-    built directly from the seed, which makes every layout start from the
-    same weights as a single process, as the loss-parity tests need.
-    """
+    Where parameters are sharded (FSDP or TP) on GPU, the model is built on the meta device and
+    materialised shard by shard after parallelize, so a rank never holds the whole model.
+    Elsewhere (CPU, DDP, one rank) it is built from the seed, so every layout starts from the
+    same weights as a single process, as the loss-parity tests need."""
     sharded = cfg.world > 1 and (cfg.zero > 0 or cfg.tp > 1 or cfg.pp > 1 or cfg.cp > 1)
     meta = device.type == "cuda" and sharded
     torch.manual_seed(args.seed)
@@ -154,8 +152,7 @@ def build(spec: ModelSpec, cfg: ParallelConfig, args, device, mesh):
     n_params = count_params(model)
     attach = float8.convert_for(model, cfg, args)  # fp8 before any parallelism (torchtitan)
     result = par_mod.parallelize(model, cfg, mesh, compile=args.compile, device=device,
-                                 mixed_precision=device.type == "cuda",
-                                 loss_fn=loss_fn)
+                                 mixed_precision=device.type == "cuda", loss_fn=loss_fn)
     attach(result)  # fp8: the weight scales' hook after each optimizer step, a note
     if meta:
         for part in result.parts:
