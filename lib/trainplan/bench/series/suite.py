@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainplan.bench.flags import LOSSES  # a config's `loss:`, train.py's --loss
 from trainplan.calibrate.store import card_preset, load_gpu
 from trainplan.errors import SpecError, TrainplanError
 from trainplan.loader import load_yaml, quote, shown
@@ -50,7 +51,6 @@ LAYOUT_FLAGS = ("dp", "tp", "pp", "cp", "zero", "dp_shard", "micro_batch", "grad
                 "recompute", "pp_schedule", "pp_virtual")
 IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
 PRECISIONS, RECIPES = ("bf16", "fp8"), ("tensorwise", "rowwise")  # `precision:`, `fp8_recipe:`
-LOSSES = ("standard", "fused")  # a config's `loss:`, train.py's --loss (harness/loss.py)
 
 
 def load_suite(path: str) -> dict:
