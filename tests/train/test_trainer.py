@@ -232,3 +232,46 @@ def test_the_check_before_torchrun_leaves_hashes_to_the_ranks(reference, work):
     assert full[0] == "error" and "sha256 mismatch" in full[1], full
     cut = _copy_unverified(reference, work / "cut")
     assert resume_choice(cut, True, False, contents=False) == resume_choice(cut, True, False)
+
+
+def _one_process(work: Path, *flags: str) -> dict:
+    """Three steps in this process (one rank, no wrapper): the trainer's summary."""
+    from trainplan.train import loop
+
+    return loop.run(loop.parse_args([
+        "--model", str(work / "tiny.yaml"), "--data", str(work / "shards"), "--steps", "3",
+        "--seq-len", "32", "--micro-batch", "2", "--grad-accum", "2", "--dp", "1", "--zero",
+        "0", "--lr", "3e-3", "--eval-every", "3", "--eval-batches", "1", "--cpu",
+        "--no-progress", *flags]))
+
+
+def test_fused_loss_trains_as_the_standard_loss(work):
+    """--loss fused reaches the harness's build: the same losses and held-out loss (fp32 on
+    CPU; the chunked sums differ only in order), and the summary names the loss."""
+    fused = _one_process(work, "--loss", "fused", "--loss-chunk", "24")
+    standard = _one_process(work)
+    assert fused["loss"] == "fused" and standard["loss"] == "standard"
+    assert fused["losses"] == pytest.approx(standard["losses"], rel=1e-5)
+    assert fused["evals"][0]["eval_loss"] == pytest.approx(standard["evals"][0]["eval_loss"],
+                                                           rel=1e-5)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--loss", "fused", "--tp", "2"], "--loss fused with --tp 2"),
+    (["--loss", "fused", "--pp", "2"], "--loss fused with --pp 2"),
+    (["--loss", "bogus", "--dp", "2"], "argument --loss: invalid choice: 'bogus' (choose from "
+                                      "'standard', 'fused')"),
+])
+def test_loss_refusals_are_one_line_before_torchrun(work, capsys, flags, words):
+    rc, err = run_cli(["--model", str(work / "tiny.yaml"), "--data", str(work / "shards"),
+                       "--steps", "4", "--nproc-per-node", "2", "--dry-run", "--cpu", *flags],
+                      capsys)
+    assert rc == 2 and words in err and len(err.splitlines()) == 1, err
+
+
+def test_fused_loss_reaches_the_trainer_command(work, capsys):
+    rc = cli.main(["train", "--model", str(work / "tiny.yaml"), "--data", str(work / "shards"),
+                   "--steps", "4", "--nproc-per-node", "2", "--dp", "2", "--dry-run", "--cpu",
+                   "--loss", "fused", "--loss-chunk", "16"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "--loss fused --loss-chunk 16" in out, out

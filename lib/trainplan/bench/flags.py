@@ -1,10 +1,15 @@
-"""The flags the proxy harness and the trainer share: checkpointing, monitoring, precision.
+"""The flags the proxy harness and the trainer share: checkpointing, monitoring, precision,
+the loss.
 
 Argparse only, so that `trainplan train --help` and the command line's checks do not import
-torch; the code that reads them is `bench.ckpt.store` and `bench.harness.monitor`.
+torch; the code that reads them is `bench.ckpt.store`, `bench.harness.monitor`,
+`bench.harness.float8` and `bench.harness.loss`.
 """
 
 from __future__ import annotations
+
+LOSSES = ("standard", "fused")  # --loss (`bench.harness.loss`)
+LOSS_CHUNK = 4096  # --loss-chunk's default: a (4096, 32000) fp32 chunk is 0.5 GiB
 
 
 def add_checkpoint_arguments(p) -> None:
@@ -58,3 +63,14 @@ def add_precision_arguments(p) -> None:
     g.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"),
                    help="fp8 scaling: tensorwise (with FSDP2: weights all-gathered in fp8) or "
                         "rowwise (a scale per row)")
+
+
+def add_loss_arguments(p) -> None:
+    """--loss standard|fused and --loss-chunk (`bench.harness.loss`)."""
+    g = p.add_argument_group("loss (trainplan.bench.harness.loss)")
+    g.add_argument("--loss", default="standard", choices=LOSSES,
+                   help="fused: output layer and cross-entropy chunk by chunk, the (B, S, V) "
+                        "logits never whole (one process, DDP, FSDP2)")
+    g.add_argument("--loss-chunk", type=int, default=LOSS_CHUNK,
+                   help="with --loss fused: tokens per chunk (best a divisor of micro-batch x "
+                        "seq-len, so one compiled graph serves every chunk)")

@@ -72,6 +72,9 @@ def register(verbs) -> None:
                    help="fp8: the block linears in torchao float8 (cost.fp8); H100/H200 only")
     p.add_argument("--fp8-recipe", choices=("tensorwise", "rowwise"), default="tensorwise",
                    help="fp8 scaling: tensorwise (fp8 FSDP2 all-gather) or rowwise")
+    p.add_argument("--loss", choices=("standard", "fused"), default="standard",
+                   help="fused: the output layer and loss chunk by chunk (the harness's --loss "
+                        "fused); plans with tp, pp or cp > 1 are priced standard (each says)")
     add_layout(p)
     p.set_defaults(run=cmd_plan, fmt=format_plan)
 
@@ -98,7 +101,7 @@ def cmd_plan(args) -> dict:
     out = decided(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                   global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args),
                   top=args.top, gpus_per_node=args.gpus_per_node, precision=args.precision,
-                  fp8_recipe=args.fp8_recipe)
+                  fp8_recipe=args.fp8_recipe, loss=args.loss)
     for p in out["plans"]:  # what `trainplan train` and `launch` can run (train.support)
         why = not_runnable({**p["parallel"], "precision": args.precision}, m)
         p["runnable"] = why is None
@@ -118,11 +121,13 @@ def cmd_memory(args) -> dict:
 
 
 def format_plan(out: dict) -> str:
-    fp8 = ""
+    priced = ""  # what the plans were priced with beyond the defaults
     if out.get("precision") == "fp8":
         rate = "measured" if out["fp8"]["validated"] else "GEMM rate not measured"
-        fp8 = f", fp8 {out['fp8']['recipe']} ({rate})"
-    head = (f"{out['model']} on {out['gpus']} x {out['gpu']} ({out['cluster']}){fp8}, seq "
+        priced = f", fp8 {out['fp8']['recipe']} ({rate})"
+    if out.get("loss") == "fused":
+        priced += ", fused loss (data-parallel plans)"
+    head = (f"{out['model']} on {out['gpus']} x {out['gpu']} ({out['cluster']}){priced}, seq "
             f"{out['seq_len']}, {out['global_batch_tokens']:,} tokens a step: "
             f"{out['searched']:,} layouts in {out['elapsed_s']:.3f} s")
     lines = [head, f"{'#':>2}  {'strategy':<28}{'zero':>5}{'mb':>4}{'accum':>6}  {'recompute':<10}"
@@ -139,7 +144,8 @@ def format_plan(out: dict) -> str:
             f"{'yes' if p['fits'] else 'NO':>6}{_band(p['validation']['memory']):>7}"
             f"{p['step_time_s']:>9.3f}"
             f"{p['tokens_per_s_per_gpu']:>11,.0f}{p['mfu']:>7.1%}  {_trust(p['validation'])}"
-            + ("" if p["runnable"] else "; not runnable yet"))
+            + ("" if p["runnable"] else "; not runnable yet")
+            + ("; priced with the standard loss" if p.get("loss") == "standard" else ""))
     why = sorted({p["not_runnable_why"] for p in out["plans"] if not p["runnable"]})
     then = ("`trainplan launch` runs the decision below" if out["decision"]["launchable"]
             else "nothing of this model can be launched yet")

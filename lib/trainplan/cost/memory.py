@@ -18,11 +18,13 @@ import numpy as np
 from trainplan.cost import memory_runtime as rt
 from trainplan.cost import params, ring
 from trainplan.cost.compute import BF16, FULL, SELECTIVE
+from trainplan.errors import SpecError
 from trainplan.specs import ModelSpec
 from trainplan.specs.layouts import Layouts, shard_degree
 
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
 FUSED_CHUNK = 4096  # tokens per chunk of the fused loss: bench.harness.loss.DEFAULT_CHUNK
+LOSSES = ("standard", "fused")  # the harness's --loss (bench.flags.LOSSES)
 NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
 
 
@@ -152,6 +154,16 @@ def fused_logits_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, chunk=FUSED_CH
     tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
     chunk_tokens = np.minimum(chunk, tokens)
     return 12.0 * chunk_tokens * m.vocab + 2.0 * tokens * m.hidden + 6.0 * m.vocab * m.hidden
+
+
+def fused_loss_on(loss: str, *, tp, pp, cp):
+    """Where `loss` ("standard" | "fused") is priced as the fused loss: asked for, and on a
+    layout the harness builds it on (no tensor, pipeline or context parallel:
+    `bench.harness.loss.check`); elsewhere the standard loss. A boolean per layout."""
+    if loss not in LOSSES:
+        raise SpecError(f"loss = {loss!r} is not valid; use one of {list(LOSSES)}")
+    one = (np.asarray(tp) == 1) & (np.asarray(pp) == 1) & (np.asarray(cp) == 1)
+    return one & (loss == "fused")
 
 
 def head_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, compiled_loss,

@@ -60,7 +60,7 @@ def _exposed(comm, window, floor, leak=0.0):
 
 def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
              seq_len: int, compiled: bool = True, precision: str = "bf16",
-             fp8_recipe: str = "tensorwise") -> pd.DataFrame:
+             fp8_recipe: str = "tensorwise", loss: str = "standard") -> pd.DataFrame:
     """Memory, time breakdown, throughput and MFU of every layout in `L`, one row each.
 
     `compiled`: blocks run under `torch.compile` (fused element-wise work and
@@ -68,6 +68,10 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     `precision` "fp8": the block linears `cost.fp8.converts` picks run torchao's float8
     with `fp8_recipe`, and fp8's terms (`cost.fp8`) join the bf16 ones; MFU stays quoted
     against the bf16 peak.
+    `loss` "fused": the head's memory is the fused loss's (`memory.fused_logits_bytes`)
+    where the harness builds it (`memory.fused_loss_on`; elsewhere standard), said per row
+    in a `loss` column; its time stays the standard head's (the same matmul FLOPs; not
+    measured).
     """
 
     cluster = comms.with_measured_links(cluster, gpu)
@@ -79,11 +83,12 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     world = L.world
     autocast = compute.autocast_layout(dp, L.zero, tp, pp, cp)  # fp32 weights, fp32 stream
     stream = np.where(autocast, 2.0, 1.0)  # residual-stream bytes / bf16
+    fused = memory.fused_loss_on(loss, tp=tp, pp=pp, cp=cp)
 
     mem = memory.breakdown(
         m, L, seq_len=seq_len, activation_scale=activation_scale(gpu, compiled, L.recompute),
         rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale,
-        compiled_loss=compiled, gpu=gpu)
+        compiled_loss=compiled, gpu=gpu, fused_loss=fused)
     is_fp8 = precision == "fp8"
     fp8_gather = ~autocast & (fp8_recipe == "tensorwise")  # FSDP2's float8 all-gather
     if is_fp8:
@@ -194,6 +199,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         df["family"] = df["family"] + " fp8"
         df["precision"] = precision  # bf16 tables keep their columns (notebooks show them)
         df["fp8_recipe"] = fp8_recipe
+    if loss == "fused":  # standard tables keep their columns, as bf16 ones do
+        df["loss"] = np.where(np.broadcast_to(fused, len(L)), "fused", "standard")
     for name in MEMORY_TERMS:
         df[f"{name}_gib"] = np.broadcast_to(mem[name], len(L)) / GiB
     df["fits"] = memory.fits(mem["total"], gpu.memory_gib)

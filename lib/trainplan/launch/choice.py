@@ -116,12 +116,14 @@ def decision_summary(d: Decision) -> dict:
 
 def decided(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_tokens: int,
             pins: dict | None = None, top: int = 5, gpus_per_node: int | None = None,
-            precision: str = "bf16", fp8_recipe: str = "tensorwise") -> dict:
+            precision: str = "bf16", fp8_recipe: str = "tensorwise",
+            loss: str = "standard") -> dict:
     """`plan.planner.plan`'s answer with the rule's `decision` (`decision_summary`): what
     `trainplan plan` prints, and whose decision `trainplan launch` runs."""
     result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
-                    gpus_per_node=gpus_per_node, precision=precision, fp8_recipe=fp8_recipe)
+                    gpus_per_node=gpus_per_node, precision=precision, fp8_recipe=fp8_recipe,
+                    loss=loss)
     out = answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
                  global_batch_tokens=global_batch_tokens, top=top)
     out["decision"] = decision_summary(choose(result.table, m, gpu))

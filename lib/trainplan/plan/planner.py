@@ -26,7 +26,8 @@ def _plain(value):
 
 
 def row_to_plan(row: pd.Series) -> dict:
-    """One evaluated layout as the contract's plan object (plus the time breakdown)."""
+    """One evaluated layout as the contract's plan object (plus the time breakdown, and the
+    loss it was priced with where the table was priced for `--loss fused`)."""
     return {
         "parallel": {k: _plain(row[k]) for k in PARALLEL_KEYS},
         "strategy": row["strategy"],
@@ -39,7 +40,7 @@ def row_to_plan(row: pd.Series) -> dict:
         "tokens_per_s": float(row["tokens_per_s"]),
         "tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
         "mfu": float(row["mfu"]),
-    }
+    } | ({"loss": str(row["loss"])} if "loss" in row.index else {})
 
 
 def fully_pinned(pins: dict) -> bool:
@@ -50,14 +51,15 @@ def fully_pinned(pins: dict) -> bool:
 def ranked(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
            global_batch_tokens: int, pins: dict | None = None,
            gpus_per_node: int | None = None, compiled: bool = True, precision: str = "bf16",
-           fp8_recipe: str = "tensorwise") -> SearchResult:
+           fp8_recipe: str = "tensorwise", loss: str = "standard") -> SearchResult:
     """The search behind `plan`: every layout the pins allow, ranked; with every dimension
     pinned, exactly that layout (the unpinned fields at ParallelConfig's defaults), priced
     whether it fits or not.
 
     `compiled`: blocks under torch.compile (default); False prices eager blocks.
     `precision` "fp8" prices torchao float8 with `fp8_recipe` (`cost.fp8`; refused with
-    one line where the card has no fp8 rate).
+    one line where the card has no fp8 rate). `loss` "fused" prices the fused loss's head
+    where the harness builds it (`cost.memory.fused_loss_on`), the standard one elsewhere.
     """
     if precision == "fp8":
         fp8.check_gpu(gpu)
@@ -70,7 +72,7 @@ def ranked(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_l
     result = search(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
                     gpus_per_node=gpus_per_node, require_fit=not exact, compiled=compiled,
-                    precision=precision, fp8_recipe=fp8_recipe)
+                    precision=precision, fp8_recipe=fp8_recipe, loss=loss)
     if exact:
         result.table = result.table.head(1)
     return result
@@ -89,7 +91,7 @@ def answer(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, result: SearchResul
         "plans": [row_to_plan(r) for _, r in rows.iterrows()],
         "searched": result.searched,
         "elapsed_s": round(result.elapsed_s, 4),
-    } | fp8_answer(m, gpu, result.table)
+    } | fp8_answer(m, gpu, result.table) | loss_answer(result.table)
 
 
 def fp8_answer(m: ModelSpec, gpu: GPUSpec, table: pd.DataFrame) -> dict:
@@ -100,17 +102,23 @@ def fp8_answer(m: ModelSpec, gpu: GPUSpec, table: pd.DataFrame) -> dict:
     return {"precision": "fp8", "fp8": fp8.summary(m, gpu, table["fp8_recipe"].iloc[0])}
 
 
+def loss_answer(table: pd.DataFrame) -> dict:
+    """{"loss": "fused"} for a table priced for the fused loss (each plan then says which loss
+    it was priced with); {} for the standard loss, whose answers name none (the default)."""
+    return {"loss": "fused"} if "loss" in table.columns else {}
+
+
 def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
          global_batch_tokens: int, pins: dict | None = None, top: int = 5,
          gpus_per_node: int | None = None, compiled: bool = True, precision: str = "bf16",
-         fp8_recipe: str = "tensorwise") -> dict:
+         fp8_recipe: str = "tensorwise", loss: str = "standard") -> dict:
     """The best `top` plans, best first; with every dimension pinned, exactly that layout
     (`ranked`, `answer`), so a known configuration can be predicted and checked against a
     measurement."""
     result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
                     gpus_per_node=gpus_per_node, compiled=compiled, precision=precision,
-                    fp8_recipe=fp8_recipe)
+                    fp8_recipe=fp8_recipe, loss=loss)
     return answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
                   global_batch_tokens=global_batch_tokens, top=top)
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from trainplan.bench.ckpt import store as ckpt
 from trainplan.bench.harness import context, feed, float8, monitor
+from trainplan.bench.harness import loss as loss_mod
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness import train as harness
@@ -65,6 +66,7 @@ def check_args(args) -> None:
                              "from the final checkpoint")
     if args.export and Path(args.export).exists():
         raise TrainplanError(f"--export {args.export} exists; name a new folder")
+    loss_mod.check(args)  # --loss fused: one process, DDP, FSDP2 (not tp, pp, cp)
     context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
     float8.check(args, args.cpu)  # fp8: a GPU of compute capability >= 8.9, else one line
     optim.check(lr=args.lr, warmup=args.lr_warmup, total=args.steps, schedule=args.lr_schedule,
@@ -186,6 +188,7 @@ def run(args) -> dict:
     summary = {"model": spec.name, "steps": args.steps, "first_step": start + 1, "last_step": done,
                "losses": losses, "evals": evals, "tokens_per_step": tokens_per_step,
                "layout": layout_name(cfg), **float8.layout_fields(args),
+               **loss_mod.layout_fields(args),
                "checkpoint": saver.finish(done),
                "monitor": mon.finish(),
                "preempted": done < args.steps}

@@ -37,11 +37,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainplan.bench.flags import LOSS_CHUNK as DEFAULT_CHUNK  # noqa: F401
+from trainplan.bench.flags import LOSSES  # noqa: F401
+from trainplan.bench.flags import add_loss_arguments as add_arguments  # noqa: F401
 from trainplan.errors import SpecError, TrainplanError
 
-DEFAULT_CHUNK = 4096  # tokens per chunk: a (4096, 32000) fp32 chunk is 0.5 GiB
 IGNORE = -100  # F.cross_entropy's default ignore_index; data.rows.IGNORE
-LOSSES = ("standard", "fused")
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -140,17 +141,6 @@ class LinearCrossEntropy(nn.Linear):
     def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return fused_linear_cross_entropy(h, self.weight, labels, self.chunk,
                                           self.compile_chunk)
-
-
-def add_arguments(p) -> None:
-    """--loss standard|fused and --loss-chunk (train.py)."""
-    g = p.add_argument_group("loss (trainplan.bench.harness.loss)")
-    g.add_argument("--loss", default="standard", choices=LOSSES,
-                   help="fused: output layer and cross-entropy chunk by chunk, the (B, S, V) "
-                        "logits never whole (one process, DDP, FSDP2)")
-    g.add_argument("--loss-chunk", type=int, default=DEFAULT_CHUNK,
-                   help="with --loss fused: tokens per chunk (best a divisor of micro-batch x "
-                        "seq-len, so one compiled graph serves every chunk)")
 
 
 def check(args) -> None:

@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainplan.bench.flags import LOSSES  # a config's `loss:`, train.py's --loss
 from trainplan.calibrate.store import card_preset, load_gpu
 from trainplan.errors import SpecError, TrainplanError
 from trainplan.loader import load_yaml, quote, shown
@@ -50,7 +51,6 @@ LAYOUT_FLAGS = ("dp", "tp", "pp", "cp", "zero", "dp_shard", "micro_batch", "grad
                 "recompute", "pp_schedule", "pp_virtual")
 IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
 PRECISIONS, RECIPES = ("bf16", "fp8"), ("tensorwise", "rowwise")  # `precision:`, `fp8_recipe:`
-LOSSES = ("standard", "fused")  # a config's `loss:`, train.py's --loss (harness/loss.py)
 
 
 def load_suite(path: str) -> dict:
@@ -138,7 +138,8 @@ def full_layout(cfg: dict) -> dict:
 
 
 def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
-    """The planner's figures for exactly this layout, as a prediction record."""
+    """The planner's figures for exactly this layout, as a prediction record: priced with
+    the config's precision and loss (`precision`, `loss_of`), which its layout names."""
     lay = full_layout(cfg)
     seq = seq_len(suite, cfg)
     gpu = load_gpu(gpu_preset(card, suite))
@@ -148,7 +149,7 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     out = plan(load_model(model_name(suite, cfg)), gpu, cluster,
                gpus=cfg["gpus"], seq_len=seq, global_batch_tokens=tokens, pins=lay,
                compiled=bool(cfg.get("compile", False)), precision=prec["precision"],
-               fp8_recipe=prec.get("fp8_recipe", RECIPES[0]))
+               fp8_recipe=prec.get("fp8_recipe", RECIPES[0]), loss=loss_of(suite, cfg)["loss"])
     p = out["plans"][0]
     predicted = {k: p[k] for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "fits")}
     predicted["memory_gib"] = p["memory_gib"]
