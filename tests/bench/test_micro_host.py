@@ -9,10 +9,7 @@ from trainplan.calibrate import host as calibrate_host
 from trainplan.errors import SpecError
 from trainplan.specs import load_model
 
-from .micro_runs import run_micro
-
 ROOT = Path(__file__).resolve().parents[2]
-TINY = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 4\nffn: 128\nvocab: 256\n"
 
 
 def _tasks(rank, world, *flags):
@@ -45,14 +42,10 @@ def test_host_tasks_are_tiny_blocks_per_rank_and_world():
 
 
 @pytest.mark.slow
-def test_two_rank_host_bench_records_marked_blocks(tmp_path):
-    """Real torchrun, 2 gloo ranks: plain (rank 0), FSDP2 ZeRO-2 and TP 2 at seq 64."""
-    model = tmp_path / "tiny.yaml"
-    model.write_text(TINY)
-    out = tmp_path / "micro.jsonl"
-    every, _ = run_micro(out, 2, "--model", str(model), "--benches", "host", "--warmup", "1",
-                         "--iters", "2", "--repeats", "6", "--block-repeats", "6",
-                         "--seq-len", "32", timeout=500)
+def test_two_rank_host_bench_records_marked_blocks(host_launch):
+    """Real torchrun, 2 gloo ranks: plain (rank 0), FSDP2 ZeRO-2 and TP 2 at seq 64. The
+    launch is the one test_micro_step.py reads (`host_launch`); its whole steps left out."""
+    every = [r for r in host_launch if r["purpose"] != "host-step"]
     sweep = [r for r in every if r["purpose"] == "interleave"]
     assert [(r["config"]["micro_batch"], r["config"]["seq"]) for r in sweep] == [
         (mb, 32) for mb in micro.SWEEP_MICRO_BATCHES]

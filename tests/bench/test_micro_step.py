@@ -11,8 +11,6 @@ from trainplan.calibrate import host as calibrate_host
 from trainplan.errors import SpecError
 from trainplan.specs import load_model
 
-from .micro_runs import run_micro
-
 TINY = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 4\nffn: 128\nvocab: 256\n"
 
 
@@ -83,16 +81,11 @@ def test_one_plain_step_in_process_records_host_and_wall_times(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_rank_host_bench_records_whole_steps_that_calibrate(tmp_path):
-    """Real torchrun, 2 gloo ranks, one launch: the host blocks, then the whole tiny model's
-    step plain (rank 0), FSDP2 ZeRO-2 and TP 2, compiled, at micro-batch 1 and seq 64."""
-    model = tmp_path / "tiny.yaml"
-    model.write_text(TINY)
-    out = tmp_path / "micro.jsonl"
-    every, _ = run_micro(out, 2, "--model", str(model), "--benches", "host,host-step",
-                         "--warmup", "1", "--iters", "2", "--repeats", "6",
-                         "--block-repeats", "6", "--seq-len", "32", "--host-step-layers", "1",
-                         timeout=600)
+def test_two_rank_host_bench_records_whole_steps_that_calibrate(host_launch):
+    """Real torchrun, 2 gloo ranks, one launch (`host_launch`, shared with
+    test_micro_host.py): the host blocks, then the whole tiny model's step plain (rank 0),
+    FSDP2 ZeRO-2 and TP 2, compiled, at micro-batch 1 and seq 64."""
+    every = host_launch
     steps = [r for r in every if r["purpose"] == "host-step"]
     assert every[-len(steps):] == steps  # after the blocks
     assert [(r["config"]["wrapper"], r["config"]["tp"], r["config"]["zero"], r["gpus"],

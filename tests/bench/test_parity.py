@@ -12,20 +12,21 @@ pipeline layouts, up to ~5e-7 where tensor parallel splits the matmul
 reductions (gradient norm ~5e-6 at tp 2-4, ~3e-5 at tp 8), ~1e-7 (loss) and
 ~7e-6 (gradient norm) with `--loss fused`; RTOL leaves a factor of 4 or more.
 
-Layouts run in groups, one launch per group (`trainplan.bench.series.sweep`):
-starting torch and gloo, and DTensor's first step, are most of the cost on
-a small machine.
+Layouts run in groups, one launch per world size (`trainplan.bench.series.sweep`),
+shared by the cases of that size whichever xdist worker runs them: starting
+torch and gloo, and DTensor's first step, are most of the cost on a small
+machine.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import functools
 
 import pytest
 
 from trainplan.bench.harness import train
 
-from .sweep_runs import run_sweep
+from .sweep_runs import shared_sweep
 
 RTOL = 1e-4
 STEPS = 5
@@ -104,13 +105,40 @@ def models(tmp_path_factory) -> dict[str, str]:
     return out
 
 
+# case id: (model, layouts, ranks)
+CASES = {
+    "dp-2": ("tiny", DATA_PARALLEL_2, 2),  # data parallel on two ranks
+    "tp-pp-2": ("tiny", MODEL_PARALLEL_2, 2),  # tensor and pipeline parallel on two ranks
+    "compositions-4": ("tiny", LAYOUTS_4, 4),  # compositions on four ranks
+    "suite-4": ("tiny8", LAYOUTS_4_WIDE, 4),  # the layouts of the 4-GPU suite
+    "full-node-8": ("tiny8", LAYOUTS_8, 8),  # the full node's layouts
+}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory, models):
+    """{case: {tag: sweep line}} of the cases of `ranks` ranks: one launch of all their
+    layouts, once per session (`shared_sweep`)."""
+    def of(ranks: int) -> dict[str, dict]:
+        runs = [{"tag": f"{case}/{tag}", "args": ["--model", models[model], *BASE, *a.split()]}
+                for case, (model, layouts, n) in CASES.items() if n == ranks
+                for tag, a in layouts.items()]
+        lines = shared_sweep(tmp_path_factory, f"parity-{ranks}", runs, ranks)
+        out: dict[str, dict] = {}
+        for key, line in lines.items():
+            case, _, tag = key.partition("/")
+            out.setdefault(case, {})[tag] = line
+        return out
+    return of
+
+
+@functools.cache
 def _reference(tiny_yaml: str, micro: int) -> dict:
     args = train.parse_args(["--model", tiny_yaml, *BASE, "--grad-accum", str(micro), "--json"])
     return train.run(args)
 
 
-def _check(tiny_yaml: str, layouts: dict[str, str], ranks: int, tmp: Path) -> None:
-    results = run_sweep(tiny_yaml, layouts, BASE, ranks, tmp)
+def _check(tiny_yaml: str, layouts: dict[str, str], results: dict[str, dict]) -> None:
     refs: dict[int, dict] = {}
     failures = []
     for tag, a in layouts.items():
@@ -135,12 +163,7 @@ def _check(tiny_yaml: str, layouts: dict[str, str], ranks: int, tmp: Path) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model, layouts, ranks", [
-    ("tiny", DATA_PARALLEL_2, 2),  # data parallel on two ranks
-    ("tiny", MODEL_PARALLEL_2, 2),  # tensor and pipeline parallel on two ranks
-    ("tiny", LAYOUTS_4, 4),  # compositions on four ranks
-    ("tiny8", LAYOUTS_4_WIDE, 4),  # the layouts of the 4-GPU suite
-    ("tiny8", LAYOUTS_8, 8),  # the full node's layouts
-], ids=["dp-2", "tp-pp-2", "compositions-4", "suite-4", "full-node-8"])
-def test_layouts_match_single_process(models, model, layouts, ranks, tmp_path):
-    _check(models[model], layouts, ranks, tmp_path)
+@pytest.mark.parametrize("case", list(CASES))
+def test_layouts_match_single_process(models, launched, case):
+    model, layouts, ranks = CASES[case]
+    _check(models[model], layouts, launched(ranks).get(case, {}))

@@ -5,7 +5,10 @@ slurmctld and slurmd run in the foreground as children of the test, with
 every file (key, socket, state, spool, logs, slurm.conf) under one folder
 and free ports, so two test runs on one machine do not meet. Process
 tracking is `proctrack/linuxproc` and tasks are not confined
-(`task/none`): no cgroups or systemd are needed, as in a container.
+(`task/none`): no cgroups or systemd are needed, as in a container. With
+`cpus`, the node offers that many CPUs whatever the host has
+(`SlurmdParameters=config_overrides`), so that jobs which mostly wait can
+run side by side.
 `stop()` ends the three daemons it started (by their process ids) and any
 job still running.
 """
@@ -46,8 +49,9 @@ def _node_resources() -> tuple[int, int]:
 class SlurmCluster:
     """munged + slurmctld + slurmd on localhost; `env` points Slurm's clients at it."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, cpus: int | None = None):
         self.root = root
+        self.cpus_wanted = cpus
         self.procs: dict[str, subprocess.Popen] = {}
         self.conf = root / "slurm.conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
@@ -60,6 +64,7 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         cpus, mem = _node_resources()
+        cpus = self.cpus_wanted or cpus
         self.cpus = cpus
         lines = {
             "ClusterName": "trainplantest",
@@ -95,6 +100,8 @@ class SlurmCluster:
             "InactiveLimit": 0,
             "SchedulerParameters": "sched_interval=1",
         }
+        if self.cpus_wanted:
+            lines["SlurmdParameters"] = "config_overrides"  # the CPUs below, not the host's
         text = "".join(f"{k}={v}\n" for k, v in lines.items())
         text += (f"NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem} "
                  "State=UNKNOWN\n"

@@ -37,6 +37,7 @@ from trainplan.compare.failed import failed_rows
 from trainplan.compare.matching import (
     HEADLINE_RULE,
     TARGETS,
+    config_key,
     error_summary,
     group_measurements,
     label,
@@ -61,12 +62,16 @@ def compare(paths=None, repredictions: bool = True) -> dict:
     files = record_paths(paths)
     kinds = read(files)
     rows, refused, used, chosen, eligible, series = [], [], set(), set(), set(), []
-    groups = [part for g in group_measurements(kinds["measurement"])
-              for part in split_at_fresh_predictions(g, kinds["prediction"])]
+    own = defaultdict(list)  # predictions by config_key: only these can be the same config
+    for p in kinds["prediction"]:
+        own[config_key(p)].append(p)
+    groups = [part for g in group_measurements(kinds["measurement"])  # one config_key a group
+              for part in split_at_fresh_predictions(g, own[config_key(g[0])])]
     for launches in groups:
-        pred, ref = pick_prediction(launches, kinds["prediction"])
+        preds = own[config_key(launches[0])]
+        pred, ref = pick_prediction(launches, preds)
         chosen.add(pred["_where"] if pred else None)
-        eligible.update(p["_where"] for p in kinds["prediction"]  # came before this series
+        eligible.update(p["_where"] for p in preds  # came before this series
                         if same_config(p, launches[0]) and (stamp(p) < stamp(launches[0])
                                                             or precedes_own_run(p, launches)))
         refused += [{"config": label(launches, pred), **r} for r in ref]
@@ -75,7 +80,7 @@ def compare(paths=None, repredictions: bool = True) -> dict:
             row["note"] = "no prediction of this config recorded before it was measured"
         rows.append(row)
         series.append((launches, pred))
-        used.update(p["_where"] for p in kinds["prediction"] if same_config(p, launches[0]))
+        used.update(p["_where"] for p in preds if same_config(p, launches[0]))
     for i, j in superseded_by(series).items():
         rows[i]["superseded_by"] = {"config": rows[j]["config"],
                                     "first_measured_at": rows[j]["first_measured_at"]}

@@ -7,11 +7,14 @@ the two string fields coded as small integers (`RECOMPUTE`, `SCHEDULES`).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from trainplan.specs import ParallelConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "interleaved", "gpipe")
@@ -65,6 +68,8 @@ class Layouts:
 
     def frame(self) -> pd.DataFrame:
         """The layouts as a DataFrame with readable recompute and schedule names."""
+        import pandas as pd  # here: the training ranks import this module and need no pandas
+
         df = pd.DataFrame({name: getattr(self, name) for name in INT_FIELDS})
         df["recompute"] = np.asarray(RECOMPUTE, dtype=object)[self.recompute]
         df["sequence_parallel"] = self.sequence_parallel
