@@ -1,35 +1,28 @@
 """Output layer and cross-entropy fused and chunked: the (B, S, V) logits never exist whole.
 
-Why: with V = 32000 the logits dominate the memory that does not shrink with
-FSDP. At micro-batch 16, sequence 2048 they are 2 GiB in bf16, 4 GiB as the
-fp32 upcast of the loss, and their gradient again: about 8 GiB of a step's
-peak, which caps the micro-batch (and so the amortisation of each step's
-fixed costs) on an 80 GB H100 and costs headroom on H200. Here the output
-matmul, the loss and both gradients are computed chunk by chunk in the
-forward pass (the scheme of Liger-Kernel's fused linear cross-entropy, Hsu et
-al. 2024): per chunk of tokens, logits (c, V) -> log-sum-exp and loss ->
-dlogits = (softmax - onehot) / N -> grad_h = dlogits W and grad_W +=
-dlogits^T h; backward only scales the stored gradients. The matmul FLOPs are
-those of the unfused path (forward, input gradient, weight gradient), so
-nothing is recomputed; peak extra memory is one (c, V) fp32 chunk plus the
-(V, H) fp32 weight-gradient accumulator.
+Why: with V = 32000 the logits dominate the memory that does not shrink with FSDP. At
+micro-batch 16, sequence 2048 they are 2 GiB in bf16, 4 GiB as the fp32 upcast of the loss,
+and their gradient again: about 8 GiB of a step's peak, which caps the micro-batch (and so the
+amortisation of each step's fixed costs). Here the output matmul, the loss and both gradients
+are computed chunk by chunk in the forward pass (the scheme of Liger-Kernel's fused linear
+cross-entropy, Hsu et al. 2024): per chunk of tokens, logits (c, V) -> log-sum-exp and loss ->
+dlogits = (softmax - onehot) / N -> grad_h = dlogits W and grad_W += dlogits^T h; backward
+only scales the stored gradients. The matmul FLOPs are the unfused path's, so nothing is
+recomputed; peak extra memory is one (c, V) fp32 chunk plus the (V, H) fp32 accumulator.
 
-Precision follows the unfused path it replaces (step.cross_entropy after a
-bf16 output layer): matmuls in the compute dtype (the autocast dtype if
-autocast is on, else the inputs' dtype), log-softmax in fp32, dlogits cast
-back to the compute dtype for the two gradient matmuls; the weight gradient
-is accumulated over chunks in fp32.
+Precision follows the unfused path it replaces (step.cross_entropy after a bf16 output layer):
+matmuls in the compute dtype (autocast's if on, else the inputs'), log-softmax in fp32,
+dlogits cast back for the two gradient matmuls, the weight gradient accumulated in fp32.
 
-Labels equal to IGNORE (-100, `data.rows.IGNORE`: prompts and padding of
-instruction data) carry no loss, as in F.cross_entropy's default: the mean
-is over the positions with a loss, a chunk without any adds nothing, and with
-none at all the loss is nan and every gradient zero (what F.cross_entropy
-gives). The count is a tensor, so a compiled chunk serves every mask.
+Labels equal to IGNORE (-100, `data.rows.IGNORE`: prompts and padding of instruction data)
+carry no loss, as in F.cross_entropy's default: the mean is over the positions with a loss, a
+chunk without any adds nothing, and with none at all the loss is nan and every gradient zero.
+The count is a tensor, so a compiled chunk serves every mask.
 
 In the harness: `--loss fused` (train.py) turns the model's `output` into a
-`LinearCrossEntropy`; the model's forward then stops at the final norm and
-the step's loss calls that module with (h, labels), so FSDP2's hooks on it
-gather the weight and reduce-scatter its gradient (parallelize.apply_fsdp).
+`LinearCrossEntropy`; the model's forward then stops at the final norm and the step's loss
+calls that module with (h, labels), so FSDP2's hooks on it gather the weight and
+reduce-scatter its gradient (parallelize.apply_fsdp).
 """
 
 from __future__ import annotations
