@@ -8,8 +8,9 @@ torch; the code that reads them is `bench.ckpt.store`, `bench.harness.monitor`,
 
 from __future__ import annotations
 
-LOSSES = ("standard", "fused")  # --loss (`bench.harness.loss`)
-LOSS_CHUNK = 4096  # --loss-chunk's default: a (4096, 32000) fp32 chunk is 0.5 GiB
+# --loss and --loss-chunk's default: the losses the planner prices (numpy only, no torch)
+from trainplan.cost.memory import FUSED_CHUNK as LOSS_CHUNK
+from trainplan.cost.memory import LOSSES
 
 
 def add_checkpoint_arguments(p) -> None:

@@ -23,8 +23,9 @@ from trainplan.specs import ModelSpec
 from trainplan.specs.layouts import Layouts, shard_degree
 
 WEIGHT_BYTES, GRAD_BYTES, OPTIMIZER_BYTES = 2, 2, 12
-FUSED_CHUNK = 4096  # tokens per chunk of the fused loss: bench.harness.loss.DEFAULT_CHUNK
-LOSSES = ("standard", "fused")  # the harness's --loss (bench.flags.LOSSES)
+FUSED_CHUNK = 4096  # tokens per chunk of the fused loss (--loss-chunk's default); a
+# (4096, 32000) fp32 chunk is 0.5 GiB
+LOSSES = ("standard", "fused")  # the harness's and the planner's --loss
 NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
 
 
