@@ -6,7 +6,7 @@
 # off; the run's folder comes back as one tarball ($OUT returns at most 8 files); ../out
 # survives between calls while the machine stays warm, for --continue-from.
 set -u
-export PYTHONPATH=$PWD/lib NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+export PYTHONPATH=$PWD/lib${PYTHONPATH:+:$PYTHONPATH} NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 TRAINPLAN_GIT_COMMIT=$(cat COMMIT)
 name=$1; budget=$2; shift 2
 gpus=${GPUS:-4}
