@@ -71,6 +71,19 @@ def test_fp8_faster_for_a_matmul_bound_model(h100):
     assert tw.step_time_s < rw.step_time_s < bf16.step_time_s  # rowwise: slower GEMMs, bf16 AG
     assert tw.mfu / bf16.mfu == pytest.approx(bf16.step_time_s / tw.step_time_s)  # bf16 peak
     assert tw.family == "FSDP fp8" and bf16.family == "FSDP"
+    assert rw.family == "FSDP fp8 rowwise"  # trusted on rowwise records alone
+
+
+def test_records_name_the_family_the_planner_names():
+    """`compare.trust.family_of` (a record's or plan's layout) agrees with the planner's
+    table on bf16, fp8 tensorwise and fp8 rowwise: each band joins the plans it is for."""
+    from trainplan.compare.trust import family_of
+    lay = dict(tp=1, pp=1, cp=1, ep=1, zero=3, dp=8)
+    assert family_of(lay) == "FSDP"
+    assert family_of({**lay, "precision": "fp8", "fp8_recipe": "tensorwise"}) == "FSDP fp8"
+    assert family_of({**lay, "precision": "fp8"}) == "FSDP fp8"  # tensorwise, the default
+    assert family_of({**lay, "precision": "fp8", "fp8_recipe": "rowwise"}) == "FSDP fp8 rowwise"
+    assert family_of({**lay, "precision": "bf16", "fp8_recipe": "rowwise"}) == "FSDP"
 
 
 def test_fp8_no_faster_for_a_tiny_model(h100):

@@ -137,3 +137,37 @@ def test_an_a100_scenario_says_fp8_is_unavailable():
     proc = plan_cli(a100[0], "--precision", "fp8")  # the command line refuses it too
     assert proc.returncode == 2 and "no fp8" in proc.stderr
     assert precision.unavailable(resolve_inputs(DEFAULT_SCENARIO).gpu) is None
+
+
+def _parity_record(precision: str, losses: list[float], rate: float) -> dict:
+    return {"kind": "measurement", "model": "llama-1.3b", "card": "NVIDIA H200", "seq_len": 2048,
+            "layout": {"micro_batch": 8, "precision": precision}, "losses": losses,
+            "tokens_per_s_per_gpu": rate}
+
+
+def test_parity_reads_the_newest_run_with_both_precisions(tmp_path):
+    """The page compares the last TAIL steps' mean loss of the newest file holding a bf16 and
+    an fp8 record; a file with one precision only is passed over."""
+    steps = precision.TAIL + 20
+    old = [_parity_record("bf16", [5.0] * steps, 1000.0),
+           _parity_record("fp8", [6.0] * steps, 1200.0)]
+    new = [_parity_record("bf16", [9.0] * 20 + [4.0] * precision.TAIL, 1000.0),
+           _parity_record("fp8", [9.0] * 20 + [4.2] * precision.TAIL, 1300.0)]
+    (tmp_path / "a-old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    (tmp_path / "b-new.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new))
+    (tmp_path / "c-bf16-only.jsonl").write_text(json.dumps(new[0]) + "\n")
+    run = precision.parity(tmp_path)
+    assert run["file"] == "b-new.jsonl"
+    assert run["tail_loss"] == {"bf16": pytest.approx(4.0), "fp8": pytest.approx(4.2)}
+    note = precision.parity_note(run)
+    assert "4.200 in fp8 against 4.000 in bf16 (+5.0%)" in note and "1.30 times" in note
+    assert precision.parity(tmp_path / "none") is None
+    assert "not measured" in precision.parity_note(None)
+
+
+def test_the_committed_parity_run_is_plotted():
+    run = precision.parity()
+    assert run is not None and run["card"] == "NVIDIA H200"
+    assert len(run["losses"]["bf16"]) == len(run["losses"]["fp8"]) >= precision.TAIL
+    fig = figures.loss_parity(run)
+    assert len(fig.axes[0].lines) == 4  # each precision: every step, and its running mean

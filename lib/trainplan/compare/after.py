@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from trainplan.compare.matching import PLAN_KEYS, error_summary, extras, rel
+from trainplan.compare.matching import PLAN_KEYS, error_summary, extras, precision_of, rel
 from trainplan.specs import DATA_DIR, SUITE_CLUSTER, load_cluster, load_model
 
 
@@ -24,7 +24,8 @@ def record_model(name: str):
 
 
 def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
-    """Today's planner on the row's config: one fully pinned `plan` (the `trainplan plan` path)."""
+    """Today's planner on the row's config: one fully pinned `plan` (the `trainplan plan` path),
+    in the record's precision, fp8 recipe and loss (bf16 and standard where it names none)."""
     from trainplan.calibrate.store import card_preset, load_gpu  # pandas: not loaded at import
     from trainplan.plan.planner import plan  # pandas: not loaded at import
 
@@ -35,10 +36,13 @@ def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
     gpu = load_gpu(cfg.get("gpu_preset") or card_preset(row["card"]) or row["card"],
                    calibrated=calibrated)
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
+    prec = precision_of(row)
     out = plan(record_model(row["model"]), gpu, load_cluster(SUITE_CLUSTER), gpus=row["gpus"],
                seq_len=seq, global_batch_tokens=tokens,
                pins={k: lay[k] for k in PLAN_KEYS if k in lay},
-               compiled=bool(row["layout"].get("compile", True)))
+               compiled=bool(row["layout"].get("compile", True)), precision=prec["precision"],
+               fp8_recipe=prec.get("fp8_recipe") or "tensorwise",
+               loss=row["layout"].get("loss") or "standard")
     p = out["plans"][0]
     return {"step_time_s": p["step_time_s"], "memory_gib": p["memory_gib"]["total"],
             "split_s": p["time_breakdown_s"], "calibration": out["calibration"]}

@@ -51,11 +51,14 @@ def card_class(card: str) -> str:
 
 def family_of(layout: dict) -> str:
     """The strategy family of a record's or a plan's layout (degrees and ZeRO stage); an fp8
-    layout (`precision: fp8`) is a family of its own, "FSDP fp8", as the planner names it."""
+    layout (`precision: fp8`) is a family of its own per recipe, "FSDP fp8" (tensorwise) or
+    "FSDP fp8 rowwise", as the planner names it (`cost.step_time.evaluate`)."""
     family = strategy_family(layout["tp"], layout["pp"], layout["cp"], layout["ep"],
                              layout["zero"], layout["dp"],
                              layout.get("dp_shard") or (layout["dp"] if layout["zero"] else 1))
-    return family + (" fp8" if layout.get("precision") == "fp8" else "")
+    if layout.get("precision") != "fp8":
+        return family
+    return family + (" fp8 rowwise" if layout.get("fp8_recipe") == "rowwise" else " fp8")
 
 
 def family_bands(out: dict) -> list[dict]:
@@ -196,7 +199,8 @@ def validation(out: dict, m, gpu, paths=None) -> dict:
     bands = suite_bands(paths)
     ceiling = matmul_ceiling_tokens_per_s(m, gpu, out["seq_len"])
     for p in out["plans"]:
-        family = family_of({**p["parallel"], "precision": out.get("precision", "bf16")})
+        family = family_of({**p["parallel"], "precision": out.get("precision", "bf16"),
+                            "fp8_recipe": out.get("fp8", {}).get("recipe")})
         v = band_for(bands, family, gpu.name)
         if v["validated"]:
             v["tokens_per_s_per_gpu"] = {

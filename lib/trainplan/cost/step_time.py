@@ -196,7 +196,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     df["strategy"] = labels(L, strategy_label)
     df["family"] = labels(L, strategy_family)
     if is_fp8:  # fp8 plans are trusted only on fp8 measurements (`compare.trust`)
-        df["family"] = df["family"] + " fp8"
+        df["family"] = df["family"] + (" fp8 rowwise" if fp8_recipe == "rowwise" else " fp8")
         df["precision"] = precision  # bf16 tables keep their columns (notebooks show them)
         df["fp8_recipe"] = fp8_recipe
     if loss == "fused":  # standard tables keep their columns, as bf16 ones do

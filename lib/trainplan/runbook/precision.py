@@ -6,13 +6,17 @@ beside page 1's bf16 decision. MFU of both is quoted against the card's bf16 den
 as `cost.step_time.evaluate` computes it, so the two compare. Whether fp8's rate is
 measured on the card is `plan --json`'s `fp8.validated` (`cost.fp8.summary`); whether whole
 fp8 runs of the plan's layout family are, its trust band's (`compare.trust.band_for`).
-Where the card has no fp8 (`cost.fp8.check_gpu`), the page says so in one sentence.
+Where the card has no fp8 (`cost.fp8.check_gpu`), the page says so in one sentence. Whether
+fp8 trains as bf16 does is measured, not predicted: `parity` reads the newest run of
+`data/measurements/fp8-parity/` (the same model, seed and batches in each precision).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from trainplan.compare import trust
@@ -20,10 +24,14 @@ from trainplan.cost import fp8 as fp8_cost
 from trainplan.cost.step_time import time_to_train
 from trainplan.errors import SpecError
 from trainplan.launch.choice import Decision, choose
+from trainplan.loader import json_lines
 from trainplan.plan.planner import fp8_answer
 from trainplan.plan.search import search
+from trainplan.specs import DATA_DIR
 
 RECIPE = "tensorwise"  # `plan --fp8-recipe`'s default: the fp8 plan the page shows
+PARITY_DIR = DATA_DIR / "measurements" / "fp8-parity"
+TAIL = 100  # steps at the end of a parity run whose mean loss the page compares
 COLUMNS = ["strategy", "micro_batch", "recompute", "step_time_s", "tokens_per_s_per_gpu",
            "mfu", "total_gib"]
 
@@ -122,3 +130,42 @@ def note(inputs, rows: pd.DataFrame, fp8: Fp8Plan | None) -> str:
             f"{f['tokens_per_s_per_gpu']:,.0f} tokens per second per GPU against "
             f"{b['tokens_per_s_per_gpu']:,.0f} ({speed:.2f} times), so the token budget takes "
             f"{f['days']:.1f} days instead of {b['days']:.1f}. " + status(inputs.gpu, fp8))
+
+
+def parity(folder: Path = PARITY_DIR) -> dict | None:
+    """The newest parity run in `folder` (files sorted by name): {"file", "card", "model",
+    "seq_len", "micro_batch", "losses": {precision: [loss a step]}, "tokens_per_s_per_gpu":
+    {precision: tokens/s/GPU}, "tail": steps averaged, "tail_loss": {precision: mean loss of
+    the last `TAIL` steps}}; None where no file holds a bf16 and an fp8 record."""
+    for path in sorted(Path(folder).glob("*.jsonl"), reverse=True):
+        recs = {r["layout"].get("precision", "bf16"): r for _, r in json_lines(path)
+                if r.get("kind") == "measurement" and r.get("losses")}
+        if {"bf16", "fp8"} <= recs.keys():
+            b = recs["bf16"]
+            tail = min(TAIL, *(len(r["losses"]) for r in recs.values()))
+            return {"file": path.name, "card": b["card"], "model": b["model"],
+                    "seq_len": b.get("seq_len"), "micro_batch": b["layout"]["micro_batch"],
+                    "losses": {p: recs[p]["losses"] for p in ("bf16", "fp8")},
+                    "tokens_per_s_per_gpu": {p: recs[p]["tokens_per_s_per_gpu"]
+                                             for p in ("bf16", "fp8")},
+                    "tail": tail, "tail_loss": {p: float(np.mean(recs[p]["losses"][-tail:]))
+                                                for p in ("bf16", "fp8")}}
+    return None
+
+
+def parity_note(run: dict | None) -> str:
+    """What the parity run measured, in plain words (markdown); a sentence saying none was
+    measured where `run` is None."""
+    if run is None:
+        return ("No training run has yet compared fp8's loss with bf16's on the same batches: "
+                "whether fp8 learns as well is not measured.")
+    b, f = run["tail_loss"]["bf16"], run["tail_loss"]["fp8"]
+    steps = len(run["losses"]["bf16"])
+    speed = run["tokens_per_s_per_gpu"]["fp8"] / run["tokens_per_s_per_gpu"]["bf16"]
+    return (f"Measured on one {run['card']}: the {run['model']} model trained {steps} steps "
+            f"twice from the same start on the same batches, once per precision. Over the last "
+            f"{run['tail']} steps the mean loss is {f:.3f} in fp8 against {b:.3f} in bf16 "
+            f"({f / b - 1:+.1%}), and fp8 ran {speed:.2f} times as many tokens per second. A "
+            "short run: it shows fp8 learning on the same path, not the loss at the end of a "
+            "full training run.")
+

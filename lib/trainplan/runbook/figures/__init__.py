@@ -32,6 +32,7 @@ from trainplan.runbook.figures.planning import (  # noqa: F401
     tradeoff_table,
 )
 from trainplan.runbook.figures.precision import (  # noqa: F401
+    loss_parity,
     precision_bars,
     precision_table,
 )

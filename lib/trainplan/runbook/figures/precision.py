@@ -59,3 +59,23 @@ def precision_bars(rows: pd.DataFrame, fp8_measured: bool | None,
     ax.grid(axis="y", alpha=0)
     fig.tight_layout()
     return fig
+
+
+def loss_parity(run: dict) -> plt.Figure:
+    """The loss a step of one model trained in bf16 and in fp8 from the same start on the
+    same batches (`runbook.precision.parity`): each step faint, a 10-step mean drawn over it."""
+    fig, ax = plt.subplots(figsize=(8, 2.6))
+    for name, color in (("bf16", BF16), ("fp8", HIGHLIGHT)):
+        loss = np.asarray(run["losses"][name], dtype=float)
+        steps = np.arange(1, len(loss) + 1)
+        ax.plot(steps, loss, color=color, alpha=0.25, linewidth=0.8)
+        k = min(10, len(loss))
+        mean = np.convolve(loss, np.ones(k) / k, mode="valid")
+        ax.plot(steps[k - 1:], mean, color=color, linewidth=1.6,
+                label=f"{name}, {k}-step mean")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("loss")
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
