@@ -52,6 +52,7 @@ COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the
 # GEMMs at the token counts and tp shards the suite runs (micro-batch 1-8, pp micro-
 # batches of 2, tp 2 and 4), so the planner reads a measured curve, not the 16k point.
 MATMUL_TOKENS = "2048,4096,8192,16384"  # GEMM rows of the bf16 and fp8 curves
+FP8_LINEAR_TOKENS = "8192"  # the converted linears' rows: one count (each shape compiles)
 GPU_MICRO = ["--block-modes",
              "compiled:none,eager:none,compiled:selective,compiled:none:autocast-fp32",
              "--head-modes", "eager,compiled",
@@ -199,17 +200,21 @@ def run_ring_micro(path: Path, gpus: int, model: str, clock: Clock) -> None:
 
 def run_fp8_micro(path: Path, model: str, clock: Clock) -> None:
     """Stage 1c, where a suite runs fp8: the fp8 GEMMs of both recipes (`bench.micro.fp8`) at
-    the bf16 curve's token counts, appended to `path` for `calibrate.fit.fp8_curves`; a
-    failure is said, not fatal (fp8 is then priced at the preset's stated fraction)."""
+    the bf16 curve's token counts, then the whole converted linears at `FP8_LINEAR_TOKENS`
+    (their casts), appended to `path` for `calibrate.fp8`; a failure is said, not fatal (fp8
+    is then priced at the preset's stated fraction, its casts at the analytic rate)."""
     from trainplan.bench.series.suite import run_group  # pandas: not loaded at import
 
-    cmd = [sys.executable, "-m", "trainplan.bench.micro.run", "--out", str(path), "--model",
-           model, "--benches", "matmul-fp8", "--matmul-tokens", MATMUL_TOKENS]
-    rc, _, _ = run_group(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"},
-                         min(RING_LIMIT_S, clock.left() - COMPARE_RESERVE_S), capture=False)
-    if rc != 0:
-        clock.say(f"fp8 GEMM microbenchmark failed (exit {rc}); fp8 priced at the preset's "
-                  "stated fraction")
+    for bench, rows, what in (("matmul-fp8", ["--matmul-tokens", MATMUL_TOKENS], "GEMM"),
+                              ("fp8-linear", ["--tokens", FP8_LINEAR_TOKENS], "linear")):
+        cmd = [sys.executable, "-m", "trainplan.bench.micro.run", "--out", str(path), "--model",
+               model, "--benches", bench, *rows]
+        rc, _, _ = run_group(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"},
+                             min(RING_LIMIT_S, clock.left() - COMPARE_RESERVE_S), capture=False)
+        if rc != 0:
+            clock.say(f"fp8 {what} microbenchmark failed (exit {rc}); fp8 "
+                      + ("priced at the preset's stated fraction" if what == "GEMM" else
+                         "casts priced at the analytic rate"))
 
 
 def micro_kinds(path: Path) -> set[str]:

@@ -18,7 +18,7 @@ from trainplan.bench.harness import train as harness
 from trainplan.bench.harness.model import Transformer
 from trainplan.bench.micro import fp8 as micro_fp8
 from trainplan.bench.series import suite
-from trainplan.calibrate import fit as calibrate_fit
+from trainplan.calibrate import fp8 as calibrate_fp8
 from trainplan.calibrate.store import load_gpu
 from trainplan.compare.matching import same_config
 from trainplan.cost import fp8 as fp8_cost
@@ -135,7 +135,7 @@ def test_fp8_gemm_bench_and_its_curve():
         assert records.validate(r)["bench"] == "matmul-fp8" and r["results"]["tflops"] > 0
     peak = 2 * recs[0]["results"]["tflops"]  # a CPU's rate as if it were half a card's peak
     gpu = dataclasses.replace(load_gpu("h100-sxm", calibrated=False), fp8_tflops=peak)
-    curves = calibrate_fit.fp8_curves(recs, gpu)
+    curves = calibrate_fp8.curves(recs, gpu)
     assert curves["fp8_matmul_curve"] == [[64.0, 64.0 * 128, 0.5]]
     assert curves["fp8_rowwise_matmul_curve"][0][2] == pytest.approx(
         min(1.0, recs[1]["results"]["tflops"] / peak), abs=1e-4)
@@ -144,4 +144,40 @@ def test_fp8_gemm_bench_and_its_curve():
     assert fp8_cost.fp8_efficiency_at(fitted, "tensorwise", 64, 8192) == \
         curves["fp8_matmul_curve"][0][2]
     with pytest.raises(SpecError, match="no fp8 peak"):
-        calibrate_fit.fp8_curves(recs, load_gpu("a100-80gb", calibrated=False))
+        calibrate_fp8.curves(recs, load_gpu("a100-80gb", calibrated=False))
+
+
+def test_fp8_linear_bench_and_its_cast_scale():
+    """The whole converted linear is timed beside its bf16 twin; calibrate reads its time less
+    the GEMMs as the casts' and finds the scale that made the record (each recipe apart)."""
+    spec = load_model("llama-1.3b")
+    tasks = micro_fp8.fp8_tasks(spec, 1, 64, [], [], bench=micro_fp8.LINEAR_BENCH)
+    assert {b for b, _ in tasks} == {"fp8-linear"} and len(tasks) == len(
+        micro_fp8.fp8_tasks(spec, 1, 64, [], []))
+    rec = micro_fp8.bench_fp8_linear(16, 2048, 256, recipe="tensorwise", device="cpu",
+                                     warmup=1, iters=1, repeats=2)
+    assert records.validate(rec)["bench"] == "fp8-linear"
+    assert rec["results"]["time_s"] > 0 and rec["config"]["bf16_time_s"] > 0
+    with pytest.raises(SpecError, match="not converted"):
+        micro_fp8.bench_fp8_linear(16, 512, 256, recipe="tensorwise", device="cpu")
+    gpu = load_gpu("h100-sxm", calibrated=False)
+
+    def made(recipe, n, k, scale):  # a record whose casts took `scale` x the analytic time
+        m = 8192
+        gemms = 6.0 * m * n * k / (gpu.fp8_tflops * 1e12 * fp8_cost.fp8_efficiency_at(
+            gpu, recipe, m, n * k))
+        casts = fp8_cost.cast_time(gpu, fp8_cost.linear_cast_bytes(m, n, k))
+        return {"bench": "fp8-linear", "config": {"m": m, "n": n, "k": k, "recipe": recipe},
+                "results": {"time_s": float(gemms + scale * casts)}}
+
+    recs = [made("tensorwise", 5120, 5120, 1.5), made("tensorwise", 13824, 5120, 1.7),
+            made("tensorwise", 5120, 13824, 1.6), made("rowwise", 13824, 5120, 3.0)]
+    scales = calibrate_fp8.cast_scales(recs, gpu)
+    assert scales == {"fp8_cast_scale": pytest.approx(1.6, abs=1e-3),
+                      "fp8_rowwise_cast_scale": pytest.approx(3.0, abs=1e-3)}
+    assert calibrate_fp8.cast_scales([], gpu) == {}
+    fitted = dataclasses.replace(gpu, fp8_rowwise_cast_scale=scales["fp8_rowwise_cast_scale"])
+    nbytes = fp8_cost.linear_cast_bytes(8192, 13824, 5120)
+    assert fp8_cost.cast_time(fitted, nbytes, "rowwise") == pytest.approx(
+        3.0 * fp8_cost.cast_time(fitted, nbytes), rel=1e-3)
+    assert fp8_cost.cast_time(fitted, nbytes, "tensorwise") == fp8_cost.cast_time(fitted, nbytes)

@@ -167,3 +167,22 @@ def test_fp8_fraction_from_curve_or_preset(h100):
     assert fp8.fp8_efficiency_at(measured, "tensorwise", 4096, 1e7) == pytest.approx(0.5)
     assert np.isclose(fp8.summary(load_model("llama-1.3b"), measured, "tensorwise")["validated"],
                       True)
+
+
+def test_a_recipes_measured_cast_scale_prices_its_casts_alone(h100):
+    """`fp8_rowwise_cast_scale` lengthens a rowwise step's compute by its casts' extra time
+    (the step by no more: longer compute may hide more of FSDP's traffic) and leaves
+    tensorwise and bf16 steps as they were."""
+    import dataclasses
+    lay = dict(dp=8, zero=3, micro_batch=2)
+    slow = dataclasses.replace(h100, fp8_rowwise_cast_scale=3.0)
+    m = load_model("llama-13b")
+    casts = fp8.cast_time(h100, fp8.cast_bytes(m, recipe="rowwise", tokens=2 * 4096, tp=1,
+                                               recompute=NONE, fp8_gather=False,
+                                               layers=m.n_layers))
+    rw, rw_slow = (_step("llama-13b", g, "fp8", "rowwise", **lay) for g in (h100, slow))
+    assert rw_slow.compute_s - rw.compute_s == pytest.approx(2.0 * casts, rel=1e-6)
+    assert 0 < rw_slow.step_time_s - rw.step_time_s <= 2.0 * casts * (1 + 1e-9)
+    for precision in ("bf16", "fp8"):
+        assert _step("llama-13b", slow, precision, **lay).step_time_s == \
+            _step("llama-13b", h100, precision, **lay).step_time_s

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from trainplan.calibrate import fp8 as calibrate_fp8
 from trainplan.calibrate import host as calibrate_host
 from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.calibrate.store import COLLECTIVES, CalibrationError, card_preset
@@ -255,7 +256,9 @@ def build(paths, gpu: GPUSpec, host_paths=None) -> dict:
         attention_curve=tuple(map(tuple, curve)),
         collectives=tuple((op, f["latency_us"], f["busbw_gbps"]) for op, f in sorted(coll.items())))
     scales, checks = calibrate_pieces.fit(by_bench, base)
-    scales.update(fp8_curves(by_bench["matmul-fp8"], gpu))
+    scales.update(calibrate_fp8.curves(by_bench["matmul-fp8"], gpu))
+    scales.update(calibrate_fp8.cast_scales(by_bench["fp8-linear"],
+                                            calibrate_pieces.apply(base, scales)))
     if curve:  # set before the pieces are fitted: block_terms prices attention with it
         scales = {"attention_curve": curve, **scales}
     return {
@@ -288,23 +291,6 @@ def build(paths, gpu: GPUSpec, host_paths=None) -> dict:
                f"{set_aside} of the other files' set aside"] if host_paths else []),
         ],
     }
-
-
-def fp8_curves(recs: list[dict], gpu: GPUSpec) -> dict:
-    """The fp8 GEMM curves of `matmul-fp8` records (`bench.micro.fp8`), as the bf16 curve
-    (`calibrate.pieces.matmul_curve`) but as fractions of the fp8 peak: `fp8_matmul_curve`
-    from tensorwise records, `fp8_rowwise_matmul_curve` from rowwise ones; {} without any."""
-    if recs and gpu.fp8_tflops <= 0:
-        raise CalibrationError(f"matmul-fp8 records for {gpu.name}, whose spec has no fp8 peak "
-                               "(fp8_tflops = 0); calibrate them against an fp8 card")
-    out = {}
-    for recipe, key in (("tensorwise", "fp8_matmul_curve"),
-                        ("rowwise", "fp8_rowwise_matmul_curve")):
-        mine = [r for r in recs if r["config"].get("recipe") == recipe]
-        if mine:
-            out[key] = [[m, w, min(1.0, max(1e-4, f))]  # a curve's fractions lie in (0, 1]
-                        for m, w, f in calibrate_pieces.matmul_curve(mine, gpu.fp8_tflops)]
-    return out
 
 
 def write(calibration: dict, path: str | Path) -> Path:

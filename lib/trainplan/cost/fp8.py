@@ -18,8 +18,9 @@ Against bf16, per rank, these terms change (each a function below):
 2. the casts: a converted linear casts 6 operands a step (forward: input and weight;
    backward: the output gradient twice, along rows and columns, the weight, the input,
    since torchao keeps the bf16 input for backward), each an amax pass and a cast pass over
-   bf16, 2 + 2 + 1 = `CAST_BYTES` per element, at the achieved HBM rate; recompute repeats
-   the forward's; under fp8 all-gather the weight casts move to the shard (`cast_time`);
+   bf16, 2 + 2 + 1 = `CAST_BYTES` per element, at the achieved HBM rate times the recipe's
+   measured scale (`fp8-linear` microbenchmark); recompute repeats the forward's; under fp8
+   all-gather the weight casts move to the shard (`cast_time`);
 3. FSDP2's all-gather carries 1 byte per converted parameter instead of 2
    (`gather_params`), and its copy kernels move fewer bytes (`dp_copy_delta_bytes`);
 4. memory (`memory_delta`): under fp8 all-gather the unsharded converted weights are fp8;
@@ -139,27 +140,37 @@ def gemm_delta_time(m: ModelSpec, gpu: GPUSpec, *, recipe: str, tokens, tp, pass
     return np.asarray(passes) * np.asarray(layers) * total
 
 
-def cast_bytes(m: ModelSpec, *, recipe: str, tokens, tp, recompute, fp8_gather, layers):
-    """HBM bytes of one micro-batch's fp8 casts on one rank (term 2 of the module).
-
-    Per converted linear, T tokens, shard (n, k): the input T k twice (forward, and along
-    the other axis in backward) and once more with recompute, the output gradient T n
-    twice, the weight n k twice (and once more with recompute) unless it arrives in fp8
-    (`fp8_gather`); each element `CAST_BYTES`.
-    """
+def linear_cast_bytes(tokens, n, k, *, weights=1.0, per_token=1.0, recompute=False,
+                      fp8_gather=False):
+    """HBM bytes of one converted (n, k) linear's casts over `tokens` tokens (term 2): the
+    input T k twice (forward, and along the other axis in backward) and once more with
+    `recompute`, the output gradient T n twice, each of its `weights` n k twice (and once more
+    with recompute) unless it arrives in fp8 (`fp8_gather`); each element `CAST_BYTES`."""
+    again = np.where(np.asarray(recompute), 1.0, 0.0)
     t = np.asarray(tokens, dtype=float)
-    again = np.where(np.asarray(recompute) != NONE, 1.0, 0.0)
-    total = np.zeros_like(t * np.asarray(tp, dtype=float) * again)
+    act = per_token * (t * k * (2.0 + again) + 2.0 * t * n)
+    return CAST_BYTES * (act + np.where(fp8_gather, 0.0, weights * n * k * (2.0 + again)))
+
+
+def cast_bytes(m: ModelSpec, *, recipe: str, tokens, tp, recompute, fp8_gather, layers):
+    """HBM bytes of one micro-batch's fp8 casts on one rank: `linear_cast_bytes` of each
+    converted linear (T tokens, its shard (n, k) on this rank) over `layers`."""
+    again = np.asarray(recompute) != NONE
+    total = np.zeros_like(np.asarray(tokens, dtype=float) * np.asarray(tp, dtype=float) * again)
     for per_token, weights, n, k in _converted(m, recipe, tp):
-        act = per_token * (t * k * (2.0 + again) + 2.0 * t * n)
-        weight = np.where(fp8_gather, 0.0, weights * n * k * (2.0 + again))
-        total = total + act + weight
-    return CAST_BYTES * total * np.asarray(layers)
+        total = total + linear_cast_bytes(tokens, n, k, weights=weights, per_token=per_token,
+                                          recompute=again, fp8_gather=fp8_gather)
+    return total * np.asarray(layers)
 
 
-def cast_time(gpu: GPUSpec, nbytes):
-    """Seconds of `cast_bytes` at the achieved HBM rate (memory-bound element-wise passes)."""
-    return np.asarray(nbytes) / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
+def cast_time(gpu: GPUSpec, nbytes, recipe: str | None = None):
+    """Seconds of `nbytes` of casts at the achieved HBM rate (memory-bound element-wise
+    passes); torchao's casts of a `recipe` (`cast_bytes`) take the card's measured scale on
+    that rate (`fp8_cast_scale`, `fp8_rowwise_cast_scale`; `calibrate.fp8`), FSDP2's copies
+    (`recipe` None) none."""
+    scale = {"tensorwise": gpu.fp8_cast_scale, "rowwise": gpu.fp8_rowwise_cast_scale}.get(
+        recipe, 1.0)
+    return scale * np.asarray(nbytes) / (gpu.hbm_tbps * 1e12 * gpu.memory_efficiency)
 
 
 def gather_params(stage_params, converted_stage_params, fp8_gather):

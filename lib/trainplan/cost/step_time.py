@@ -116,7 +116,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
                                 passes=3.0 + compute.recompute_matmul_factor(L.recompute),
                                 layers=layers)) + fp8.cast_time(gpu, fp8.cast_bytes(
                                     m, recipe=fp8_recipe, tokens=tokens_mb, tp=tp,
-                                    recompute=L.recompute, fp8_gather=fp8_gather, layers=layers))
+                                    recompute=L.recompute, fp8_gather=fp8_gather, layers=layers),
+                                    recipe=fp8_recipe)
     gathered = fp8.gather_params(stage_params, converted, fp8_gather) if is_fp8 else None
     # gradient accumulation's memory-bound adds, spread over the micro-batches they follow
     compute_mb = compute_mb + compute.grad_accum_time(

@@ -1,4 +1,5 @@
-"""fp8 GEMM microbenchmark (`--benches matmul-fp8`): `torch._scaled_mm` at the model's GEMM shapes.
+"""fp8 microbenchmarks at the model's GEMM shapes: the GEMM alone (`--benches matmul-fp8`,
+`torch._scaled_mm`) and the whole converted linear (`--benches fp8-linear`).
 
 The GEMMs a converted linear runs under `--precision fp8` (`bench.harness.float8`): y =
 x W^T with x (M, K) and W (N, K) in fp8 e4m3, x row-major and W^T column-major as
@@ -7,7 +8,13 @@ or per row (rowwise: x's (M, 1) and W's (1, N) fp32 scales). FLOPs 2 M N K; only
 GEMM is timed, since the planner prices the casts apart (`cost.fp8.cast_bytes`).
 Records (`bench: matmul-fp8`) carry the recipe; `trainplan calibrate` fits
 `fp8_matmul_curve` / `fp8_rowwise_matmul_curve` from them as fractions of the fp8 peak
-(`calibrate.pieces.fp8_curves`), as it fits the bf16 curve.
+(`calibrate.fp8.curves`), as it fits the bf16 curve.
+
+`fp8-linear` times what the harness runs per linear: a bf16 `nn.Linear` converted by
+`bench.harness.float8.convert` (the recipe's casts, scales and three fp8 GEMMs), forward and
+backward, compiled on a GPU, beside the same linear in bf16. `trainplan calibrate` reads the
+fp8 time less its GEMMs (the curves above) as the casts' time, over `cost.fp8`'s analytic
+cast time: `fp8_cast_scale` / `fp8_rowwise_cast_scale` (`calibrate.fp8`).
 
 Shapes: those `bench.micro.layouts.matmul_tasks` lists for bf16 (the launch's --tp and
 --tokens, then --matmul-tp x --matmul-tokens), kept where `cost.fp8.converts` would run
@@ -18,6 +25,7 @@ fp8 tensor cores need a CUDA GPU of compute capability >= 8.9.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from trainplan.bench.micro.layouts import matmul_tasks
 from trainplan.bench.micro.shapes import whole
@@ -28,14 +36,15 @@ from trainplan.records.schema import microbenchmark_record
 from trainplan.specs import ModelSpec
 
 BENCH = "matmul-fp8"
+LINEAR_BENCH = "fp8-linear"
 
 
 def fp8_tasks(spec: ModelSpec, tp: int, tokens: int, tps: list[int], token_counts: list[int],
-              recipes=RECIPES) -> list[tuple[str, dict]]:
-    """(BENCH, kwargs) per recipe and shape of `matmul_tasks` that the recipe converts, whole
+              recipes=RECIPES, bench: str = BENCH) -> list[tuple[str, dict]]:
+    """(bench, kwargs) per recipe and shape of `matmul_tasks` that the recipe converts, whole
     (unsharded) linear (out, in) judged by `converts` as the harness judges it."""
     if torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 9):
-        raise SpecError(f"--benches {BENCH}: {torch.cuda.get_device_name()} has no fp8 tensor "
+        raise SpecError(f"--benches {bench}: {torch.cuda.get_device_name()} has no fp8 tensor "
                         "cores (compute capability < 8.9); leave it out on this card")
     h, f, kv = spec.hidden, spec.ffn, spec.kv_dim
     whole_dims = {"q": (h, h), "kv": (kv, h), "out": (h, h), "gate_up": (f, h), "up": (f, h),
@@ -46,7 +55,7 @@ def fp8_tasks(spec: ModelSpec, tp: int, tokens: int, tps: list[int], token_count
         for _, kw in matmul_tasks(spec, tp, tokens, tps, token_counts):
             dims = whole_dims.get(kw["name"])
             if dims and converts(*dims, recipe):
-                tasks.append((BENCH, {**kw, "recipe": recipe}))
+                tasks.append((bench, {**kw, "recipe": recipe}))
     return tasks
 
 
@@ -78,3 +87,43 @@ def bench_matmul_fp8(m: int, n: int, k: int, *, recipe: str = "tensorwise",
     return microbenchmark_record(bench=BENCH, config=config, gpus=1, card=card(dev),
                                  results=timed_results(times, 2 * m * n * k, "tflops", 1e12),
                                  run_id=run_id, extra=extra)
+
+
+def bench_fp8_linear(m: int, n: int, k: int, *, recipe: str = "tensorwise",
+                     device: str | None = None, warmup: int = 5, iters: int = 10,
+                     repeats: int = 7, name: str = "", tp: int = 1, base: bool = True,
+                     run_id: str | None = None, extra: dict | None = None, **_) -> dict:
+    """Seconds of forward + backward of one (n, k) linear on m tokens converted to fp8 with
+    `recipe` (`bench.harness.float8.convert`, compiled on a GPU), 3 x 2 m n k FLOPs; the same
+    bf16 linear's seconds in `config.bf16_time_s`. Refused where the recipe skips the shape."""
+    from trainplan.bench.harness import float8 as harness_fp8  # torchao: only this bench
+
+    check_precision("fp8", recipe)
+    whole(m=m, n=n, k=k)
+    if not converts(n, k, recipe):
+        raise SpecError(f"{LINEAR_BENCH}: a ({n}, {k}) linear is not converted under {recipe} "
+                        "(cost.fp8.converts); pick a shape the recipe runs in fp8")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+    times = {}
+    for precision in ("bf16", "fp8"):
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(k, n, bias=False, device=dev, dtype=torch.bfloat16))
+        if precision == "fp8":
+            harness_fp8.convert(module, recipe, fsdp=False)
+        run = torch.compile(module) if dev.type == "cuda" else module
+
+        def step(run=run):
+            run(x).backward(grad)
+
+        times[precision] = time_blocks(step, dev, warmup, iters, repeats)
+    flops = 3 * 2 * m * n * k
+    config = {"name": name, "m": m, "n": n, "k": k, "tp": tp, "base": base, "recipe": recipe,
+              "compiled": dev.type == "cuda", "device": dev.type, "flops": flops,
+              "bf16_time_s": sorted(times["bf16"])[len(times["bf16"]) // 2],
+              "warmup": warmup, "iters": iters, "repeats": repeats}
+    return microbenchmark_record(bench=LINEAR_BENCH, config=config, gpus=1, card=card(dev),
+                                 results=timed_results(times["fp8"], flops, "tflops", 1e12),
+                                 run_id=run_id, extra=extra)
+

@@ -52,7 +52,7 @@ from trainplan.specs import ModelSpec, load_model
 
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
            "tp", "host", "host-step")
-OPT_IN = ("memory-stack", "matmul-fp8")  # run only when --benches names them
+OPT_IN = ("memory-stack", "matmul-fp8", "fp8-linear")  # run only when --benches names them
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
 HOST_STEP_LAYERS = 4  # the host-step bench's short depth: the step's host time per layer
 BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
@@ -234,11 +234,12 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     tasks = []
     if rank == 0 and "matmul" in benches:
         tasks += matmuls
-    if rank == 0 and micro_fp8.BENCH in benches:  # fp8 GEMMs (bench.micro.fp8), each recipe
-        tasks += micro_fp8.fp8_tasks(spec, args.tp, args.tokens,
-                                     micro_layouts.whole_list(args.matmul_tp, "--matmul-tp"),
-                                     micro_layouts.whole_list(args.matmul_tokens,
-                                                              "--matmul-tokens"))
+    for fp8_bench in (micro_fp8.BENCH, micro_fp8.LINEAR_BENCH):  # bench.micro.fp8, each recipe
+        if rank == 0 and fp8_bench in benches:
+            tasks += micro_fp8.fp8_tasks(
+                spec, args.tp, args.tokens,
+                micro_layouts.whole_list(args.matmul_tp, "--matmul-tp"),
+                micro_layouts.whole_list(args.matmul_tokens, "--matmul-tokens"), bench=fp8_bench)
     seqs = sorted({args.seq_len, *micro_layouts.whole_list(args.attention_seqs,
                                                            "--attention-seqs")})
     if rank == 0 and "attention" in benches:
@@ -301,6 +302,8 @@ def _run(kind: str, kw: dict, common: dict) -> dict:
         return bench_matmul(**kw, **common)
     if kind == micro_fp8.BENCH:  # fp8 in, bf16 out: --dtype does not apply
         return micro_fp8.bench_matmul_fp8(**kw, **common)
+    if kind == micro_fp8.LINEAR_BENCH:  # a bf16 linear converted by the harness
+        return micro_fp8.bench_fp8_linear(**kw, **common)
     if kind == "attention":
         return bench_attention(**kw, **common)
     return bench_collective(kind, **kw, **common)
