@@ -83,10 +83,12 @@ test: system-deps $(STAMP)
 test-scenarios: browser book-all
 	$(BIN)/python -m pytest -q tests/book/test_print.py
 
-## snap: a git-archive of HEAD's code and specs in .snap/ (ignored), for device calls to carry
-snap:
+## snap: a git-archive of HEAD's code and specs in .snap/ (ignored), for device calls to carry,
+## with the record files the committed calibrations list (`trainplan calibrate --committed`)
+snap: $(STAMP)
 	rm -rf .snap && mkdir .snap && git archive HEAD lib data/suites data/hardware data/models \
-	  data/clusters data/scenarios | tar -x -C .snap && git rev-parse HEAD > .snap/COMMIT
+	  data/clusters data/scenarios $$($(BIN)/python tools/calibration_sources.py) \
+	  | tar -x -C .snap && git rev-parse HEAD > .snap/COMMIT
 
 ## wheels: the Python packages the GPU machines lack, for a device call to carry: they have
 ## torch 2.11 and no package index. Downloads torchao (fp8 training; the version

@@ -90,7 +90,8 @@ def test_sources_and_set_aside_count(files, capsys):
     stored = calibration.load("h200-sxm", out)  # the store still reads it
     mine, host = stored["sources"]
     n = len([r for r in records.load(MICRO) if r["kind"] == "microbenchmark"])
-    assert mine["path"] == MICRO and mine["host_set_aside"] == files["n_host"]
+    assert mine["path"] == "validate-h200x4-20261126d/vA/micro.jsonl"  # from data/measurements
+    assert mine["host_set_aside"] == files["n_host"]
     assert mine["records"] == n - files["n_host"] and "host_only" not in mine
     assert host == {**host, "path": files["slow_host"], "records": files["n_host"],
                     "host_only": True}
@@ -118,3 +119,34 @@ def test_bad_host_records_are_one_line_and_write_nothing(files, capsys, host, ma
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+def test_committed_with_host_records_remakes_a_sessions_calibration(tmp_path):
+    """The 2 x H200 session's calibration (its machine's host terms, every other term as
+    committed), made there by hand from copied files, remade from the repository alone."""
+    run = "data/measurements/validate-h200x2-20261127b/host"
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--gpu", "h200-sxm", "--committed", "--host-records",
+                 f"{run}/host.jsonl", "--out", str(out)]) == 0
+    made, then = calibration.load("h200-sxm", out), calibration.load("h200-sxm",
+                                                                      f"{run}/h200-sxm.yaml")
+    assert made["pieces"] == then["pieces"] and made["label"] == then["label"]
+    committed = [str(p.relative_to(calibration.RECORDS_DIR))
+                 for p in calibration.committed_sources("h200-sxm")]
+    assert [s["path"] for s in made["sources"]] == [*committed,
+                                                    "validate-h200x2-20261127b/host/host.jsonl"]
+
+
+def test_committed_without_its_files_or_without_any_records_is_one_line(tmp_path, capsys,
+                                                                        monkeypatch):
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--gpu", "h200-sxm", "--out", str(out)]) == 2
+    assert "give --records FILE ..., --committed, or both" in capsys.readouterr().err
+    monkeypatch.setattr(calibration, "RECORDS_DIR", tmp_path)
+    assert main(["calibrate", "--gpu", "h200-sxm", "--committed", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "validate-h200x4-20261126d/vA/micro.jsonl" in err and "not found under" in err
+    assert err.count("\n") == 1 and not out.exists()
+    assert main(["calibrate", "--gpu", "a100-80gb", "--committed", "--out", str(out)]) == 2
+    assert "no committed calibration of a100-80gb" in capsys.readouterr().err
+

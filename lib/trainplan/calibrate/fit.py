@@ -42,7 +42,7 @@ import yaml
 from trainplan.calibrate import fp8 as calibrate_fp8
 from trainplan.calibrate import host as calibrate_host
 from trainplan.calibrate import pieces as calibrate_pieces
-from trainplan.calibrate.store import COLLECTIVES, CalibrationError, card_preset
+from trainplan.calibrate.store import COLLECTIVES, CalibrationError, card_preset, source_path
 from trainplan.cost import comms
 from trainplan.errors import SpecError
 from trainplan.loader import quote
@@ -163,7 +163,8 @@ def _source(path: Path, recs: list[dict]) -> dict:
     stamps = sorted(r["recorded_at"] for r in recs)
     commits = sorted({r.get("provenance", {}).get("git_commit") for r in recs}, key=str)
     runs = sorted({str(r.get("run_id")) for r in recs})
-    return {"path": str(path), "records": len(recs), "run_ids": runs, "git_commits": commits,
+    return {"path": source_path(path), "records": len(recs), "run_ids": runs,
+            "git_commits": commits,
             "recorded": [stamps[0], stamps[-1]]}
 
 

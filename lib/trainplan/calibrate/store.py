@@ -24,6 +24,7 @@ from trainplan.loader import load_yaml, quote, shown
 from trainplan.specs import DATA_DIR, GPUSpec, load_gpu_preset, preset_of
 
 CALIBRATION_DIR = DATA_DIR / "hardware" / "calibration"
+RECORDS_DIR = DATA_DIR / "measurements"  # a calibration's `sources` paths are relative to it
 OFF_ENV = "TRAINPLAN_CALIBRATION"  # "off": use the datasheet/preset values everywhere
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 CARDS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}  # nvidia-smi name -> preset
@@ -77,6 +78,33 @@ def check(cal, path: Path) -> dict:
 
 def path_for(gpu_name: str) -> Path:
     return CALIBRATION_DIR / f"{gpu_name}.yaml"
+
+
+def source_path(path: str | Path) -> str:
+    """How a calibration's `sources` names a record file: relative to data/measurements where
+    the file lies under it (so a checkout or a snapshot finds it), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(RECORDS_DIR.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def committed_sources(gpu_name: str) -> list[Path]:
+    """The record files the committed calibration of preset `gpu_name` was fitted on, found
+    under data/measurements; one CalibrationError where there is no such calibration or a
+    file it names is not there."""
+    cal = load(gpu_name)
+    if cal is None:
+        raise CalibrationError(f"--committed: no committed calibration of {gpu_name} "
+                               f"({shown(path_for(gpu_name))}); give --records")
+    listed = [src["path"] for src in cal.get("sources") or ()]
+    paths = [RECORDS_DIR / p for p in listed]
+    missing = [name for name, p in zip(listed, paths, strict=True) if not p.is_file()]
+    if not paths or missing:
+        raise CalibrationError(f"--committed: {shown(path_for(gpu_name))} lists "
+                               f"{quote(missing[0]) if missing else 'no record file'}, not "
+                               f"found under {shown(RECORDS_DIR)}; give --records")
+    return paths
 
 
 def load(gpu_name: str, path: str | Path | None = None) -> dict | None:

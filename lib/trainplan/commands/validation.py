@@ -1,8 +1,8 @@
 """`trainplan compare` and `trainplan calibrate`: predicted vs measured, and a card's constants.
 
     trainplan compare [--records FILE ...] [--no-repredict] --json
-    trainplan calibrate --records FILE ... [--host-records FILE ...] --gpu PRESET
-        [--out PATH] --json
+    trainplan calibrate --records FILE ... | --committed [--host-records FILE ...]
+        --gpu PRESET [--out PATH] --json
     trainplan validate --gpus N --suite FILE [FILE ...] --out DIR [--budget-s S]
         [--launches 3] [--only TAG ...] [--skip-micro] [--calibration FILE]
         [--continue-from DIR] [--sweep] --json
@@ -13,7 +13,8 @@ data/measurements/*.jsonl) and prints the error table (`trainplan.compare.accura
 only and writes data/hardware/calibration/<gpu>.yaml (or --out); the
 planner then uses them for that card (`trainplan.calibrate.fit`); with --host-records
 the host terms come from those files' host-bench records alone (this machine's host) and
-the host-bench records of --records are set aside. `validate`
+the host-bench records of --records are set aside; --committed adds the record files the
+card's committed calibration lists (its `sources`, under data/measurements). `validate`
 runs microbenchmarks, calibration, a suite (predictions first) and the
 comparison in one command, everything under DIR (`trainplan.validate`).
 `compare` adds weak-scaling efficiency where the records allow
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from trainplan.commands.args import positive_float, positive_int
 from trainplan.compare.scaling import format_scaling, weak_scaling
+from trainplan.errors import UsageError
 
 
 def register(verbs) -> None:
@@ -38,8 +40,12 @@ def register(verbs) -> None:
     p.set_defaults(run=cmd_compare, fmt=format_compare)
 
     p = verbs.add_parser("calibrate", help="a card's efficiency constants from microbenchmarks")
-    p.add_argument("--records", nargs="+", required=True, metavar="FILE",
+    p.add_argument("--records", nargs="+", default=[], metavar="FILE",
                    help="files holding microbenchmark records")
+    p.add_argument("--committed", action="store_true",
+                   help="also the record files of the card's committed calibration (with "
+                        "--host-records: this machine's host terms, every other term as "
+                        "committed)")
     p.add_argument("--host-records", nargs="+", default=None, metavar="FILE",
                    help="the host terms from these files' host-bench records only (bench.micro "
                         "--benches host,host-step on this machine); those in --records are "
@@ -112,7 +118,10 @@ def cmd_calibrate(args) -> dict:
     from trainplan.calibrate.store import load_gpu  # pandas: not loaded for --help
 
     gpu = load_gpu(args.gpu, calibrated=False)
-    cal = calibrate.build(args.records, gpu, args.host_records)  # raises before writing
+    if not args.records and not args.committed:
+        raise UsageError("calibrate: give --records FILE ..., --committed, or both")
+    paths = [*(calibration.committed_sources(gpu.name) if args.committed else []), *args.records]
+    cal = calibrate.build(paths, gpu, args.host_records)  # raises before writing
     path = calibrate.write(cal, args.out or calibration.path_for(gpu.name))
     return {"path": str(path), **cal}
 
