@@ -139,28 +139,30 @@ def test_an_a100_scenario_says_fp8_is_unavailable():
     assert precision.unavailable(resolve_inputs(DEFAULT_SCENARIO).gpu) is None
 
 
-def _parity_record(precision: str, losses: list[float], rate: float) -> dict:
-    return {"kind": "measurement", "model": "llama-1.3b", "card": "NVIDIA H200", "seq_len": 2048,
-            "layout": {"micro_batch": 8, "precision": precision}, "losses": losses,
-            "tokens_per_s_per_gpu": rate}
+def _parity_record(name: str, losses: list[float]) -> dict:
+    """The committed parity record of precision `name`, its losses replaced."""
+    run = sorted(precision.PARITY_DIR.glob("*.jsonl"))[0]
+    rec = next(r for r in map(json.loads, run.read_text().splitlines())
+               if r["layout"]["precision"] == name)
+    return {**rec, "losses": losses}
 
 
 def test_parity_reads_the_newest_run_with_both_precisions(tmp_path):
     """The page compares the last TAIL steps' mean loss of the newest file holding a bf16 and
     an fp8 record; a file with one precision only is passed over."""
     steps = precision.TAIL + 20
-    old = [_parity_record("bf16", [5.0] * steps, 1000.0),
-           _parity_record("fp8", [6.0] * steps, 1200.0)]
-    new = [_parity_record("bf16", [9.0] * 20 + [4.0] * precision.TAIL, 1000.0),
-           _parity_record("fp8", [9.0] * 20 + [4.2] * precision.TAIL, 1300.0)]
+    old = [_parity_record("bf16", [5.0] * steps), _parity_record("fp8", [6.0] * steps)]
+    new = [_parity_record("bf16", [9.0] * 20 + [4.0] * precision.TAIL),
+           _parity_record("fp8", [9.0] * 20 + [4.2] * precision.TAIL)]
     (tmp_path / "a-old.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
     (tmp_path / "b-new.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new))
     (tmp_path / "c-bf16-only.jsonl").write_text(json.dumps(new[0]) + "\n")
     run = precision.parity(tmp_path)
     assert run["file"] == "b-new.jsonl"
     assert run["tail_loss"] == {"bf16": pytest.approx(4.0), "fp8": pytest.approx(4.2)}
+    speed = new[1]["tokens_per_s_per_gpu"] / new[0]["tokens_per_s_per_gpu"]
     note = precision.parity_note(run)
-    assert "4.200 in fp8 against 4.000 in bf16 (+5.0%)" in note and "1.30 times" in note
+    assert "4.200 in fp8 against 4.000 in bf16 (+5.0%)" in note and f"{speed:.2f} times" in note
     assert precision.parity(tmp_path / "none") is None
     assert "not measured" in precision.parity_note(None)
 

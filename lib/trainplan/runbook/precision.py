@@ -24,9 +24,9 @@ from trainplan.cost import fp8 as fp8_cost
 from trainplan.cost.step_time import time_to_train
 from trainplan.errors import SpecError
 from trainplan.launch.choice import Decision, choose
-from trainplan.loader import json_lines
 from trainplan.plan.planner import fp8_answer
 from trainplan.plan.search import search
+from trainplan.records import schema as records
 from trainplan.specs import DATA_DIR
 
 RECIPE = "tensorwise"  # `plan --fp8-recipe`'s default: the fp8 plan the page shows
@@ -138,8 +138,8 @@ def parity(folder: Path = PARITY_DIR) -> dict | None:
     {precision: tokens/s/GPU}, "tail": steps averaged, "tail_loss": {precision: mean loss of
     the last `TAIL` steps}}; None where no file holds a bf16 and an fp8 record."""
     for path in sorted(Path(folder).glob("*.jsonl"), reverse=True):
-        recs = {r["layout"].get("precision", "bf16"): r for _, r in json_lines(path)
-                if r.get("kind") == "measurement" and r.get("losses")}
+        recs = {r["layout"].get("precision", "bf16"): r for r in records.load(path)
+                if r["kind"] == "measurement" and r.get("losses")}
         if {"bf16", "fp8"} <= recs.keys():
             b = recs["bf16"]
             tail = min(TAIL, *(len(r["losses"]) for r in recs.values()))
