@@ -9,17 +9,15 @@ left out; `calibrate --committed` then says which one it misses.
 
 from __future__ import annotations
 
-from trainplan.calibrate.store import CALIBRATION_DIR, RECORDS_DIR, load
+from trainplan.calibrate.store import CALIBRATION_DIR, listed_sources
 from trainplan.specs import DATA_DIR
 
 
 def main() -> None:
-    root = DATA_DIR.parent
-    for path in sorted(CALIBRATION_DIR.glob("*.yaml")):
-        for src in (load(path.stem) or {}).get("sources") or ():
-            file = RECORDS_DIR / src["path"]
-            if file.is_file():
-                print(file.relative_to(root))
+    for cal in sorted(CALIBRATION_DIR.glob("*.yaml")):
+        for _, path in listed_sources(cal.stem):
+            if path.is_file():
+                print(path.relative_to(DATA_DIR.parent))
 
 
 if __name__ == "__main__":

@@ -89,22 +89,27 @@ def source_path(path: str | Path) -> str:
         return str(path)
 
 
+def listed_sources(gpu_name: str) -> list[tuple[str, Path]]:
+    """(name as listed, path under data/measurements) of each record file the committed
+    calibration of preset `gpu_name` names in its `sources`; [] where there is none."""
+    cal = load(gpu_name) or {}
+    return [(src["path"], RECORDS_DIR / src["path"]) for src in cal.get("sources") or ()]
+
+
 def committed_sources(gpu_name: str) -> list[Path]:
     """The record files the committed calibration of preset `gpu_name` was fitted on, found
     under data/measurements; one CalibrationError where there is no such calibration or a
     file it names is not there."""
-    cal = load(gpu_name)
-    if cal is None:
+    if load(gpu_name) is None:
         raise CalibrationError(f"--committed: no committed calibration of {gpu_name} "
                                f"({shown(path_for(gpu_name))}); give --records")
-    listed = [src["path"] for src in cal.get("sources") or ()]
-    paths = [RECORDS_DIR / p for p in listed]
-    missing = [name for name, p in zip(listed, paths, strict=True) if not p.is_file()]
-    if not paths or missing:
+    listed = listed_sources(gpu_name)
+    missing = [name for name, path in listed if not path.is_file()]
+    if not listed or missing:
         raise CalibrationError(f"--committed: {shown(path_for(gpu_name))} lists "
                                f"{quote(missing[0]) if missing else 'no record file'}, not "
                                f"found under {shown(RECORDS_DIR)}; give --records")
-    return paths
+    return [path for _, path in listed]
 
 
 def load(gpu_name: str, path: str | Path | None = None) -> dict | None:

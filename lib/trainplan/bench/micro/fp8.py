@@ -33,6 +33,7 @@ from trainplan.bench.micro.timing import card, time_blocks, timed_results
 from trainplan.cost.fp8 import RECIPES, check_precision, converts
 from trainplan.errors import SpecError
 from trainplan.records.schema import microbenchmark_record
+from trainplan.records.stats import median_ci
 from trainplan.specs import ModelSpec
 
 BENCH = "matmul-fp8"
@@ -121,7 +122,7 @@ def bench_fp8_linear(m: int, n: int, k: int, *, recipe: str = "tensorwise",
     flops = 3 * 2 * m * n * k
     config = {"name": name, "m": m, "n": n, "k": k, "tp": tp, "base": base, "recipe": recipe,
               "compiled": dev.type == "cuda", "device": dev.type, "flops": flops,
-              "bf16_time_s": sorted(times["bf16"])[len(times["bf16"]) // 2],
+              "bf16_time_s": median_ci(times["bf16"]).estimate,
               "warmup": warmup, "iters": iters, "repeats": repeats}
     return microbenchmark_record(bench=LINEAR_BENCH, config=config, gpus=1, card=card(dev),
                                  results=timed_results(times["fp8"], flops, "tflops", 1e12),
