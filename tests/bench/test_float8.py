@@ -17,6 +17,7 @@ from trainplan.bench.harness import float8
 from trainplan.bench.harness import train as harness
 from trainplan.bench.harness.model import Transformer
 from trainplan.bench.micro import fp8 as micro_fp8
+from trainplan.bench.micro import report as micro_report
 from trainplan.bench.series import suite
 from trainplan.calibrate import fp8 as calibrate_fp8
 from trainplan.calibrate.store import load_gpu
@@ -158,6 +159,9 @@ def test_fp8_linear_bench_and_its_cast_scale():
                                      warmup=1, iters=1, repeats=2)
     assert records.validate(rec)["bench"] == "fp8-linear"
     assert rec["results"]["time_s"] > 0 and rec["config"]["bf16_time_s"] > 0
+    bench, shape, _, rate = micro_report.summary(rec)  # the table run.py prints at the end
+    assert bench == "fp8-linear" and shape.endswith(" 16x2048x256 tensorwise")
+    assert rate.endswith("x bf16")
     with pytest.raises(SpecError, match="not converted"):
         micro_fp8.bench_fp8_linear(16, 512, 256, recipe="tensorwise", device="cpu")
     gpu = load_gpu("h100-sxm", calibrated=False)

@@ -106,3 +106,22 @@ def test_every_rank_writes_its_own_buckets(tmp_path, monkeypatch):
     assert profile.rank_path(str(out), 1).name == "prof.rank1.json" and not out.exists()
     assert got["rank"] == 1 and got["active_steps"] == 2 and got["busy_s"] > 0
     assert got["busy_s"] == pytest.approx(sum(got["buckets_s_per_step"].values()))
+
+
+def test_timeline_counts_overlap_once_and_finds_the_gaps():
+    """Two steps: a GEMM and an element-wise kernel overlapping on two streams, an NCCL
+    receive beside them (not compute), then a gap in which only the receive runs."""
+    ms = 1_000_000
+    kernels = [
+        (7, 0 * ms, 4 * ms, "nvjet_hsh_128x256"),           # compute stream
+        (9, 2 * ms, 5 * ms, "triton_poi_fused_add_0"),      # side stream, overlaps 2-4
+        (11, 5 * ms, 8 * ms, "ncclDevKernel_SendRecv"),     # waiting: not compute
+        (7, 8 * ms, 10 * ms, "nvjet_hsh_128x256"),
+    ]
+    t = profile.timeline(kernels, active=2)
+    assert t["span_s_per_step"] == pytest.approx(0.005)
+    assert t["compute_busy_s_per_step"] == pytest.approx(0.0035)  # (5 + 2) ms over 2 steps
+    assert t["compute_idle_s_per_step"] == pytest.approx(0.0015)
+    assert t["stream_busy_s_per_step"] == pytest.approx({"7": 0.003, "9": 0.0015, "11": 0.0015})
+    assert profile.timeline([], active=3) == {}
+    assert profile.union_s([(0, 10), (2, 3), (5, 12), (20, 21)]) == pytest.approx(13e-9)

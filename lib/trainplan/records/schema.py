@@ -34,7 +34,7 @@ IMPLS = ("trainplan", "hf-baseline")
 RECOMPUTE = ("none", "selective", "full")
 MICROBENCHES = ("matmul", "attention", "all_reduce", "reduce_scatter", "all_gather",
                 "hbm", "head", "block", "optimizer", "overlap", "ring", "matmul-fp8",
-                "fp8-linear")
+                "fp8-linear", "block-fp8")
 
 _NUM, _INT, _STR, _BOOL, _DICT, _LIST = "number", "int", "str", "bool", "dict", "list"
 _COMMON = {"kind": _STR, "recorded_at": _STR, "provenance": _DICT}
@@ -75,7 +75,8 @@ RESULTS = {"matmul": ("time_s", "tflops"), "attention": ("time_s", "tflops"),
            "block": ("time_s", "tokens_per_s", "activation_bytes"),
            "optimizer": ("time_s", "params_per_s"), "overlap": ("exposed_fraction",),
            "ring": ("time_s", "plain_s", "ring_extra_s"), "matmul-fp8": ("time_s", "tflops"),
-           "fp8-linear": ("time_s", "tflops")}
+           "fp8-linear": ("time_s", "tflops"),
+           "block-fp8": ("time_s", "tokens_per_s", "activation_bytes")}
 
 
 # ---------------------------------------------------------------- validation

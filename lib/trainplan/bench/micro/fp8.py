@@ -16,6 +16,13 @@ backward, compiled on a GPU, beside the same linear in bf16. `trainplan calibrat
 fp8 time less its GEMMs (the curves above) as the casts' time, over `cost.fp8`'s analytic
 cast time: `fp8_cast_scale` / `fp8_rowwise_cast_scale` (`calibrate.fp8`).
 
+`block-fp8` times one transformer block (`bench.micro.model.bench_block`, compiled, no
+recompute) with its linears converted by the recipe, beside the same block in bf16, in the
+precision a layout runs ("pure": bf16 weights as under FSDP2; "autocast-fp32": fp32 weights
+under autocast, as one GPU, DDP, TP and PP run): the bytes each keeps for backward. Compiled,
+the fp8 block keeps less (the partitioner can save a linear's fp8 operands rather than its
+bf16 input); their ratio is `fp8_activation_ratios` (`calibrate.fp8`).
+
 Shapes: those `bench.micro.layouts.matmul_tasks` lists for bf16 (the launch's --tp and
 --tokens, then --matmul-tp x --matmul-tokens), kept where `cost.fp8.converts` would run
 them in fp8; the output layer never is. Torch runs `_scaled_mm` on CPU too (tests), but
@@ -38,6 +45,7 @@ from trainplan.specs import ModelSpec
 
 BENCH = "matmul-fp8"
 LINEAR_BENCH = "fp8-linear"
+BLOCK_BENCH = "block-fp8"
 
 
 def fp8_tasks(spec: ModelSpec, tp: int, tokens: int, tps: list[int], token_counts: list[int],
@@ -113,6 +121,8 @@ def bench_fp8_linear(m: int, n: int, k: int, *, recipe: str = "tensorwise",
         module = nn.Sequential(nn.Linear(k, n, bias=False, device=dev, dtype=torch.bfloat16))
         if precision == "fp8":
             harness_fp8.convert(module, recipe, fsdp=False)
+        if dev.type == "cuda":  # each shape compiles afresh: dynamo's recompile limit (8 per
+            torch._dynamo.reset()  # code object) would leave later shapes to run eager
         run = torch.compile(module) if dev.type == "cuda" else module
 
         def step(run=run):
@@ -128,3 +138,25 @@ def bench_fp8_linear(m: int, n: int, k: int, *, recipe: str = "tensorwise",
                                  results=timed_results(times["fp8"], flops, "tflops", 1e12),
                                  run_id=run_id, extra=extra)
 
+
+
+def bench_block_fp8(model: str, micro_batch: int, seq: int, *, recipe: str = "tensorwise",
+                    precision: str = "pure", device: str | None = None, warmup: int = 3,
+                    iters: int = 5, repeats: int = 6, run_id: str | None = None,
+                    extra: dict | None = None, **_) -> dict:
+    """Seconds and kept activation bytes of one compiled block (forward + backward) with its
+    linears in fp8 by `recipe`, in `precision` (`bench.micro.model.PRECISIONS`); the same bf16
+    block's in `config.bf16_time_s` and `config.bf16_activation_bytes`."""
+    from trainplan.bench.micro import model as micro_model  # the block bench proper
+
+    check_precision("fp8", recipe)
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    kw = {"compile": dev != "cpu", "recompute": "none", "precision": precision,
+          "device": dev, "warmup": warmup, "iters": iters, "repeats": repeats}
+    bf16 = micro_model.bench_block(model, micro_batch, seq, **kw)
+    fp8 = micro_model.bench_block(model, micro_batch, seq, fp8_recipe=recipe, **kw)
+    config = {**fp8["config"], "recipe": recipe,
+              "bf16_time_s": bf16["results"]["time_s"],
+              "bf16_activation_bytes": bf16["results"]["activation_bytes"]}
+    return microbenchmark_record(bench=BLOCK_BENCH, config=config, gpus=1, card=fp8["card"],
+                                 results=fp8["results"], run_id=run_id, extra=extra)

@@ -93,13 +93,19 @@ def _record(bench, config, results, dev, gpus, run_id, extra):
 def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recompute: str = "none",
                 precision: str = "pure", dtype: str = "bfloat16", device: str | None = None,
                 warmup: int = 3, iters: int = 5, repeats: int = 6, run_id: str | None = None,
-                extra: dict | None = None) -> dict:
-    """Seconds and kept activation bytes of one block, forward + backward."""
+                extra: dict | None = None, fp8_recipe: str | None = None) -> dict:
+    """Seconds and kept activation bytes of one block, forward + backward; with
+    `fp8_recipe`, its linears converted to torchao float8 first, as the harness converts
+    them (`bench.harness.float8.convert`, no FSDP2), config["fp8_recipe"] naming it."""
     if recompute not in RECOMPUTE_MODES:
         raise SpecError(f"recompute {recompute!r} is not valid; use one of {RECOMPUTE_MODES}")
     spec, dev = load_model(model), _device(device)
     dt, amp, amp_dtype = block_precision(precision, dtype_of(dtype), dev)
     holder = OneBlock(spec).to(dev, dt)
+    if fp8_recipe is not None:
+        from trainplan.bench.harness import float8  # torchao: only for fp8
+
+        float8.convert(holder, fp8_recipe, fsdp=False)
     apply_ac(holder, recompute)
     if compile:
         torch._dynamo.reset()  # each variant compiles afresh: no recompile limit reached
@@ -131,7 +137,8 @@ def bench_block(model: str, micro_batch: int, seq: int, *, compile: bool, recomp
               "micro_batch": micro_batch, "seq": seq, "compile": compile,
               "recompute": recompute, "precision": precision, "autocast_dtype": amp_dtype,
               "dtype": dtype, "device": dev.type, "tokens": tokens,
-              "warmup": warmup, "iters": iters, "repeats": repeats}
+              "warmup": warmup, "iters": iters, "repeats": repeats,
+              **({"fp8_recipe": fp8_recipe} if fp8_recipe else {})}
     return _record("block", config, results, dev, 1, run_id, extra)
 
 

@@ -13,6 +13,14 @@ def summary(record: dict) -> tuple[str, str, str, str]:
         recipe = f" {c['recipe']}" if "recipe" in c else ""
         return record["bench"], f"{c['name']} {c['m']}x{c['n']}x{c['k']}{recipe}", \
             f"{r['time_s'] * 1e3:.3f} ms", f"{r['tflops']:.1f} TFLOP/s"
+    if record["bench"] == "fp8-linear":  # fwd + bwd of one converted linear, bf16 beside it
+        return record["bench"], f"{c['name']} {c['m']}x{c['n']}x{c['k']} {c['recipe']}", \
+            f"{r['time_s'] * 1e3:.3f} ms", f"{c['bf16_time_s'] / r['time_s']:.2f}x bf16"
+    if record["bench"] == "block-fp8":  # a block in fp8, its bf16 twin's kept bytes beside
+        return record["bench"], f"micro_batch={c['micro_batch']} {c['recipe']} {c['precision']}", \
+            f"{r['time_s'] * 1e3:.3f} ms", \
+            f"{r['activation_bytes'] / 2**20:.0f} MiB kept (bf16 " \
+            f"{c['bf16_activation_bytes'] / 2**20:.0f})"
     if record["bench"] == "attention":
         return "attention", f"b{c['batch']} a{c['heads']} s{c['seq']} d{c['head_dim']}", \
             f"{r['time_s'] * 1e3:.3f} ms", f"{r['tflops']:.1f} TFLOP/s (causal)"

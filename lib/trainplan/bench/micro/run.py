@@ -52,7 +52,7 @@ from trainplan.specs import ModelSpec, load_model
 
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
            "tp", "host", "host-step")
-OPT_IN = ("memory-stack", "matmul-fp8", "fp8-linear")  # run only when --benches names them
+OPT_IN = ("memory-stack", "matmul-fp8", "fp8-linear", "block-fp8")  # run only when --benches names them
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
 HOST_STEP_LAYERS = 4  # the host-step bench's short depth: the step's host time per layer
 BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
@@ -255,6 +255,9 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     if rank == 0 and "block" in benches:
         tasks += [("block", {**piece, "compile": c, "recompute": r, "precision": p})
                   for c, r, p in modes]
+    if rank == 0 and micro_fp8.BLOCK_BENCH in benches:  # each recipe, in each block precision
+        tasks += [(micro_fp8.BLOCK_BENCH, {**piece, "recipe": r, "precision": p})
+                  for r in micro_fp8.RECIPES for p in micro_model.PRECISIONS]
     if rank == 0 and "optimizer" in benches:
         tasks.append(("optimizer", {"model": args.model}))
     if world > 1 and "collectives" in benches:
@@ -304,6 +307,9 @@ def _run(kind: str, kw: dict, common: dict) -> dict:
         return micro_fp8.bench_matmul_fp8(**kw, **common)
     if kind == micro_fp8.LINEAR_BENCH:  # a bf16 linear converted by the harness
         return micro_fp8.bench_fp8_linear(**kw, **common)
+    if kind == micro_fp8.BLOCK_BENCH:  # a block converted, beside its bf16 twin
+        keep = {k: v for k, v in common.items() if k in ("run_id", "extra")}
+        return micro_fp8.bench_block_fp8(**kw, **keep)
     if kind == "attention":
         return bench_attention(**kw, **common)
     return bench_collective(kind, **kw, **common)

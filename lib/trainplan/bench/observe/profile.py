@@ -15,6 +15,9 @@ of named terms. Collective kernels overlap compute, so the buckets can add up
 to more than the step: `busy_s` is the union's upper bound, not the wall.
 `--every-rank`: the other ranks write their own buckets beside it
 (prof.rank1.json, ...), where ranks do different work (pipeline stages).
+Each file also has the GPU timeline's terms (`timeline`): per step, the span of the
+recorded kernels, the union of the compute kernels and the rest, the time in which no
+compute kernel runs on that GPU (a pipeline stage's bubble shows there).
 
 `--sdpa` picks the attention backend before anything is compiled (the
 choice is baked into compiled graphs): default, flash, cudnn, efficient.
@@ -89,6 +92,52 @@ def summarise(events, active: int, device: bool = True) -> dict:
             "busy_s": sum(buckets.values()), "top_kernels": kernels[:15]}
 
 
+def union_s(intervals) -> float:
+    """Seconds covered by the union of (start_ns, end_ns) intervals."""
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total / 1e9
+
+
+def timeline(kernels, active: int) -> dict:
+    """Per step, from (stream, start_ns, end_ns, name) of the recorded GPU kernels: the span
+    from the first kernel's start to the last one's end, the union of the compute kernels
+    (every bucket but collectives, any stream) and the span less it, the time no compute
+    kernel runs (a pipeline stage's bubble, a host-bound gap), with each stream's union.
+
+    The buckets (`summarise`) add kernel times and count overlap twice; this counts it once.
+    """
+    if not kernels:
+        return {}
+    compute = [(a, b) for _, a, b, name in kernels if bucket_of(name) != "collectives"]
+    span = (max(b for _, _, b, _ in kernels) - min(a for _, a, _, _ in kernels)) / 1e9 / active
+    busy = union_s(compute) / active
+    streams = {}
+    for stream, a, b, _ in kernels:
+        streams.setdefault(str(stream), []).append((a, b))
+    return {"span_s_per_step": span, "compute_busy_s_per_step": busy,
+            "compute_idle_s_per_step": span - busy,
+            "stream_busy_s_per_step": {k: union_s(v) / active for k, v in streams.items()}}
+
+
+def gpu_kernels(prof) -> list[tuple]:
+    """(stream, start_ns, end_ns, name) of each GPU activity the profiler kept (kernels,
+    copies, sets), user annotations left out (`is_annotation`'s ranges on the GPU)."""
+    from torch.autograd import DeviceType
+
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() != DeviceType.CUDA or e.is_user_annotation():
+            continue
+        out.append((e.device_resource_id(), e.start_ns(), e.start_ns() + e.duration_ns(),
+                    e.name()))
+    return out
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m trainplan.bench.observe.profile", add_help=False)
     p.add_argument("--profile-out", required=True)
@@ -150,7 +199,8 @@ def main(argv=None) -> int:
         with open(rank_path(mine.profile_out, rank), "w") as f:
             json.dump({"rank": rank, "active_steps": active, "provenance": provenance(),
                        **summarise(prof.key_averages(), active,
-                                   device=torch.cuda.is_available())}, f, indent=1)
+                                   device=torch.cuda.is_available()),
+                       **timeline(gpu_kernels(prof), active)}, f, indent=1)
         return 0
     # the profiler's active steps; the last one also runs the profiler's stop and trace
     # collection (0.4-0.9 s on 4 x H100), so the step is their median, not their mean
@@ -165,11 +215,13 @@ def main(argv=None) -> int:
            "step_time_s": statistics.median(recorded) if recorded else None,
            "step_times_s_profiled": recorded,
            "step_time_s_unprofiled_median": summary.get("step_time_s"),
-           **summarise(prof.key_averages(), active, device=torch.cuda.is_available())}
+           **summarise(prof.key_averages(), active, device=torch.cuda.is_available()),
+           **timeline(gpu_kernels(prof), active)}
     with open(mine.profile_out, "w") as f:
         json.dump(out, f, indent=1)
-    print(json.dumps({k: out[k] for k in ("impl", "sdpa", "step_time_s", "busy_s",
-                                          "buckets_s_per_step")}), file=sys.stderr)
+    print(json.dumps({k: out.get(k) for k in ("impl", "sdpa", "step_time_s", "busy_s",
+                                              "compute_idle_s_per_step",
+                                              "buckets_s_per_step")}), file=sys.stderr)
     return 0
 
 
