@@ -52,7 +52,8 @@ from trainplan.specs import ModelSpec, load_model
 
 BENCHES = ("matmul", "attention", *MODEL_BENCHES[:4], "collectives", "overlap", "ddp", "fsdp",
            "tp", "host", "host-step")
-OPT_IN = ("memory-stack", "matmul-fp8", "fp8-linear", "block-fp8")  # run only when --benches names them
+# run only when --benches names them
+OPT_IN = ("memory-stack", "matmul-fp8", "fp8-linear", "block-fp8")
 HOST_SEQ = 64  # tokens of a host-bench block: GPU kernels of microseconds; TP 2 and 4 divide it
 HOST_STEP_LAYERS = 4  # the host-step bench's short depth: the step's host time per layer
 BLOCK_REPEATS = 15  # tp and host benches: host-bound, 6 repeats spread 9-23 ms on 4 x H100
