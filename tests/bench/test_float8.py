@@ -185,3 +185,34 @@ def test_fp8_linear_bench_and_its_cast_scale():
     assert fp8_cost.cast_time(fitted, nbytes, "rowwise") == pytest.approx(
         3.0 * fp8_cost.cast_time(fitted, nbytes), rel=1e-3)
     assert fp8_cost.cast_time(fitted, nbytes, "tensorwise") == fp8_cost.cast_time(fitted, nbytes)
+
+
+def test_block_fp8_bench_and_its_kept_ratio():
+    """The block bench keeps its fp8 block's bytes beside the bf16 twin's; calibrate reads
+    their ratio with the autocast path's bf16 weight casts set aside, per recipe."""
+    from trainplan.cost import memory_runtime as rt
+    from trainplan.cost.compute import NONE
+
+    rec = micro_fp8.bench_block_fp8("llama-1.3b:1-layers", 1, 32, recipe="rowwise",
+                                    device="cpu", warmup=1, iters=1, repeats=2)
+    assert records.validate(rec)["bench"] == "block-fp8"
+    assert rec["config"]["recipe"] == "rowwise" and "bf16_activation_bytes" in rec["config"]
+    assert micro_report.summary(rec)[0] == "block-fp8"
+    assert calibrate_fp8.activation_ratios([rec]) == {}  # CPU: no allocator bytes, no ratio
+    m = load_model("llama-1.3b")
+    copies = float(rt.weight_copy_bytes(m, path=rt.AUTOCAST, tp=1, ep=1, recompute=NONE))
+    assert copies > 0
+    share = float(fp8_cost.converted_share(m, "rowwise"))
+    assert 0 < share < 1  # rowwise leaves the 2048-wide projections in bf16
+
+    def made(recipe, precision, bf16, ratio):
+        keeps = copies if precision == "autocast-fp32" else 0.0
+        return {"bench": "block-fp8", "results": {"activation_bytes": ratio * (bf16 - keeps)
+                                                  + (1 - share) * keeps},
+                "config": {"model_spec": dataclasses.asdict(m), "recipe": recipe,
+                           "precision": precision, "bf16_activation_bytes": bf16}}
+
+    recs = [made("rowwise", "pure", 6e8, 0.7), made("rowwise", "autocast-fp32", 9e8, 0.72),
+            made("rowwise", "autocast-fp32", 1.5e9, 0.74)]
+    assert calibrate_fp8.activation_ratios(recs) == {
+        "fp8_rowwise_activation_ratio": pytest.approx(0.72, abs=1e-4)}

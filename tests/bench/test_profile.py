@@ -123,5 +123,7 @@ def test_timeline_counts_overlap_once_and_finds_the_gaps():
     assert t["compute_busy_s_per_step"] == pytest.approx(0.0035)  # (5 + 2) ms over 2 steps
     assert t["compute_idle_s_per_step"] == pytest.approx(0.0015)
     assert t["stream_busy_s_per_step"] == pytest.approx({"7": 0.003, "9": 0.0015, "11": 0.0015})
+    assert t["compute_gaps"] == [{"at_s": pytest.approx(0.005), "s": pytest.approx(0.003),
+                                  "after": "triton_poi_fused_add_0", "before": "nvjet_hsh_128x256"}]
     assert profile.timeline([], active=3) == {}
     assert profile.union_s([(0, 10), (2, 3), (5, 12), (20, 21)]) == pytest.approx(13e-9)

@@ -260,6 +260,7 @@ def build(paths, gpu: GPUSpec, host_paths=None) -> dict:
     scales.update(calibrate_fp8.curves(by_bench["matmul-fp8"], gpu))
     scales.update(calibrate_fp8.cast_scales(by_bench["fp8-linear"],
                                             calibrate_pieces.apply(base, scales)))
+    scales.update(calibrate_fp8.activation_ratios(by_bench["block-fp8"]))
     if curve:  # set before the pieces are fitted: block_terms prices attention with it
         scales = {"attention_curve": curve, **scales}
     return {

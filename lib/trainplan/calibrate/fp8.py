@@ -9,6 +9,11 @@
   layout copies, over the time its cast bytes (`cost.fp8.linear_cast_bytes`) take at the
   card's HBM streaming rate. The median over shapes is `fp8_cast_scale` /
   `fp8_rowwise_cast_scale`, which `cost.fp8.cast_time` multiplies in.
+- `activation_ratios`: per recipe, the bytes a compiled block keeps for backward with its
+  linears in fp8 over the same block's in bf16 (`block-fp8` records), both less the bf16
+  weight casts an autocast block keeps (`memory_runtime.weight_copy_bytes`; fp8 casts the
+  converted weights itself and keeps none): `fp8_activation_ratio` /
+  `fp8_rowwise_activation_ratio`, which `cost.fp8.kept_scale` applies.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ import statistics
 from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.calibrate.store import CalibrationError
 from trainplan.cost import fp8 as fp8_cost
-from trainplan.specs import GPUSpec
+from trainplan.cost import memory_runtime as rt
+from trainplan.cost.compute import NONE
+from trainplan.specs import GPUSpec, ModelSpec
 
 KEYS = {"tensorwise": ("fp8_matmul_curve", "fp8_cast_scale"),
         "rowwise": ("fp8_rowwise_matmul_curve", "fp8_rowwise_cast_scale")}
+RATIO_KEYS = {"tensorwise": "fp8_activation_ratio", "rowwise": "fp8_rowwise_activation_ratio"}
 MIN_CAST_SCALE = 0.05  # a linear no slower than its GEMMs: the casts hidden, not free
 
 
@@ -65,4 +73,30 @@ def cast_scales(recs: list[dict], gpu: GPUSpec) -> dict:
         ratios = [linear_cast_ratio(r, gpu) for r in recs if r["config"].get("recipe") == recipe]
         if ratios:
             out[key] = round(max(MIN_CAST_SCALE, statistics.median(ratios)), 4)
+    return out
+
+
+def block_kept_ratio(rec: dict) -> float:
+    """One `block-fp8` record's kept bytes over its bf16 twin's, each less the bf16 weight
+    casts its precision keeps (autocast: all of the bf16 block's, the unconverted linears'
+    in fp8; "pure": none)."""
+    c = rec["config"]
+    m = ModelSpec(**c["model_spec"])
+    path = rt.AUTOCAST if c["precision"] == "autocast-fp32" else rt.FSDP
+    copies = float(rt.weight_copy_bytes(m, path=path, tp=1, ep=1, recompute=NONE))
+    unconverted = 1.0 - float(fp8_cost.converted_share(m, c["recipe"]))
+    return (rec["results"]["activation_bytes"] - unconverted * copies) / (
+        c["bf16_activation_bytes"] - copies)
+
+
+def activation_ratios(recs: list[dict]) -> dict:
+    """{"fp8_activation_ratio": ..., "fp8_rowwise_activation_ratio": ...} for the recipes with
+    `block-fp8` records measured on a GPU (kept bytes > 0): the median `block_kept_ratio`."""
+    out = {}
+    for recipe, key in RATIO_KEYS.items():
+        ratios = [block_kept_ratio(r) for r in recs if r["config"].get("recipe") == recipe
+                  and r["results"]["activation_bytes"] > 0
+                  and r["config"]["bf16_activation_bytes"] > 0]
+        if ratios:
+            out[key] = round(statistics.median(ratios), 4)
     return out

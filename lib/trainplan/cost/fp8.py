@@ -25,7 +25,9 @@ Against bf16, per rank, these terms change (each a function below):
    (`gather_params`), and its copy kernels move fewer bytes (`dp_copy_delta_bytes`);
 4. memory (`memory_delta`): under fp8 all-gather the unsharded converted weights are fp8;
    the fp8 operand copies of the largest linear, with their scales, live during its
-   backward. No amax history: torchao's dynamic scaling keeps none.
+   backward. No amax history: torchao's dynamic scaling keeps none. A compiled block keeps
+   less for backward (`kept_scale`, measured by the `block-fp8` microbenchmark), and no
+   bf16 casts of its converted weights (`converted_share`).
 Not counted: fp8 transposes that compile fuses into the casts, and the one small
 all-reduce of weight scales a step.
 """
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainplan.cost import params
 from trainplan.cost.compute import NONE, matmul_efficiency_at
 from trainplan.errors import SpecError
 from trainplan.specs import GPUSpec, ModelSpec
@@ -109,6 +112,18 @@ def converted_layer_params(m: ModelSpec, recipe: str, tp=1, ep=1):
     """Weights of one block on one rank that run in fp8 (parameters; no biases)."""
     return sum((w * n * k for _, w, n, k in _converted(m, recipe, tp, ep)),
                start=np.zeros_like(np.asarray(tp, dtype=float)))
+
+
+def converted_share(m: ModelSpec, recipe: str, tp=1, ep=1):
+    """Share of one block's weights on a rank (`params.layer_params_per_rank`) in
+    converted linears: the weights whose bf16 casts an fp8 block does not keep."""
+    return converted_layer_params(m, recipe, tp, ep) / params.layer_params_per_rank(m, tp, ep)
+
+
+def kept_scale(gpu: GPUSpec, recipe: str) -> float:
+    """A compiled fp8 block's kept bytes over bf16's, bf16 weight casts aside: the card's
+    measured ratio for `recipe` (`calibrate.fp8.activation_ratios`); 1 = not measured."""
+    return gpu.fp8_rowwise_activation_ratio if recipe == "rowwise" else gpu.fp8_activation_ratio
 
 
 def fp8_efficiency_at(gpu: GPUSpec, recipe: str, tokens, width):

@@ -27,6 +27,7 @@ FUSED_CHUNK = 4096  # tokens per chunk of the fused loss (--loss-chunk's default
 # (4096, 32000) fp32 chunk is 0.5 GiB
 LOSSES = ("standard", "fused")  # the harness's and the planner's --loss
 NON_ALLOCATOR_GIB = 2.0  # CUDA context, NCCL and cuBLAS workspaces: outside PyTorch's allocator
+NO_FP8 = (1.0, 0.0)  # fp8_kept of a bf16 block: (kept-bytes ratio, converted weight share)
 
 
 def _sharded(m: ModelSpec, stage_params, zero, dp_shard, cp, ep, share, active_stage):
@@ -180,20 +181,25 @@ def head_peak_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, compiled_loss
 
 
 def layer_kept_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp, recompute,
-                     sequence_parallel, scale=1.0, path=rt.FSDP, compiled=True, ep=1):
+                     sequence_parallel, scale=1.0, path=rt.FSDP, compiled=True, ep=1,
+                     fp8_kept=NO_FP8):
     """Bytes one block keeps for one micro-batch on the harness's precision `path`: the
     analytic `layer_activation_bytes` at the measured `scale` (plus DDP's split graph,
     `memory_runtime.ddp_split_scale`), the autocast path's fp32 block input per token and
     its bf16 weight casts (`memory_runtime.autocast_token_bytes`, `weight_copy_bytes`).
+    fp8 (`fp8_kept`, (ratio, converted share): `cost.fp8.kept_scale`, `converted_share`)
+    scales all but the weight casts by the measured ratio and drops the converted weights'.
     The per-layer term of `activation_bytes`; `trainplan.calibrate.memory` prices a
     microbenchmark's blocks with it."""
     tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
     analytic = layer_activation_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp,
                                       recompute=recompute, sequence_parallel=sequence_parallel)
-    return (scale + rt.ddp_split_scale(path, compiled)) * analytic \
-        + tokens * rt.autocast_token_bytes(m, path=path, tp=tp,
-                                           sequence_parallel=sequence_parallel) \
-        + rt.weight_copy_bytes(m, path=path, tp=tp, ep=ep, recompute=recompute)
+    ratio, converted = fp8_kept
+    return ratio * ((scale + rt.ddp_split_scale(path, compiled)) * analytic
+                    + tokens * rt.autocast_token_bytes(m, path=path, tp=tp,
+                                                       sequence_parallel=sequence_parallel)) \
+        + (1.0 - converted) * rt.weight_copy_bytes(m, path=path, tp=tp, ep=ep,
+                                                   recompute=recompute)
 
 
 def sequence_parallel_on(L: Layouts):
@@ -203,7 +209,7 @@ def sequence_parallel_on(L: Layouts):
 
 def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale=1.0,
                      logits_scale=1.0, compiled_loss=False, path=None, compiled=None,
-                     fused_loss=False):
+                     fused_loss=False, fp8_kept=NO_FP8):
     """Peak activation bytes on the worst stage of each layout in `L`: the first (most in
     flight) or the last (logits).
 
@@ -222,7 +228,7 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     what the harness's precision path keeps on top, each term in `memory_runtime`:
     the fp32 block input and the DDP graph split per token, the blocks' bf16
     weight casts per micro-batch in flight, the head's inputs, and the
-    pipeline's receive buffers.
+    pipeline's receive buffers. `fp8_kept`: as `layer_kept_bytes` takes it.
     """
     tp, pp, cp, ep = L.tp, L.pp, L.cp, L.ep
     micro_batch, grad_accum, recompute = L.micro_batch, L.grad_accum, L.recompute
@@ -238,7 +244,7 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
                    recompute_full=full)
     # context parallel: compiled blocks keep the gathered K, V (`ring.ring_kept_bytes`)
     per_layer = layer_kept_bytes(m, recompute=recompute, scale=scale, path=path,
-                                 compiled=compiled, ep=ep, **kw) \
+                                 compiled=compiled, ep=ep, fp8_kept=fp8_kept, **kw) \
         + ring.ring_kept_bytes(m, **ring_kw)
     rebuilt = np.where(full,
                        full_scale * layer_activation_bytes(m, recompute=0, **kw), 0.0)
@@ -295,7 +301,7 @@ def grads_at_peak(grads, activations, *, grad_accum, pp):
 
 def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuilt_scale=1.0,
               logits_scale=1.0, compiled_loss=False, compiled=None, gpu=None,
-              fused_loss=False) -> dict:
+              fused_loss=False, fp8_kept=NO_FP8) -> dict:
     """Bytes per GPU at the step's peak of each layout in `L`, by term: params, grads,
     optimizer, activations, other, total.
 
@@ -311,7 +317,8 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     `memory_runtime.FRAGMENTATION`): the peak is `torch.cuda.max_memory_reserved`.
     Memory outside PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
     instead, in `fits`. `compiled` (default: `compiled_loss`) says the blocks run compiled;
-    `fused_loss` that the loss is the harness's `--loss fused` (`fused_logits_bytes`).
+    `fused_loss` that the loss is the harness's `--loss fused` (`fused_logits_bytes`);
+    `fp8_kept` what fp8 does to a block's kept bytes (`layer_kept_bytes`).
     """
     dp, tp, pp, cp, ep, zero, dp_shard = L.dp, L.tp, L.pp, L.cp, L.ep, L.zero, L.dp_shard
     grad_accum = L.grad_accum
@@ -320,7 +327,7 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     activations = activation_bytes(
         m, L, seq_len=seq_len, scale=activation_scale, full_scale=rebuilt_scale,
         logits_scale=logits_scale, compiled_loss=compiled_loss, path=path, compiled=compiled,
-        fused_loss=fused_loss)
+        fused_loss=fused_loss, fp8_kept=fp8_kept)
     weights, optimizer = rt.state_bytes(m, path=path, **sharding)
     grads = rt.grad_bytes(m, path=path, grad_accum=grad_accum, **sharding)
     terms = {

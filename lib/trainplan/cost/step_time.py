@@ -85,11 +85,14 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     stream = np.where(autocast, 2.0, 1.0)  # residual-stream bytes / bf16
     fused = memory.fused_loss_on(loss, tp=tp, pp=pp, cp=cp)
 
+    is_fp8 = precision == "fp8"
+    # a compiled fp8 block keeps less, and no bf16 casts of its converted weights
+    fp8_kept = (np.where(compiled, fp8.kept_scale(gpu, fp8_recipe), 1.0),
+                fp8.converted_share(m, fp8_recipe, tp, ep)) if is_fp8 else memory.NO_FP8
     mem = memory.breakdown(
         m, L, seq_len=seq_len, activation_scale=activation_scale(gpu, compiled, L.recompute),
         rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale,
-        compiled_loss=compiled, gpu=gpu, fused_loss=fused)
-    is_fp8 = precision == "fp8"
+        compiled_loss=compiled, gpu=gpu, fused_loss=fused, fp8_kept=fp8_kept)
     fp8_gather = ~autocast & (fp8_recipe == "tensorwise")  # FSDP2's float8 all-gather
     if is_fp8:
         extra_params, extra_other = fp8.memory_delta(

@@ -102,6 +102,8 @@ class GPUSpec:
     fp8_rowwise_matmul_curve: tuple = ()  # the same with a scale per row (torchao rowwise)
     fp8_cast_scale: float = 1.0  # torchao tensorwise casts' time / analytic bytes at HBM rate
     fp8_rowwise_cast_scale: float = 1.0  # the same for rowwise casts; 1 = not measured
+    fp8_activation_ratio: float = 1.0  # a compiled fp8 block's kept bytes / bf16's, tensorwise
+    fp8_rowwise_activation_ratio: float = 1.0  # the same for rowwise; 1 = not measured
     source: str = ""
     cluster: str = ""  # the interconnect preset this card comes in (--cluster's default); "" none
     calibration: str = "datasheet"  # where the efficiencies come from (calibrate.py sets it)
@@ -139,7 +141,8 @@ class GPUSpec:
                                   "attention_efficiency", "memory_efficiency",
                                   "elementwise_scale", "eager_elementwise_scale", "head_scale",
                                   "optimizer_scale", "logits_scale", "ddp_block_scale",
-                                  "fsdp_block_scale", "fp8_cast_scale", "fp8_rowwise_cast_scale"),
+                                  "fsdp_block_scale", "fp8_cast_scale", "fp8_rowwise_cast_scale",
+                                  "fp8_activation_ratio", "fp8_rowwise_activation_ratio"),
                   non_negative=("fp8_tflops", "fp8_matmul_efficiency", "overlap_exposed",
                                 "autocast_elementwise_scale", "eager_autocast_elementwise_scale",
                                 "compiled_head_scale", "host_overlap_k"))

@@ -17,7 +17,8 @@ to more than the step: `busy_s` is the union's upper bound, not the wall.
 (prof.rank1.json, ...), where ranks do different work (pipeline stages).
 Each file also has the GPU timeline's terms (`timeline`): per step, the span of the
 recorded kernels, the union of the compute kernels and the rest, the time in which no
-compute kernel runs on that GPU (a pipeline stage's bubble shows there).
+compute kernel runs on that GPU (a pipeline stage's bubble shows there), and the longest
+of those stretches with the kernels either side (`gaps`).
 
 `--sdpa` picks the attention backend before anything is compiled (the
 choice is baked into compiled graphs): default, flash, cudnn, efficient.
@@ -103,11 +104,30 @@ def union_s(intervals) -> float:
     return total / 1e9
 
 
+GAP_NS = 500_000  # idle stretches of the compute kernels listed by `timeline`: >= 0.5 ms
+MAX_GAPS = 60
+
+
+def gaps(kernels, t0: int) -> list[dict]:
+    """The longest stretches (>= GAP_NS, at most MAX_GAPS, in time order) in which no
+    compute kernel runs: start after `t0` and length (s), the kernels either side."""
+    spans = sorted((a, b, name) for _, a, b, name in kernels if bucket_of(name) != "collectives")
+    out, end, before = [], None, None
+    for a, b, name in spans:
+        if end is not None and a - end >= GAP_NS:
+            out.append({"at_s": (end - t0) / 1e9, "s": (a - end) / 1e9,
+                        "after": before[:80], "before": name[:80]})
+        if end is None or b > end:
+            end, before = b, name
+    return sorted(sorted(out, key=lambda g: -g["s"])[:MAX_GAPS], key=lambda g: g["at_s"])
+
+
 def timeline(kernels, active: int) -> dict:
     """Per step, from (stream, start_ns, end_ns, name) of the recorded GPU kernels: the span
     from the first kernel's start to the last one's end, the union of the compute kernels
     (every bucket but collectives, any stream) and the span less it, the time no compute
-    kernel runs (a pipeline stage's bubble, a host-bound gap), with each stream's union.
+    kernel runs (a pipeline stage's bubble, a host-bound gap), with each stream's union,
+    and the longest idle stretches (`gaps`, over the whole window, not per step).
 
     The buckets (`summarise`) add kernel times and count overlap twice; this counts it once.
     """
@@ -121,7 +141,8 @@ def timeline(kernels, active: int) -> dict:
         streams.setdefault(str(stream), []).append((a, b))
     return {"span_s_per_step": span, "compute_busy_s_per_step": busy,
             "compute_idle_s_per_step": span - busy,
-            "stream_busy_s_per_step": {k: union_s(v) / active for k, v in streams.items()}}
+            "stream_busy_s_per_step": {k: union_s(v) / active for k, v in streams.items()},
+            "compute_gaps": gaps(kernels, min(a for _, a, _, _ in kernels))}
 
 
 def gpu_kernels(prof) -> list[tuple]:
