@@ -109,8 +109,8 @@ def test_every_rank_writes_its_own_buckets(tmp_path, monkeypatch):
 
 
 def test_timeline_counts_overlap_once_and_finds_the_gaps():
-    """Two steps: a GEMM and an element-wise kernel overlapping on two streams, an NCCL
-    receive beside them (not compute), then a gap in which only the receive runs."""
+    """A GEMM and an element-wise kernel overlapping on two streams, an NCCL receive beside
+    them (not compute), then a gap in which only the receive runs."""
     ms = 1_000_000
     kernels = [
         (7, 0 * ms, 4 * ms, "nvjet_hsh_128x256"),           # compute stream
@@ -118,12 +118,13 @@ def test_timeline_counts_overlap_once_and_finds_the_gaps():
         (11, 5 * ms, 8 * ms, "ncclDevKernel_SendRecv"),     # waiting: not compute
         (7, 8 * ms, 10 * ms, "nvjet_hsh_128x256"),
     ]
-    t = profile.timeline(kernels, active=2)
-    assert t["span_s_per_step"] == pytest.approx(0.005)
-    assert t["compute_busy_s_per_step"] == pytest.approx(0.0035)  # (5 + 2) ms over 2 steps
-    assert t["compute_idle_s_per_step"] == pytest.approx(0.0015)
-    assert t["stream_busy_s_per_step"] == pytest.approx({"7": 0.003, "9": 0.0015, "11": 0.0015})
+    t = profile.timeline(kernels)
+    assert t["window_s"] == pytest.approx(0.010)
+    assert t["compute_busy_s"] == pytest.approx(0.007)  # 0-5 ms and 8-10 ms, overlap once
+    assert t["compute_idle_s"] == pytest.approx(0.003)
+    assert t["compute_idle_share"] == pytest.approx(0.3)
+    assert t["stream_busy_s"] == pytest.approx({"7": 0.006, "9": 0.003, "11": 0.003})
     assert t["compute_gaps"] == [{"at_s": pytest.approx(0.005), "s": pytest.approx(0.003),
                                   "after": "triton_poi_fused_add_0", "before": "nvjet_hsh_128x256"}]
-    assert profile.timeline([], active=3) == {}
+    assert profile.timeline([]) == {}
     assert profile.union_s([(0, 10), (2, 3), (5, 12), (20, 21)]) == pytest.approx(13e-9)

@@ -162,7 +162,10 @@ def test_parity_reads_the_newest_run_with_both_precisions(tmp_path):
     assert run["tail_loss"] == {"bf16": pytest.approx(4.0), "fp8": pytest.approx(4.2)}
     speed = new[1]["tokens_per_s_per_gpu"] / new[0]["tokens_per_s_per_gpu"]
     note = precision.parity_note(run)
-    assert "4.200 in fp8 against 4.000 in bf16 (+5.0%)" in note and f"{speed:.2f} times" in note
+    assert "4.200 in fp8 against 4.000 in bf16 (+5.0%), outside the 3%" in note
+    assert f"{speed:.2f} times" in note
+    close = {**run, "tail_loss": {"bf16": 4.0, "fp8": 3.9}}  # -2.5%: fp8 lower counts too
+    assert "(-2.5%), within the 3%" in precision.parity_note(close)
     assert precision.parity(tmp_path / "none") is None
     assert "not measured" in precision.parity_note(None)
 

@@ -15,8 +15,8 @@ of named terms. Collective kernels overlap compute, so the buckets can add up
 to more than the step: `busy_s` is the union's upper bound, not the wall.
 `--every-rank`: the other ranks write their own buckets beside it
 (prof.rank1.json, ...), where ranks do different work (pipeline stages).
-Each file also has the GPU timeline's terms (`timeline`): per step, the span of the
-recorded kernels, the union of the compute kernels and the rest, the time in which no
+Each file also has the GPU timeline's terms (`timeline`): over the recorded window, the
+span of its kernels, the union of the compute kernels and the rest, the time in which no
 compute kernel runs on that GPU (a pipeline stage's bubble shows there), and the longest
 of those stretches with the kernels either side (`gaps`).
 
@@ -122,26 +122,29 @@ def gaps(kernels, t0: int) -> list[dict]:
     return sorted(sorted(out, key=lambda g: -g["s"])[:MAX_GAPS], key=lambda g: g["at_s"])
 
 
-def timeline(kernels, active: int) -> dict:
-    """Per step, from (stream, start_ns, end_ns, name) of the recorded GPU kernels: the span
-    from the first kernel's start to the last one's end, the union of the compute kernels
-    (every bucket but collectives, any stream) and the span less it, the time no compute
-    kernel runs (a pipeline stage's bubble, a host-bound gap), with each stream's union,
-    and the longest idle stretches (`gaps`, over the whole window, not per step).
+def timeline(kernels) -> dict:
+    """From (stream, start_ns, end_ns, name) of the recorded GPU kernels, in seconds over the
+    recorded window: its span (first kernel's start to last one's end), the union of the
+    compute kernels (every bucket but collectives, any stream) and the rest, the time no
+    compute kernel runs (a pipeline stage's bubble, a host-bound gap), the idle share of the
+    span, each stream's union, and the longest idle stretches (`gaps`).
 
-    The buckets (`summarise`) add kernel times and count overlap twice; this counts it once.
+    Totals and a share, not per step: the window holds the kernels of the recorded steps and
+    of whatever was still queued from the step before (3.28 steps' for 3 on a pipeline
+    stage), so dividing by the steps counted would overstate a step. The buckets
+    (`summarise`) add kernel times and count overlap twice; this counts it once.
     """
     if not kernels:
         return {}
     compute = [(a, b) for _, a, b, name in kernels if bucket_of(name) != "collectives"]
-    span = (max(b for _, _, b, _ in kernels) - min(a for _, a, _, _ in kernels)) / 1e9 / active
-    busy = union_s(compute) / active
+    span = (max(b for _, _, b, _ in kernels) - min(a for _, a, _, _ in kernels)) / 1e9
+    busy = union_s(compute)
     streams = {}
     for stream, a, b, _ in kernels:
         streams.setdefault(str(stream), []).append((a, b))
-    return {"span_s_per_step": span, "compute_busy_s_per_step": busy,
-            "compute_idle_s_per_step": span - busy,
-            "stream_busy_s_per_step": {k: union_s(v) / active for k, v in streams.items()},
+    return {"window_s": span, "compute_busy_s": busy, "compute_idle_s": span - busy,
+            "compute_idle_share": (span - busy) / span if span > 0 else 0.0,
+            "stream_busy_s": {k: union_s(v) for k, v in streams.items()},
             "compute_gaps": gaps(kernels, min(a for _, a, _, _ in kernels))}
 
 
@@ -221,7 +224,7 @@ def main(argv=None) -> int:
             json.dump({"rank": rank, "active_steps": active, "provenance": provenance(),
                        **summarise(prof.key_averages(), active,
                                    device=torch.cuda.is_available()),
-                       **timeline(gpu_kernels(prof), active)}, f, indent=1)
+                       **timeline(gpu_kernels(prof))}, f, indent=1)
         return 0
     # the profiler's active steps; the last one also runs the profiler's stop and trace
     # collection (0.4-0.9 s on 4 x H100), so the step is their median, not their mean
@@ -237,11 +240,11 @@ def main(argv=None) -> int:
            "step_times_s_profiled": recorded,
            "step_time_s_unprofiled_median": summary.get("step_time_s"),
            **summarise(prof.key_averages(), active, device=torch.cuda.is_available()),
-           **timeline(gpu_kernels(prof), active)}
+           **timeline(gpu_kernels(prof))}
     with open(mine.profile_out, "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps({k: out.get(k) for k in ("impl", "sdpa", "step_time_s", "busy_s",
-                                              "compute_idle_s_per_step",
+                                              "compute_idle_share",
                                               "buckets_s_per_step")}), file=sys.stderr)
     return 0
 
