@@ -401,13 +401,17 @@ def test_a_records_yaml_model_path_is_read_from_the_repository_root(tmp_path, mo
 def test_repredictions_keep_the_records_precision():
     """An fp8 record is re-predicted in fp8 and its recipe, as its prediction was: not as the
     bf16 config of the same layout (which would make fp8's re-prediction error the speed-up)."""
-    run = ROOT / "data/measurements/validate-h200x2-20261127b/f8"
-    out = compare.compare([str(run / "predictions.jsonl"), str(run / "measurements.jsonl")])
-    rows = {r["config"]: r for r in out["rows"]}
+    def rows_of(run):
+        out = compare.compare([str(run / "predictions.jsonl"), str(run / "measurements.jsonl")])
+        return {r["config"]: r for r in out["rows"]}
+
+    rows = rows_of(ROOT / "data/measurements/validate-h200x2-20261127b/f8")
     bf16, fp8, row = (rows[t]["repredicted"]["calibrated"]["step_time_s"] for t in (
         "s13b-z2-mb2-c-2gpu", "s13b-z2-mb2-c-fp8-2gpu", "s13b-z2-mb2-c-fp8-row-2gpu"))
     assert fp8 < row < bf16
-    # the same planner and calibration predicted these before the run, bar the host terms
+    # the same planner and fp8 terms predicted these before the run, bar the host terms and
+    # the rowwise cast scale (3.04 then, 2.95 committed: one shape then ran eagerly)
+    rows = rows_of(ROOT / "data/measurements/validate-h200x2-20261127c/f8")
     for tag in ("s13b-z2-mb2-c-fp8-2gpu", "s13b-z2-mb2-c-fp8-row-2gpu"):
         r = rows[tag]
         assert r["repredicted"]["calibrated"]["step_time_s"] == pytest.approx(

@@ -205,6 +205,10 @@ def test_a_measured_kept_ratio_shrinks_fp8_activations_only(h100):
         for precision, recipe in (("bf16", "tensorwise"), ("fp8", "rowwise")):
             assert _step(m, lean, precision, recipe, **lay).activations_gib == \
                 _step(m, h100, precision, recipe, **lay).activations_gib
+    # measured without recompute only: a recomputing fp8 plan keeps bf16's ratio
+    full = dict(dp=8, zero=3, micro_batch=2, recompute=FULL)
+    assert _step(m, lean, "fp8", **full).activations_gib == \
+        _step(m, h100, "fp8", **full).activations_gib
     # one block's kept bytes on the autocast path, by hand: the ratio on all but the weight
     # casts, which fp8 keeps only for the linears it leaves in bf16 (none at 13B)
     kw = dict(seq_len=4096, micro_batch=1, tp=1, cp=1, recompute=NONE, sequence_parallel=False,

@@ -86,8 +86,10 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     fused = memory.fused_loss_on(loss, tp=tp, pp=pp, cp=cp)
 
     is_fp8 = precision == "fp8"
-    # a compiled fp8 block keeps less, and no bf16 casts of its converted weights
-    fp8_kept = (np.where(compiled, fp8.kept_scale(gpu, fp8_recipe), 1.0),
+    # a compiled fp8 block without recompute keeps less (the ratio is measured there only),
+    # and no bf16 casts of its converted weights
+    fp8_kept = (np.where(np.asarray(compiled) & (np.asarray(L.recompute) == compute.NONE),
+                         fp8.kept_scale(gpu, fp8_recipe), 1.0),
                 fp8.converted_share(m, fp8_recipe, tp, ep)) if is_fp8 else memory.NO_FP8
     mem = memory.breakdown(
         m, L, seq_len=seq_len, activation_scale=activation_scale(gpu, compiled, L.recompute),
