@@ -1,15 +1,11 @@
 """fp8 training (`--precision fp8`, torchao float8): what it changes in a step's time and memory.
 
 The harness converts a block's linears to torchao's `Float8Linear` by the rule of
-`converts` (`bench.harness.float8`). A converted linear runs its three GEMMs (forward,
-input gradient, weight gradient) through `torch._scaled_mm` in fp8 e4m3, each bf16 operand
-cast first with a scale from its absolute maximum (dynamic scaling). Recipes
-(torchao `Float8LinearConfig.from_recipe_name`):
-
-- tensorwise: one scale per tensor; under FSDP2 each weight is cast to fp8 on its shard
-  before the all-gather (`enable_fsdp_float8_all_gather`), with the scales precomputed
-  after the optimizer step (`precompute_float8_dynamic_scale_for_fsdp`);
-- rowwise: a scale per row of each operand; weights gathered in bf16.
+`converts` (`bench.harness.float8`). A converted linear runs its three GEMMs through
+`torch._scaled_mm` in fp8 e4m3, each bf16 operand cast with a scale from its absolute
+maximum. Recipes (torchao `Float8LinearConfig.from_recipe_name`): tensorwise, one scale per
+tensor, weights cast on their FSDP2 shard and all-gathered in fp8; rowwise, a scale per row,
+weights gathered in bf16.
 
 Against bf16, per rank, these terms change (each a function below):
 1. the converted GEMMs run at the fp8 rate: `fp8_tflops` x the fp8 fraction for the

@@ -21,7 +21,7 @@ recompute) with its linears converted by the recipe, beside the same block in bf
 precision a layout runs ("pure": bf16 weights as under FSDP2; "autocast-fp32": fp32 weights
 under autocast, as one GPU, DDP, TP and PP run): the bytes each keeps for backward. Compiled,
 the fp8 block keeps less (the partitioner can save a linear's fp8 operands rather than its
-bf16 input); their ratio is `fp8_activation_ratios` (`calibrate.fp8`).
+bf16 input); their ratio gives `fp8_activation_ratio` (`calibrate.fp8.activation_ratios`).
 
 Shapes: those `bench.micro.layouts.matmul_tasks` lists for bf16 (the launch's --tp and
 --tokens, then --matmul-tp x --matmul-tokens), kept where `cost.fp8.converts` would run

@@ -108,10 +108,11 @@ GAP_NS = 500_000  # idle stretches of the compute kernels listed by `timeline`: 
 MAX_GAPS = 60
 
 
-def gaps(kernels, t0: int) -> list[dict]:
-    """The longest stretches (>= GAP_NS, at most MAX_GAPS, in time order) in which no
-    compute kernel runs: start after `t0` and length (s), the kernels either side."""
-    spans = sorted((a, b, name) for _, a, b, name in kernels if bucket_of(name) != "collectives")
+def gaps(compute, t0: int) -> list[dict]:
+    """The longest stretches (>= GAP_NS, at most MAX_GAPS, in time order) in which none of the
+    `compute` kernels (stream, start_ns, end_ns, name) runs: start after `t0` and length (s),
+    the kernels either side."""
+    spans = sorted((a, b, name) for _, a, b, name in compute)
     out, end, before = [], None, None
     for a, b, name in spans:
         if end is not None and a - end >= GAP_NS:
@@ -130,22 +131,23 @@ def timeline(kernels) -> dict:
     span, each stream's union, and the longest idle stretches (`gaps`).
 
     Totals and a share, not per step: the window holds the kernels of the recorded steps and
-    of whatever was still queued from the step before (3.28 steps' for 3 on a pipeline
-    stage), so dividing by the steps counted would overstate a step. The buckets
+    of whatever was still queued from the step before, so dividing by the steps counted
+    would overstate a step. The buckets
     (`summarise`) add kernel times and count overlap twice; this counts it once.
     """
     if not kernels:
         return {}
-    compute = [(a, b) for _, a, b, name in kernels if bucket_of(name) != "collectives"]
-    span = (max(b for _, _, b, _ in kernels) - min(a for _, a, _, _ in kernels)) / 1e9
-    busy = union_s(compute)
+    compute = [k for k in kernels if bucket_of(k[3]) != "collectives"]
+    t0 = min(a for _, a, _, _ in kernels)
+    span = (max(b for _, _, b, _ in kernels) - t0) / 1e9
+    busy = union_s((a, b) for _, a, b, _ in compute)
     streams = {}
     for stream, a, b, _ in kernels:
         streams.setdefault(str(stream), []).append((a, b))
     return {"window_s": span, "compute_busy_s": busy, "compute_idle_s": span - busy,
             "compute_idle_share": (span - busy) / span if span > 0 else 0.0,
             "stream_busy_s": {k: union_s(v) for k, v in streams.items()},
-            "compute_gaps": gaps(kernels, min(a for _, a, _, _ in kernels))}
+            "compute_gaps": gaps(compute, t0)}
 
 
 def gpu_kernels(prof) -> list[tuple]:
