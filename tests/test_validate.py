@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 import yaml
@@ -233,10 +234,49 @@ def test_a_config_may_name_its_own_model_and_sequence_length(tmp_path):
         suite_mod.load_suite(str(path))
 
 
+def test_other_models_gemms_shape_the_curve_not_the_matmul_fraction(first_run, tiny_suite,
+                                                                    tmp_path, monkeypatch):
+    """Stage 1d on CPU: the GEMMs of two more models (one GPU each, in two waves of one)
+    land in micro.jsonl as curve-only records; the calibration's single matmul fraction
+    is still the base model's, and the size curve holds the new widths."""
+    import shutil
+
+    from trainplan import validate as v
+    from trainplan.bench.micro import stage
+    from trainplan.calibrate import fit
+    from trainplan.calibrate.store import load_gpu
+
+    d, _ = tiny_suite
+    micro = tmp_path / "micro.jsonl"
+    shutil.copyfile(first_run[0] / "micro.jsonl", micro)
+    models = []
+    for name, hidden in (("wide", 128), ("wider", 192)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(TINY_MODEL.replace("hidden: 64", f"hidden: {hidden}") + f"name: {path}\n")
+        models.append(str(path))
+    monkeypatch.setenv("PYTHONPATH", str(Path(v.__file__).parents[1]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    stage.run_gemm_micro(micro, models, 1, v.Clock(200), tokens="16,32")
+    assert not list(tmp_path.glob("gemm-*.jsonl"))  # each part appended, then removed
+    added = [r for r in records.load(micro) if r["config"].get("base") is False]
+    assert {r["model"] for r in added} == set(models)
+    assert stage.shard_degrees(models[0]) == [1, 2]  # 2 kv heads: no tp 4 shards
+    assert {(r["config"]["m"], r["config"]["tp"]) for r in added} == {
+        (m, t) for m in (16, 32) for t in (1, 2)}
+    gpu = load_gpu(str(d / "cpu-test.yaml"), calibrated=False)
+    before, after = fit.build([first_run[0] / "micro.jsonl"], gpu), fit.build([micro], gpu)
+    assert after["matmul_efficiency"] == before["matmul_efficiency"]
+    widths = {w for _, w, _ in after["pieces"]["matmul_curve"]}
+    assert 192 * 192 in widths and 128 * 128 in widths  # q of each new model
+    assert {w for _, w, _ in after["pieces"]["head_matmul_curve"]} == {
+        256 * 64, 256 * 128, 256 * 192}  # each output layer, the base model's too
+
+
 def test_a_micro_run_cut_short_calibrates_from_what_it_recorded(tmp_path, monkeypatch):
     """The overlap benchmark runs last; if the run is stopped there, the GEMM and attention
     records already appended still calibrate the card. Without them it is an error."""
     from trainplan import validate as v
+    from trainplan.bench.micro import stage
     from trainplan.bench.series import suite as suite_mod
     from trainplan.errors import TrainplanError
 
@@ -249,12 +289,12 @@ def test_a_micro_run_cut_short_calibrates_from_what_it_recorded(tmp_path, monkey
 
     monkeypatch.setattr(suite_mod, "run_group", cut)
     clock = v.Clock(100)
-    assert v.run_micro(tmp_path, 2, "llama-1.3b", False, clock) == path
+    assert stage.run_micro(tmp_path, 2, "llama-1.3b", False, clock) == path
     assert path.read_text().endswith("}\n")  # the part line is gone: records.load reads it
-    assert v.micro_kinds(path) == {"matmul", "attention"}
+    assert stage.micro_kinds(path) == {"matmul", "attention"}
     lines.pop()
     with pytest.raises(TrainplanError, match="ran past its time limit"):
-        v.run_micro(tmp_path, 2, "llama-1.3b", False, clock)
+        stage.run_micro(tmp_path, 2, "llama-1.3b", False, clock)
 
 
 def test_sweep_mode_end_to_end(tiny_suite):

@@ -5,9 +5,10 @@
         [--continue-from DIR] [--sweep]
 
 Stages, everything written under DIR:
-1. microbenchmarks (`trainplan.bench.micro.run` under torchrun, N processes):
+1. microbenchmarks (`trainplan.bench.micro.stage`): under torchrun, N processes,
    GEMMs of the suite's model, attention, collectives 64 KiB - 1 GiB on GPUs
-   (small sizes on CPU) -> DIR/micro.jsonl;
+   (small sizes on CPU), then on GPUs ring attention and the GEMMs of the suite's
+   other models (fp8 ones where it runs fp8) -> DIR/micro.jsonl;
 2. calibration of the card from those records only (`trainplan.calibrate.fit`,
    what `trainplan calibrate` does) -> DIR/calibration/<gpu preset>.yaml,
    used by this run's predictions and re-predictions. Instead of 1-2:
@@ -39,44 +40,34 @@ import sys
 import time
 from pathlib import Path
 
+from trainplan.bench.micro import stage as micro_stage
 from trainplan.compare.accuracy import compare
 from trainplan.compare.matching import error_summary
 from trainplan.compare.scaling import weak_scaling
-from trainplan.errors import TrainplanError, UsageError
-from trainplan.loader import MAX_LOG_BYTES, json_lines, load_json, parse_json, quote
+from trainplan.errors import UsageError
+from trainplan.loader import MAX_LOG_BYTES, json_lines, load_json, quote
 
 COMPARE_RESERVE_S = 25.0  # kept back from the budget for the comparison and the report
-# The plain block also in DDP's precision (fp32 weights under autocast), so that the DDP
-# block records have their unwrapped reference (calibrate_pieces._alone): without it the
-# calibration has no ddp_block_scale and DDP is priced as one GPU.
-# GEMMs at the token counts and tp shards the suite runs (micro-batch 1-8, pp micro-
-# batches of 2, tp 2 and 4), so the planner reads a measured curve, not the 16k point.
-MATMUL_TOKENS = "2048,4096,8192,16384"  # GEMM rows of the bf16 and fp8 curves
-FP8_LINEAR_TOKENS = "8192"  # the converted linears' rows: one count (each shape compiles)
-GPU_MICRO = ["--block-modes",
-             "compiled:none,eager:none,compiled:selective,compiled:none:autocast-fp32",
-             "--head-modes", "eager,compiled",
-             "--matmul-tp", "1,2,4", "--matmul-tokens", MATMUL_TOKENS,
-             "--attention-seqs", "2048,4096,8192,16384"]
-RING_SEQS, RING_LIMIT_S = "256,1024", 120.0  # host-bound lengths; ~40 s a cp on 2 x H200
-MICRO_LIMIT_S = 360.0  # 4 x H100: about 184 s with the host bench, + ~60-90 s host-step
-CPU_MICRO = ["--benches", "matmul,attention,collectives", "--tokens", "64", "--seq-len", "32",
-             "--sizes", "4K,1M,16M", "--warmup", "1", "--iters", "3", "--repeats", "6"]  # seconds
 RECORD_FILES = ("micro.jsonl", "predictions.jsonl", "measurements.jsonl", "failed.jsonl")
 
 
 class Clock:
     """Seconds since the start, the deadline, and progress lines on stderr (rich)."""
 
-    def __init__(self, budget_s: float):
+    def __init__(self, budget_s: float, reserve_s: float = COMPARE_RESERVE_S):
         from rich.console import Console
 
         self.start = time.monotonic()
         self.deadline = self.start + budget_s
+        self.reserve_s = reserve_s
         self.console = Console(stderr=True, highlight=False)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def spare(self) -> float:
+        """Seconds left for measuring: the budget less the comparison's reserve."""
+        return self.left() - self.reserve_s
 
     def say(self, text: str) -> None:
         self.console.print(f"[bold]validate[/bold] [{time.monotonic() - self.start:6.1f} s] {text}")
@@ -153,81 +144,6 @@ def gpu_count_check(gpus: int, cuda: bool) -> None:
 # ---------------------------------------------------------------- stages
 
 
-def run_micro(out: Path, gpus: int, model: str, cuda: bool, clock: Clock) -> Path:
-    """Stage 1: microbenchmarks under torchrun with `gpus` processes -> DIR/micro.jsonl."""
-    from trainplan.bench.series.suite import NO_MULTICAST, run_group  # pandas: not loaded at import
-
-    path = out / "micro.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={gpus}", "-m", "trainplan.bench.micro.run", "--out", str(path),
-           "--model", model, *(GPU_MICRO if cuda else CPU_MICRO)]
-    env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
-    limit = min(MICRO_LIMIT_S, clock.left() - COMPARE_RESERVE_S)
-    rc, _, _ = run_group(cmd, env, limit, capture=False)
-    if rc == 0 and path.is_file():
-        return path
-    why = "ran past its time limit" if rc is None else f"exited with code {rc}"
-    kinds = micro_kinds(path)
-    if not {"matmul", "attention"} <= kinds:
-        raise TrainplanError(f"microbenchmarks {why} (command: {' '.join(cmd)}); nothing "
-                             "calibrated or measured")
-    # rank 0 appends each benchmark's record as it finishes: the ones done still calibrate
-    text = path.read_text()
-    if not text.endswith("\n"):  # stopped while writing a record: drop that part line
-        path.write_text(text[:text.rfind("\n") + 1])
-    clock.say(f"microbenchmarks {why}; calibrating from the {len(kinds)} kinds recorded "
-              f"({', '.join(sorted(kinds))}); the rest keep their defaults")
-    return path
-
-
-def run_ring_micro(path: Path, gpus: int, model: str, clock: Clock) -> None:
-    """Stage 1b: the host time of torch's ring attention, cp 2 and 4 where the GPUs allow, at
-    host-bound lengths (`bench.micro.ring`), appended to `path`; a failure is said, not fatal
-    (the planner then prices no ring host time)."""
-    from trainplan.bench.series.suite import NO_MULTICAST, run_group  # pandas: not loaded at import
-
-    env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
-    for cp in (c for c in (2, 4) if c <= gpus):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={cp}", "-m", "trainplan.bench.micro.ring", "--model", model,
-               "--seq-lens", RING_SEQS, "--out", str(path)]
-        rc, _, _ = run_group(cmd, env, min(RING_LIMIT_S, clock.left() - COMPARE_RESERVE_S),
-                             capture=False)
-        if rc != 0:
-            clock.say(f"ring-attention microbenchmark at cp {cp} failed (exit {rc}); no ring "
-                      "host time from it")
-
-
-def run_fp8_micro(path: Path, model: str, clock: Clock) -> None:
-    """Stage 1c, where a suite runs fp8: the fp8 GEMMs of both recipes (`bench.micro.fp8`) at
-    the bf16 curve's token counts, then the whole converted linears at `FP8_LINEAR_TOKENS`
-    (their casts), appended to `path` for `calibrate.fp8`; a failure is said, not fatal (fp8
-    is then priced at the preset's stated fraction, its casts at the analytic rate)."""
-    from trainplan.bench.series.suite import run_group  # pandas: not loaded at import
-
-    for bench, rows, what in (("matmul-fp8", ["--matmul-tokens", MATMUL_TOKENS], "GEMM"),
-                              ("fp8-linear", ["--tokens", FP8_LINEAR_TOKENS], "linear")):
-        cmd = [sys.executable, "-m", "trainplan.bench.micro.run", "--out", str(path), "--model",
-               model, "--benches", bench, *rows]
-        rc, _, _ = run_group(cmd, {**os.environ, "PYTHONUNBUFFERED": "1"},
-                             min(RING_LIMIT_S, clock.left() - COMPARE_RESERVE_S), capture=False)
-        if rc != 0:
-            clock.say(f"fp8 {what} microbenchmark failed (exit {rc}); fp8 "
-                      + ("priced at the preset's stated fraction" if what == "GEMM" else
-                         "casts priced at the analytic rate"))
-
-
-def micro_kinds(path: Path) -> set[str]:
-    """The benchmark kinds a (possibly cut) micro.jsonl holds whole records of."""
-    kinds = set()
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                kinds.add(parse_json(line, str(path), error=ValueError)["bench"])
-            except (ValueError, KeyError, TypeError):
-                continue  # the line being written when the run was stopped
-    return kinds
-
 
 def calibration_file(args, preset: str, prev: dict) -> str | None:
     """The calibration file to take instead of measuring one (checked), or None."""
@@ -268,11 +184,13 @@ def calibration(args, out: Path, gpu, given: str | None, cuda: bool, model: str,
                 "label": committed["label"] if committed else "datasheet"}
     t0 = time.monotonic()
     clock.say(f"microbenchmarks on {args.gpus} {'GPUs' if cuda else 'CPU ranks'}")
-    micro = run_micro(out, args.gpus, model, cuda, clock)
+    micro = micro_stage.run_micro(out, args.gpus, model, cuda, clock)
     if cuda and args.gpus >= 2:
-        run_ring_micro(micro, args.gpus, model, clock)
+        micro_stage.run_ring_micro(micro, args.gpus, model, clock)
     if cuda and getattr(args, "fp8", False):  # a suite runs fp8: its GEMMs' curve
-        run_fp8_micro(micro, model, clock)
+        micro_stage.run_fp8_micro(micro, model, clock)
+    if cuda and getattr(args, "gemm_models", None):  # the suite's other widths
+        micro_stage.run_gemm_micro(micro, args.gemm_models, args.gpus, clock)
     cal = calibrate.build([micro], gpu)
     calibrate.write(cal, target)
     clock.say(f"calibrated {preset} from {micro.name} ({time.monotonic() - t0:.0f} s): "
@@ -348,6 +266,7 @@ def validate(args) -> dict:
         skip = {}
     given = calibration_file(args, preset, prev)
     args.fp8 = any(suite_mod.precision(s, c)["precision"] == "fp8" for s, c in jobs)
+    args.gemm_models = sorted({suite_mod.base_model(s, c) for s, c in jobs} - {model})
     out.mkdir(parents=True, exist_ok=True)
     cal = calibration(args, out, gpu, given, cuda, model, clock)
     clock.say(f"card {card} -> preset {preset}; calibration: {cal['label']} ({cal['source']})")
@@ -368,7 +287,7 @@ def validate(args) -> dict:
             suite_mod.check_gpus_idle()
         clock.say(f"{len(preds)} predictions recorded -> {out / 'predictions.jsonl'}; measuring "
                   f"{len(jobs)} configs x {args.launches} launches, "
-                  f"{clock.left() - COMPARE_RESERVE_S:.0f} s left for them")
+                  f"{clock.spare():.0f} s left for them")
         with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
             rows, outcomes = series_run.measurer(args.sweep)(
                 jobs, preds, out, run_id, args.launches, clock.deadline - COMPARE_RESERVE_S)

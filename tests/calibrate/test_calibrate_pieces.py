@@ -11,6 +11,7 @@ from trainplan.calibrate import fit as calibrate
 from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.calibrate import store as calibration
 from trainplan.calibrate.store import load_gpu
+from trainplan.cost import compute
 from trainplan.cost.step_time import evaluate
 from trainplan.specs import ParallelConfig, load_cluster, load_model
 from trainplan.specs.layouts import Layouts
@@ -210,8 +211,9 @@ def test_ddp_exposure_is_measured_against_the_block_alone_and_its_bucket_copies(
     assert "ddp_exposed" not in bare  # no block alone to measure it against
 
 
-def _mm(m, n, k, tflops, base=True):
-    return {"config": {"m": m, "n": n, "k": k, "base": base}, "results": {"tflops": tflops}}
+def _mm(m, n, k, tflops, base=True, name="q"):
+    return {"config": {"m": m, "n": n, "k": k, "base": base, "name": name},
+            "results": {"tflops": tflops}}
 
 
 def test_matmul_curve_interpolates_in_tokens_and_width_and_prices_a_block():
@@ -245,6 +247,31 @@ def test_matmul_curve_interpolates_in_tokens_and_width_and_prices_a_block():
     assert len(scales["matmul_curve"]) == 4
     base_only, _ = calibrate_pieces.fit({"matmul": recs[:3]}, _gpu())
     assert "matmul_curve" not in base_only
+
+
+def test_the_output_layer_has_its_own_curve_apart_from_the_block_gemms():
+    """A small model's output layer (32000 x 2048) and a large model's MLP (14336 x 4096) are
+    near one width n k; pooled, the block GEMM would be read at the output layer's rate."""
+    peak = 1000.0
+    recs = [_mm(4096, 2048, 2048, 600.0), _mm(4096, 32000, 2048, 570.0, name="output"),
+            _mm(4096, 14336, 4096, 810.0, base=False, name="gate_up")]
+    block = calibrate_pieces.matmul_curve(recs, peak)
+    head = calibrate_pieces.matmul_curve(recs, peak, head=True)
+    assert block == [[4096.0, 2048.0 * 2048, 0.6], [4096.0, 14336.0 * 4096, 0.81]]
+    assert head == [[4096.0, 32000.0 * 2048, 0.57]]
+    scales, _ = calibrate_pieces.fit({"matmul": recs}, _gpu())
+    gpu = calibrate_pieces.apply(_gpu(), scales)
+    assert gpu.head_matmul_curve == ((4096.0, 32000.0 * 2048, round(570 / gpu.bf16_tflops, 4)),)
+    assert len(gpu.matmul_curve) == 2
+    m8 = dataclasses.replace(M, hidden=4096, ffn=14336, n_heads=32, n_kv_heads=32)
+    assert calibrate_pieces.block_matmul_efficiency(
+        m8, gpu.matmul_curve, tokens=4096, tp=1, default=0.5) > 0.75  # the MLP's own rate
+    slow = compute.head_analytic_per_token(M, gpu, tokens=4096, tp=1)
+    fast = compute.head_analytic_per_token(
+        M, dataclasses.replace(gpu, head_matmul_curve=((4096.0, 1.0, 0.9),)), tokens=4096, tp=1)
+    assert fast < slow  # the head reads its own curve
+    pooled = dataclasses.replace(gpu, head_matmul_curve=())
+    assert compute.head_analytic_per_token(M, pooled, tokens=4096, tp=1) != slow  # fallback
 
 
 def test_ddp_block_scale_is_the_wrapped_block_less_its_copies_over_the_block_alone():

@@ -232,14 +232,14 @@ def build(paths, gpu: GPUSpec, host_paths=None) -> dict:
         if not by_bench[bench]:  # the pieces' scales are relative to these two fractions
             raise CalibrationError(f"no {bench!r} microbenchmark records in {list(map(str, paths))}"
                                    "; run `python -m trainplan.bench.micro.run` first")
-    models = {r.get("model") for r in by_bench["matmul"]}
+    base_mm = [r for r in by_bench["matmul"] if r["config"].get("base", True)]  # the model's own
+    models = {r.get("model") for r in base_mm}  # others' GEMMs (--curve-only) feed the curve
     layers = None  # a model given as a YAML file is not a preset: weigh the shapes per layer
     if len(models) == 1 and None not in models:
         try:
             layers = load_model(models.pop()).n_layers
         except SpecError:
             pass
-    base_mm = [r for r in by_bench["matmul"] if r["config"].get("base", True)]  # the model's own
     mm = matmul_fraction(base_mm or by_bench["matmul"], gpu.bf16_tflops, layers)
     att = attention_fraction(by_bench["attention"], gpu.bf16_tflops)
     coll = {}

@@ -151,8 +151,9 @@ def fit(by_bench: dict, gpu: GPUSpec) -> tuple[dict, list[dict]]:
         gpu = dataclasses.replace(gpu, memory_efficiency=out["memory_efficiency"])
     mms = by_bench.get("matmul", [])
     if any(not r["config"].get("base", True) for r in mms):  # shapes asked for beyond the model's
-        out["matmul_curve"] = matmul_curve(mms, gpu.bf16_tflops)
-        gpu = dataclasses.replace(gpu, matmul_curve=tuple(map(tuple, out["matmul_curve"])))
+        for key, head in (("matmul_curve", False), ("head_matmul_curve", True)):
+            out[key] = matmul_curve(mms, gpu.bf16_tflops, head=head)
+            gpu = dataclasses.replace(gpu, **{key: tuple(map(tuple, out[key]))})
     every = by_bench.get("block", [])
     blocks = [r for r in every if _plain(r)]
     for prefix, precision in (("", "pure"), ("autocast_", "autocast-fp32")):
@@ -325,13 +326,16 @@ def _fsdp_scales(blocks: list[dict], gpu: GPUSpec) -> dict:
                                   for z, v in sorted(by_zero.items())]}
 
 
-def matmul_curve(recs: list[dict], peak_tflops: float) -> list[list[float]]:
+def matmul_curve(recs: list[dict], peak_tflops: float, head: bool = False) -> list[list[float]]:
     """[[tokens m, width n k, median fraction of peak of that shape], ...] sorted, for
-    `compute.matmul_efficiency_at`; shapes of one width (q, k, v, out) pool their records.
-    `fit` writes it only where shapes beyond the model's own were measured
+    `compute.matmul_efficiency_at`; shapes of one width (q, k, v, out; one model's or
+    several's) pool their records. The block GEMMs' curve, or with `head` the output
+    layer's alone: its vocabulary-wide GEMM runs at its own rate, and pooled by width it
+    would stand for a block GEMM of the same n k (a 1.3B output layer for an 8B MLP).
+    `fit` writes them only where shapes beyond the model's own were measured
     (`bench.micro --matmul-tp/--matmul-tokens`)."""
     by_shape: dict[tuple[float, float], list[float]] = {}
-    for r in recs:
+    for r in (r for r in recs if (r["config"].get("name") == "output") == head):
         c = r["config"]
         by_shape.setdefault((float(c["m"]), float(c["n"] * c["k"])), []).append(
             r["results"]["tflops"] / peak_tflops)

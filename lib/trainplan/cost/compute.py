@@ -216,16 +216,16 @@ def elementwise_scale(gpu: GPUSpec, compiled, autocast):
 def head_analytic_per_token(m: ModelSpec, gpu: GPUSpec, *, tokens, tp):
     """Unscaled seconds per token of the output layer and loss on one rank.
 
-    Output GEMM: 3 passes of 2 V h / tp FLOPs at the curve's fraction for a
-    (tokens x V/tp x h) GEMM. Loss: `loss_bytes_per_token` of the whole
-    vocabulary: the harness gathers the logits (`ColwiseParallel(output_layouts=
-    Replicate())` in bench/parallelize.apply_tp), so every TP rank computes the
-    full loss; there is no vocab-parallel loss.
+    Output GEMM: 3 passes of 2 V h / tp FLOPs at the fraction of a (tokens x V/tp x h)
+    GEMM on the output layer's own curve (`head_matmul_curve`, else `matmul_curve`).
+    Loss: `loss_bytes_per_token` of the whole vocabulary: the harness gathers the
+    logits (`ColwiseParallel(output_layouts=Replicate())` in bench/parallelize.apply_tp),
+    so every TP rank computes the full loss; there is no vocab-parallel loss.
     """
     tp = np.asarray(tp, dtype=float)
     flops = 2.0 * m.vocab / tp * m.hidden
-    eff = matmul_efficiency_at(gpu.matmul_curve, tokens, m.vocab / tp * m.hidden,
-                               gpu.matmul_efficiency)
+    eff = matmul_efficiency_at(gpu.head_matmul_curve or gpu.matmul_curve, tokens,
+                               m.vocab / tp * m.hidden, gpu.matmul_efficiency)
     mem_rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
     return 3.0 * flops / (gpu.bf16_tflops * 1e12 * eff) + loss_bytes_per_token(m, 1) / mem_rate
 

@@ -125,7 +125,8 @@ class GPUSpec:
     ddp_block_scale: float = 1.0  # DDP-wrapped compiled block time, less bucket copies / alone
     fsdp_block_scale: float = 1.0  # FSDP2-wrapped block, less copies and collectives / alone
     tp_block_scales: tuple = ()  # ((tp, with FSDP2 0|1, TP block less priced comm / compute),)
-    matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) measured; () = one fraction
+    matmul_curve: tuple = ()  # ((tokens, n k, fraction of peak), ...) block GEMMs; () = one
+    head_matmul_curve: tuple = ()  # the same for the output layer alone; () = matmul_curve's
     attention_curve: tuple = ()  # ((seq, dense-equivalent fraction of peak), ...); () = one
     host_block_s: tuple = ()  # ((wrapper, host s per block), ...) (calibrate_host); () = no floor
     host_step_s: tuple = ()  # ((wrapper, host s a step outside the blocks), ...); () = none
@@ -146,7 +147,8 @@ class GPUSpec:
                   non_negative=("fp8_tflops", "fp8_matmul_efficiency", "overlap_exposed",
                                 "autocast_elementwise_scale", "eager_autocast_elementwise_scale",
                                 "compiled_head_scale", "host_overlap_k"))
-        for name in ("matmul_curve", "fp8_matmul_curve", "fp8_rowwise_matmul_curve"):
+        for name in ("matmul_curve", "head_matmul_curve", "fp8_matmul_curve",
+                     "fp8_rowwise_matmul_curve"):
             check_curve(f"GPUSpec.{name}", getattr(self, name))
         check_seq_curve("GPUSpec.attention_curve", self.attention_curve)
         for name in ("host_block_s", "host_step_s", "host_step_layer_s", "fragmentation_scales"):

@@ -301,11 +301,11 @@ def whole_list(text: str | None, name: str) -> list[int]:
 
 
 def matmul_tasks(spec: ModelSpec, tp: int, tokens: int, tps: list[int],
-                 token_counts: list[int]) -> list[tuple[str, dict]]:
+                 token_counts: list[int], base: bool = True) -> list[tuple[str, dict]]:
     """The model's GEMMs at (tp, tokens), marked `base` (every one, as `calibrate` weighs
-    them), then those at every other (tp, tokens) pair of `tps` x `token_counts` whose
-    (m, n, k) is not listed yet."""
-    tasks = [("matmul", {"m": g.m, "n": g.n, "k": g.k, "name": g.name, "tp": tp, "base": True})
+    them; `base=False` for a model whose GEMMs only shape the size curve), then those at
+    every other (tp, tokens) pair of `tps` x `token_counts` whose (m, n, k) is not listed yet."""
+    tasks = [("matmul", {"m": g.m, "n": g.n, "k": g.k, "name": g.name, "tp": tp, "base": base})
              for g in gemm_shapes(spec, tp, tokens)]
     seen = {(kw["m"], kw["n"], kw["k"]) for _, kw in tasks}
     for t, m in ((t, m) for t in (tps or [tp]) for m in (token_counts or [tokens])):

@@ -199,6 +199,9 @@ def _parser():
                    help="more tp degrees whose GEMM shards to time, e.g. 1,2 (default: --tp)")
     p.add_argument("--matmul-tokens", default=None,
                    help="more GEMM row counts to time, e.g. 4096,16384 (default: --tokens)")
+    p.add_argument("--curve-only", action="store_true",
+                   help="matmul: mark every GEMM `base: false`, so that another model's shapes "
+                        "shape the size curve but not the single matmul fraction")
     p.add_argument("--seq-len", type=int, default=2048, help="attention sequence length")
     p.add_argument("--attention-seqs", default=None,
                    help="more attention lengths to time, e.g. 4096,16384 (default: --seq-len)")
@@ -230,7 +233,8 @@ def _tasks(args, spec: ModelSpec, rank: int, world: int) -> list[tuple[str, dict
     # on every rank: all refuse bad input
     matmuls = micro_layouts.matmul_tasks(
         spec, args.tp, args.tokens, micro_layouts.whole_list(args.matmul_tp, "--matmul-tp"),
-        micro_layouts.whole_list(args.matmul_tokens, "--matmul-tokens"))
+        micro_layouts.whole_list(args.matmul_tokens, "--matmul-tokens"),
+        base=not args.curve_only)
     sizes = parse_sizes(args.sizes)
     tasks = []
     if rank == 0 and "matmul" in benches:
