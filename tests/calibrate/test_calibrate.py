@@ -23,7 +23,8 @@ COMMITTED_MICRO = ["data/measurements/validate-h200x4-20261126d/vA/micro.jsonl",
                    "data/measurements/validate-h200x4-20261127d/ring/ring4.jsonl",
                    "data/measurements/validate-h200x2-20261127b/host/fp8.jsonl",
                    "data/measurements/validate-h200x2-20261127c/micro/fp8lin.jsonl",
-                   "data/measurements/validate-h200x2-20261127c/micro/blockfp8.jsonl"]
+                   "data/measurements/validate-h200x2-20261127c/micro/blockfp8.jsonl",
+                   "data/measurements/validate-h200x2-20261128/vA/gemm-models.jsonl"]
 PROV = {"git_commit": "abc", "date": "2026-11-26T00:00:00+00:00"}
 
 
@@ -89,7 +90,11 @@ def test_committed_calibration_matches_its_records():
     assert stored is not None
     for key in ("matmul_efficiency", "attention_efficiency", "label", "pieces"):
         assert stored[key] == cal[key]
-    assert stored["label"] == "h200-sxm (219 microbenchmark records, 2026-11-27)"
+    assert stored["label"] == "h200-sxm (411 microbenchmark records, 2026-11-28)"
+    widths = {w for m, w, _ in stored["pieces"]["matmul_curve"] if m == 4096}
+    assert 14336 * 4096 in widths and 28672 * 8192 in widths  # 8B and 70B MLPs, their own
+    assert 32000 * 2048 not in widths  # the 1.3B output layer: in head_matmul_curve alone
+    assert 32000 * 2048 in {w for _, w, _ in stored["pieces"]["head_matmul_curve"]}
     assert {"fp8_matmul_curve", "fp8_rowwise_matmul_curve", "fp8_cast_scale",
             "fp8_rowwise_cast_scale", "fp8_activation_ratio"} <= stored["pieces"].keys()
     assert stored["pieces"]["attention_curve"][0][0] == 2048.0  # longer lengths measured
@@ -98,7 +103,7 @@ def test_committed_calibration_matches_its_records():
 
 def test_load_gpu_uses_calibration_where_present(monkeypatch):
     h200, a100 = load_gpu("h200-sxm"), load_gpu("a100-80gb")  # a100: no calibration file
-    assert h200.calibration.startswith("h200-sxm (219 microbenchmark records")
+    assert h200.calibration.startswith("h200-sxm (411 microbenchmark records")
     assert h200.fp8_matmul_curve and h200.fp8_cast_scale > 1.0  # measured: fp8-linear records
     assert 0.0 < h200.fp8_activation_ratio < 1.0  # block-fp8: an fp8 block keeps less
     assert h200.matmul_efficiency == calibration.load("h200-sxm")["matmul_efficiency"]
@@ -168,6 +173,6 @@ def test_cli_calibrate_writes_and_refuses(tmp_path, capsys):
 def test_plan_says_which_constants(capsys):
     args = ["plan", "--model", "llama-1.3b", "--gpus", "2", "--top", "1", "--json", "--gpu"]
     assert main([*args, "h200-sxm"]) == 0
-    assert json.loads(capsys.readouterr().out)["calibration"].startswith("h200-sxm (219 ")
+    assert json.loads(capsys.readouterr().out)["calibration"].startswith("h200-sxm (411 ")
     assert main([*args, "a100-80gb"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration"] == "datasheet"

@@ -166,6 +166,8 @@ def test_parity_reads_the_newest_run_with_both_precisions(tmp_path):
     assert f"{speed:.2f} times" in note
     close = {**run, "tail_loss": {"bf16": 4.0, "fp8": 3.9}}  # -2.5%: fp8 lower counts too
     assert "(-2.5%), within the 3%" in precision.parity_note(close)
+    assert run["earlier"] == [{"file": "a-old.jsonl", "change": pytest.approx(0.2)}]
+    assert note.endswith("An earlier run in the folder: +20.0% (outside).")
     assert precision.parity(tmp_path / "none") is None
     assert "not measured" in precision.parity_note(None)
 
