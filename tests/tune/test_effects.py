@@ -342,11 +342,11 @@ def test_suggest_cites_the_effects_of_its_layout_family(tmp_path, suggest_family
 
 
 def test_suggest_on_a_family_the_study_did_not_measure_says_so(tmp_path, capsys):
-    storage = _study_with_effects(tmp_path, "HSDP")
+    storage = _study_with_effects(tmp_path, "PP + CP")  # a family a 7B plan on 16 GPUs is not
     assert cli.main(["suggest", "--model-size", "7B", "--gpus", "16", "--dataset-tokens",
                      "2e9", "--study", str(storage), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["effects"]["family"] != "HSDP"
+    assert out["effects"]["family"] != "PP + CP"
     assert {a["advice"] for a in out["effects"]["knobs"].values()} == {
         "not measured on this layout family"}
     assert out["config"]["nccl"]["NCCL_PROTO"] is None
