@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from trainplan.errors import TrainplanError
+from trainplan.bench.micro.shapes import gemm_shapes
+from trainplan.errors import SpecError, TrainplanError
 from trainplan.loader import parse_json
 from trainplan.specs import load_model
 
@@ -35,6 +37,7 @@ GPU_MICRO = ["--block-modes",
              "--matmul-tp", "1,2,4", "--matmul-tokens", MATMUL_TOKENS,
              "--attention-seqs", "2048,4096,8192,16384"]
 RING_SEQS, RING_LIMIT_S = "256,1024", 120.0  # host-bound lengths; ~40 s a cp on 2 x H200
+GEMM_LIMIT_S = 120.0  # a wave of other models' GEMMs (stage 1d); ~20 s a model on an H200
 MICRO_LIMIT_S = 360.0  # 4 x H100: about 184 s with the host bench, + ~60-90 s host-step
 CPU_MICRO = ["--benches", "matmul,attention,collectives", "--tokens", "64", "--seq-len", "32",
              "--sizes", "4K,1M,16M", "--warmup", "1", "--iters", "3", "--repeats", "6"]  # seconds
@@ -125,9 +128,10 @@ def run_gemm_micro(path: Path, models: list[str], gpus: int, clock,
             env = {**os.environ, **NO_MULTICAST, "CUDA_VISIBLE_DEVICES": visible[i % len(visible)]}
             runs.append((model, part, subprocess.Popen(cmd, env=env, start_new_session=True,
                                                        stdout=subprocess.DEVNULL)))
+        deadline = time.monotonic() + min(GEMM_LIMIT_S, clock.spare())  # the wave's
         for model, part, proc in runs:
             try:
-                rc = proc.wait(timeout=max(1.0, min(RING_LIMIT_S, clock.spare())))
+                rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 stop_tree(proc)
                 rc = None
@@ -142,11 +146,16 @@ def run_gemm_micro(path: Path, models: list[str], gpus: int, clock,
 
 
 def shard_degrees(model: str, degrees=(1, 2, 4)) -> list[int]:
-    """The tensor-parallel degrees of `degrees` whose shards `model` has (each divides its
-    heads, kv heads, ffn and vocabulary: `shapes.gemm_shapes` refuses the others)."""
-    spec = load_model(model)
-    return [t for t in degrees
-            if not any(getattr(spec, a) % t for a in ("n_heads", "n_kv_heads", "ffn", "vocab"))]
+    """The tensor-parallel degrees of `degrees` whose GEMM shards `model` has (those
+    `shapes.gemm_shapes` does not refuse: each divides its heads, kv heads, ffn, vocabulary)."""
+    spec, out = load_model(model), []
+    for t in degrees:
+        try:
+            gemm_shapes(spec, t, 1)
+        except SpecError:
+            continue
+        out.append(t)
+    return out
 
 
 def micro_kinds(path: Path) -> set[str]:
