@@ -88,6 +88,16 @@ def test_loss_falls_and_logs_are_written(reference, work):
     assert "step 12/12 | loss" in reference["stderr"] and "ETA" in reference["stderr"]
 
 
+def test_summary_names_what_a_loss_comparison_needs(reference):
+    """The summary says the run's seed, schedule, card, sequence and speed: what
+    `runbook.parity` reads to compare runs of two precisions."""
+    s = reference["summary"]
+    assert (s["seed"], s["card"], s["seq_len"], s["precision"]) == (0, "cpu", 32, "bf16")
+    assert s["lr"]["schedule"] == "cosine" and s["lr"]["peak"] > 0
+    assert s["step_time_s"] > 0
+    assert s["tokens_per_s_per_gpu"] == pytest.approx(s["tokens_per_step"] / s["step_time_s"] / 2)
+
+
 def test_kill_and_resume_is_bit_identical(reference, work):
     """Killed in step 7 (after the checkpoint of step 4), restarted by torchrun with --resume:
     the same model and optimizer state at the end, the same losses from step 5 on, and every

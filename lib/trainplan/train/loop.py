@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -73,6 +74,15 @@ def check_args(args) -> None:
                 floor=args.lr_floor, weight_decay=args.weight_decay)
     ckpt.check_args(args)
     monitor.check_args(args)
+
+
+def rates(step_s: list[float], tokens_per_step: int, world: int) -> dict:
+    """`step_time_s`: the median of this rank's step times (s) after the first (compile,
+    warm-up); `tokens_per_s_per_gpu` from it; both None where fewer than two steps ran."""
+    if len(step_s) < 2:
+        return {"step_time_s": None, "tokens_per_s_per_gpu": None}
+    median = statistics.median(step_s[1:])
+    return {"step_time_s": median, "tokens_per_s_per_gpu": tokens_per_step / median / world}
 
 
 def evaluate(par, groups, *, autocast: bool, loss_fn) -> tuple[float, int]:
@@ -161,7 +171,7 @@ def run(args) -> dict:
                           flops_per_token=model_flops_per_token(spec, args.seq_len),
                           peak=harness.peak_flops(device), device=device, rank=rank, world=world)
     autocast = device.type == "cuda" and not par.fsdp
-    losses, evals, done = [], [], start
+    losses, evals, step_s, done = [], [], [], start
     log.start(start)
     for step in range(start, args.steps):
         saver.before_step(step + 1)
@@ -174,7 +184,8 @@ def run(args) -> dict:
                                     loss_fn=loss_fn)
         scheduler.step()
         harness.sync(device)
-        mon.step(step + 1, time.perf_counter() - t0)  # every rank: one small all_gather
+        step_s.append(time.perf_counter() - t0)
+        mon.step(step + 1, step_s[-1])  # every rank: one small all_gather
         loss, norm = step_mod.reduce_loss(total)
         losses.append(loss)
         done = step + 1
@@ -187,6 +198,11 @@ def run(args) -> dict:
             break
     summary = {"model": spec.name, "steps": args.steps, "first_step": start + 1, "last_step": done,
                "losses": losses, "evals": evals, "tokens_per_step": tokens_per_step,
+               **rates(step_s, tokens_per_step, world), "seq_len": args.seq_len,
+               "seed": args.seed,
+               "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+               "lr": {"peak": args.lr, "schedule": args.lr_schedule, "warmup": args.lr_warmup,
+                      "floor": args.lr_floor},
                "layout": layout_name(cfg), **float8.layout_fields(args),
                **loss_mod.layout_fields(args),
                "checkpoint": saver.finish(done),
