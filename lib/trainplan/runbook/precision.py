@@ -7,17 +7,13 @@ as `cost.step_time.evaluate` computes it, so the two compare. Whether fp8's rate
 measured on the card is `plan --json`'s `fp8.validated` (`cost.fp8.summary`); whether whole
 fp8 runs of the plan's layout family are, its trust band's (`compare.trust.band_for`).
 Where the card has no fp8 (`cost.fp8.check_gpu`), the page says so in one sentence. Whether
-fp8 trains as bf16 does is measured, not predicted: `parity` reads the runs of
-`data/measurements/fp8-parity/` (the same model, seed and batches in each precision), the
-newest plotted and every one judged against `PARITY_TOLERANCE`.
+fp8 trains as bf16 does is measured, not predicted: `runbook.parity`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from trainplan.compare import trust
@@ -27,15 +23,8 @@ from trainplan.errors import SpecError
 from trainplan.launch.choice import Decision, choose
 from trainplan.plan.planner import fp8_answer
 from trainplan.plan.search import search
-from trainplan.records import schema as records
-from trainplan.specs import DATA_DIR
 
 RECIPE = "tensorwise"  # `plan --fp8-recipe`'s default: the fp8 plan the page shows
-PARITY_DIR = DATA_DIR / "measurements" / "fp8-parity"
-TAIL = 100  # steps at the end of a parity run whose mean loss the page compares
-# fp8's mean loss over those steps within this share of bf16's: the parity the page calls
-# met (set after the first run, which it did not decide; data/measurements/fp8-parity)
-PARITY_TOLERANCE = 0.03
 COLUMNS = ["strategy", "micro_batch", "recompute", "step_time_s", "tokens_per_s_per_gpu",
            "mfu", "total_gib"]
 
@@ -134,62 +123,3 @@ def note(inputs, rows: pd.DataFrame, fp8: Fp8Plan | None) -> str:
             f"{f['tokens_per_s_per_gpu']:,.0f} tokens per second per GPU against "
             f"{b['tokens_per_s_per_gpu']:,.0f} ({speed:.2f} times), so the token budget takes "
             f"{f['days']:.1f} days instead of {b['days']:.1f}. " + status(inputs.gpu, fp8))
-
-
-def parity(folder: Path = PARITY_DIR) -> dict | None:
-    """The newest parity run in `folder` (files sorted by name): {"file", "card", "model",
-    "seq_len", "micro_batch", "losses": {precision: [loss a step]}, "tokens_per_s_per_gpu":
-    {precision: tokens/s/GPU}, "tail": steps averaged, "tail_loss": {precision: mean loss of
-    the last `TAIL` steps}, "earlier": [{"file", "change": fp8's tail loss / bf16's - 1}] of
-    the older runs, newest first}; None where no file holds a bf16 and an fp8 record."""
-    runs = []
-    for path in sorted(Path(folder).glob("*.jsonl"), reverse=True):
-        recs = {r["layout"].get("precision", "bf16"): r for r in records.load(path)
-                if r["kind"] == "measurement" and r.get("losses")}
-        if {"bf16", "fp8"} <= recs.keys():
-            tail = min(TAIL, *(len(r["losses"]) for r in recs.values()))
-            means = {p: float(np.mean(recs[p]["losses"][-tail:])) for p in ("bf16", "fp8")}
-            runs.append((path.name, recs, tail, means))
-    if not runs:
-        return None
-    name, recs, tail, means = runs[0]
-    b = recs["bf16"]
-    return {"file": name, "card": b["card"], "model": b["model"], "seq_len": b.get("seq_len"),
-            "micro_batch": b["layout"]["micro_batch"],
-            "losses": {p: recs[p]["losses"] for p in ("bf16", "fp8")},
-            "tokens_per_s_per_gpu": {p: recs[p]["tokens_per_s_per_gpu"] for p in ("bf16", "fp8")},
-            "tail": tail, "tail_loss": means,
-            "earlier": [{"file": n, "change": m["fp8"] / m["bf16"] - 1} for n, _, _, m in runs[1:]]}
-
-
-def parity_note(run: dict | None) -> str:
-    """What the parity run measured, in plain words (markdown); a sentence saying none was
-    measured where `run` is None."""
-    if run is None:
-        return ("No training run has yet compared fp8's loss with bf16's on the same batches: "
-                "whether fp8 learns as well is not measured.")
-    b, f = run["tail_loss"]["bf16"], run["tail_loss"]["fp8"]
-    steps = len(run["losses"]["bf16"])
-    speed = run["tokens_per_s_per_gpu"]["fp8"] / run["tokens_per_s_per_gpu"]["bf16"]
-    verdict = _verdict(f / b - 1)
-    return (f"Measured on one {run['card']}: the {run['model']} model trained {steps} steps "
-            f"twice from the same start on the same batches, once per precision. Over the last "
-            f"{run['tail']} steps the mean loss is {f:.3f} in fp8 against {b:.3f} in bf16 "
-            f"({f / b - 1:+.1%}), {verdict} the {PARITY_TOLERANCE:.0%} the project asks of fp8, "
-            f"and fp8 ran {speed:.2f} times as many tokens per second. A short run: it shows "
-            "fp8 learning on the same path, not the loss at the end of a full training run."
-            + _earlier(run.get("earlier", [])))
-
-
-def _verdict(change: float) -> str:
-    """"within" or "outside" the tolerance, for fp8's tail loss over bf16's less one."""
-    return "within" if abs(change) <= PARITY_TOLERANCE else "outside"
-
-
-def _earlier(runs: list[dict]) -> str:
-    """A sentence on the older parity runs' fp8-over-bf16 tail loss, each against the tolerance."""
-    if not runs:
-        return ""
-    said = ", ".join(f"{e['change']:+.1%} ({_verdict(e['change'])})" for e in runs)
-    return f" {'Earlier runs' if len(runs) > 1 else 'An earlier run'} in the folder: {said}."
-

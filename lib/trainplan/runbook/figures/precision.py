@@ -61,21 +61,39 @@ def precision_bars(rows: pd.DataFrame, fp8_measured: bool | None,
     return fig
 
 
-def loss_parity(run: dict) -> plt.Figure:
-    """The loss a step of one model trained in bf16 and in fp8 from the same start on the
-    same batches (`runbook.precision.parity`): each step faint, a 10-step mean drawn over it."""
-    fig, ax = plt.subplots(figsize=(8, 2.6))
-    for name, color in (("bf16", BF16), ("fp8", HIGHLIGHT)):
-        loss = np.asarray(run["losses"][name], dtype=float)
+def loss_parity(run: dict, tolerance: float) -> plt.Figure:
+    """One parity run (`runbook.parity.runs`): left, the loss the comparison reads (held-out
+    loss at each evaluation for a trainer run, the training loss a step with a 10-step mean
+    for a harness run), bf16 solid and fp8 dashed, one line per seed; right, fp8's figure
+    over bf16's less one for each seed, inside the shaded +-`tolerance`."""
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(9, 2.8), width_ratios=[3, 1])
+    for name, color, style in (("bf16", BF16, "-"), ("fp8", HIGHLIGHT, "--")):
+        if run["evals"] is not None:
+            for i, curve in enumerate(run["evals"][name]):
+                steps, loss = zip(*curve, strict=True)
+                ax.plot(steps, loss, color=color, linestyle=style, marker=".", linewidth=1.2,
+                        label=name if i == 0 else None)
+            ax.set_ylabel("held-out loss")
+            continue
+        loss = np.asarray(run["losses"][name][0], dtype=float)
         steps = np.arange(1, len(loss) + 1)
         ax.plot(steps, loss, color=color, alpha=0.25, linewidth=0.8)
         k = min(10, len(loss))
-        mean = np.convolve(loss, np.ones(k) / k, mode="valid")
-        ax.plot(steps[k - 1:], mean, color=color, linewidth=1.6,
-                label=f"{name}, {k}-step mean")
+        ax.plot(steps[k - 1:], np.convolve(loss, np.ones(k) / k, mode="valid"), color=color,
+                linestyle=style, linewidth=1.6, label=f"{name}, {k}-step mean")
+        ax.set_ylabel("training loss")
     ax.set_xlabel("training step")
-    ax.set_ylabel("loss")
     ax.legend(frameon=False, fontsize=8)
+    labels = [f"seed {s['seed']}" if s["seed"] is not None else "the run" for s in run["seeds"]]
+    changes = [100 * s["change"] for s in run["seeds"]]
+    ypos = np.arange(len(changes))
+    side.axvspan(-100 * tolerance, 100 * tolerance, color="#dddddd", label="tolerance")
+    side.axvline(0, color="black", linewidth=0.6)
+    side.plot(changes, ypos, "o", color=HIGHLIGHT)
+    side.set_yticks(ypos, labels)
+    side.set_ylim(-0.7, len(changes) - 0.3)
+    reach = max(1.5 * 100 * tolerance, *(abs(c) * 1.2 for c in changes))
+    side.set_xlim(-reach, reach)
+    side.set_xlabel("fp8 vs bf16 (%)")
     fig.tight_layout()
     return fig
-
