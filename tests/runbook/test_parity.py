@@ -82,6 +82,11 @@ def test_trainer_runs_are_judged_seed_by_seed(tmp_path):
     (lambda s: "{not json", "not valid JSON"),
     (lambda s: json.dumps({**s, "evals": []}), "not a trainer summary"),
     (lambda s: json.dumps({k: v for k, v in s.items() if k != "seed"}), "needs precision, seed"),
+    (lambda s: json.dumps({**s, "precision": "fp8"}), "is not the file name's"),
+    (lambda s: json.dumps({**s, "seed": "0"}), "seed '0' is not a whole number"),
+    (lambda s: json.dumps({**s, "evals": [{"step": 40}]}), "must be numbers"),
+    (lambda s: json.dumps({**s, "losses": "low"}), "must be numbers"),
+    (lambda s: json.dumps({**s, "tokens_per_s_per_gpu": 0}), "the rate above 0"),
 ])
 def test_a_bad_summary_is_refused_in_one_line(tmp_path, damage, words):
     folder = tmp_path / "run"
@@ -92,6 +97,16 @@ def test_a_bad_summary_is_refused_in_one_line(tmp_path, damage, words):
     with pytest.raises(SpecError, match=words) as err:
         parity.runs(tmp_path)
     assert "bf16-s0.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_two_summaries_of_one_seed_and_precision_are_refused(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for name in ("bf16-s0.json", "fp8-s0.json"):
+        shutil.copy(TRAINER / name, folder)
+    shutil.copy(TRAINER / "bf16-s0.json", folder / "bf16-s0-again.json")
+    with pytest.raises(SpecError, match="a second bf16 summary of seed 0"):
+        parity.runs(tmp_path)
 
 
 def test_the_committed_runs_are_plotted():

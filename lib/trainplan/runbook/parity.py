@@ -53,12 +53,28 @@ def _harness_run(path: Path) -> dict | None:
 
 
 def _summary(path: Path) -> dict:
-    """One trainer summary, checked for what the comparison reads; one line where it is not."""
+    """One trainer summary, checked for what the comparison reads; one line where it is not:
+    `precision` the file name's (P in `P-sS.json`), a whole-number `seed`, at least one
+    held-out loss, numbers where numbers are read."""
     s = loader.load_json(path, what="trainer summary")
     need = ("precision", "seed", "card", "model", "losses", "evals", "tokens_per_s_per_gpu")
+    where = loader.shown(path)
     if not isinstance(s, dict) or any(k not in s for k in need) or not s["evals"]:
-        raise SpecError(f"{loader.shown(path)}: not a trainer summary with held-out losses "
+        raise SpecError(f"{where}: not a trainer summary with held-out losses "
                         f"(needs {', '.join(need)}; `trainplan train --eval-every N --json`)")
+    if s["precision"] != path.stem.split("-s")[0]:
+        raise SpecError(f"{where}: precision {loader.quote(s['precision'])} is not the file "
+                        "name's; name each summary P-sS.json after its precision P and seed S")
+    if isinstance(s["seed"], bool) or not isinstance(s["seed"], int):
+        raise SpecError(f"{where}: seed {loader.quote(s['seed'])} is not a whole number")
+    numbers = [s["tokens_per_s_per_gpu"], *s["losses"]] if isinstance(s["losses"], list) else [None]
+    evals = s["evals"] if isinstance(s["evals"], list) else [None]
+    numbers += [e.get(k) if isinstance(e, dict) else None for e in evals
+                for k in ("step", "eval_loss")]
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers) \
+            or not s["tokens_per_s_per_gpu"] > 0:
+        raise SpecError(f"{where}: losses, evals (step, eval_loss) and tokens_per_s_per_gpu "
+                        "must be numbers, the rate above 0")
     return s
 
 
@@ -68,7 +84,11 @@ def _trainer_run(folder: Path) -> dict | None:
     for path in sorted(folder.glob("*.json")):
         if path.stem.split("-s")[0] in PRECISIONS:
             s = _summary(path)
-            by_seed.setdefault(int(s["seed"]), {})[s["precision"]] = s
+            seen = by_seed.setdefault(s["seed"], {})
+            if s["precision"] in seen:
+                raise SpecError(f"{loader.shown(path)}: a second {s['precision']} summary of "
+                                f"seed {s['seed']} in {loader.shown(folder)}; keep one")
+            seen[s["precision"]] = s
     pairs = {seed: p for seed, p in sorted(by_seed.items()) if set(PRECISIONS) <= p.keys()}
     if not pairs:
         return None
