@@ -285,3 +285,14 @@ def test_fused_loss_reaches_the_trainer_command(work, capsys):
                    "--loss", "fused", "--loss-chunk", "16"])
     out = capsys.readouterr().out
     assert rc == 0 and "--loss fused --loss-chunk 16" in out, out
+
+
+def test_rates_leave_out_the_first_step_and_need_two():
+    """The summary's step time is the median after the first (compile) step, per GPU rate
+    from it; a run of one step has neither."""
+    from trainplan.train.loop import rates
+
+    got = rates([9.0, 1.0, 3.0, 2.0], tokens_per_step=600, world=3)
+    assert got == {"step_time_s": 2.0, "tokens_per_s_per_gpu": 100.0}
+    assert rates([9.0], tokens_per_step=600, world=3) == {"step_time_s": None,
+                                                          "tokens_per_s_per_gpu": None}
