@@ -20,8 +20,8 @@ Stages, everything written under DIR:
    in order (DIR/measurements.jsonl), a failed launch -> DIR/failed.jsonl;
    `--continue-from DIR0` skips the configs DIR0 measured, saw fail or skipped itself;
    `--sweep`: each repetition one launch per GPU count running all its
-   configs (`trainplan.bench.series.suite_sweep`; off until a GPU A/B shows its
-   timings equal separate launches');
+   configs (`trainplan.bench.series.suite_sweep`; equal to separate launches on
+   GPU-bound configs, docs/measurement.md);
 4. comparison over DIR's records (`trainplan.compare.accuracy`, with weak scaling,
    `trainplan.compare.scaling`) -> DIR/compare.json; DIR/validate.json holds the run.
 

@@ -1,9 +1,10 @@
 """The knob study's paired effects stage: the interval, the stopping rule, the budget, resume
-after a kill, the recorded launch order, the report per layout family, and one pair through
-the real trial runner on CPU ranks.
+after a kill, the recorded launch order, rounds of pairs in one sweep launch, the report per
+layout family, and one round through the real trial runner on CPU ranks.
 
-Most tests replace `trial.run_launch` with a launch whose figure has a known truth (no loader
-workers cost 20%, micro-batch 1 costs 10%, nothing else matters) times 1% log-normal noise.
+Most tests replace `trial.run_launch` (and `trial.run_sweep`) with a launch whose figure has
+a known truth (no loader workers cost 20%, micro-batch 1 costs 10%, nothing else matters)
+times 1% log-normal noise.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from trainplan import cli
 from trainplan.records.stats import paired_log_ratio, t975
-from trainplan.tune import effect_stats, effects, knobs, loop
+from trainplan.tune import effect_stats, effects, knobs, loop, pairs
 from trainplan.tune import report as tune_report
 from trainplan.tune import study as tune
 from trainplan.tune import trial as tune_launch
@@ -36,6 +37,52 @@ def truth(cfg: dict) -> float:
     return (0.8 if cfg["num_workers"] == 0 else 1.0) * (0.9 if cfg["micro_batch"] == 1 else 1.0)
 
 
+def _rate(args, rng, noise: float) -> float:
+    rate = 1000.0 * math.exp(rng.normal(0.0, noise))
+    for (flag, value), factor in TRUTH.items():
+        rate *= factor if args[args.index(flag) + 1] == value else 1.0
+    return rate
+
+
+def _summary(rate: float) -> dict:
+    return {"tokens_per_step": 32, "ranks": 1, "step_times_s": [32 / rate] * 10,
+            "tokens_per_s_per_gpu": rate, "mfu": None, "peak_mem_reserved_gib": None}
+
+
+def fake_sweep(rate_of, start: float = 4.0, each: float = 2.0, rounds=None, fails=None,
+               crash_at: int | None = None):
+    """A stand-in for `trial.run_sweep`: `start` s to start, `each` s a run, a run's figure
+    `rate_of(args)`; `rounds` collects (NCCL_ALGO, entries) a launch; a run whose args
+    `fails` reports an error line; the launch dies at run `crash_at` (0-based)."""
+    def run(cmd, env, *, tick, deadline_s):
+        entries = json.loads(open(cmd[-1]).read())
+        if rounds is not None:
+            rounds.append((env.get("NCCL_ALGO"), entries))
+        lines = []
+        for i, e in enumerate(entries):
+            if crash_at is not None and i == crash_at:
+                return lines, "rc=1: a rank died", start + each * i
+            line = {"tag": e["tag"], "position": i + 1, "elapsed_s": each}
+            if fails and fails(e["args"]):
+                line["error"] = "out of memory: CUDA out of memory"
+            else:
+                line["summary"] = _summary(rate_of(e["args"]))
+            lines.append(line)
+        seconds = start + each * len(entries)
+        stop = tick(seconds)
+        if stop:
+            return [], f"stopped: {stop}", seconds
+        return lines, "", seconds
+    return run
+
+
+def truth_sweep(noise: float = 0.01, seed: int = 0, fail=None, **kw):
+    """`fake_sweep` with the known truth; a run whose args hold `fail` (flag, value) fails."""
+    rng = np.random.default_rng(seed)
+    fails = fail and (lambda args: args[args.index(fail[0]) + 1] == fail[1])
+    return fake_sweep(lambda args: _rate(args, rng, noise), fails=fails, **kw)
+
+
 def truth_launch(seconds: float = 10.0, noise: float = 0.01, seed: int = 0, calls=None,
                  sleep: float = 0.0):
     """A stand-in for `trial.run_launch` with the known truth above; `calls` collects the
@@ -43,18 +90,14 @@ def truth_launch(seconds: float = 10.0, noise: float = 0.01, seed: int = 0, call
     rng = np.random.default_rng(seed)
 
     def run(cmd, env, *, tick, deadline_s):
-        rate = 1000.0 * math.exp(rng.normal(0.0, noise))
-        for (flag, value), factor in TRUTH.items():
-            rate *= factor if cmd[cmd.index(flag) + 1] == value else 1.0
+        rate = _rate(cmd, rng, noise)
         if calls is not None:
             calls.append(cmd)
         stop = tick(seconds)
         time.sleep(sleep)
         if stop:
             return None, f"stopped: {stop}", seconds
-        return {"tokens_per_step": 32, "ranks": 1, "step_times_s": [32 / rate] * 10,
-                "tokens_per_s_per_gpu": rate, "mfu": None, "peak_mem_reserved_gib": None}, "", \
-            seconds
+        return _summary(rate), "", seconds
     return run
 
 
@@ -62,10 +105,10 @@ def _records(storage):
     return effect_stats.read_records(effect_stats.paths(storage)[0])
 
 
-def _run(tmp_path, **kw):
-    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
+def _run(tmp_path, gpus: int = 1, **kw):
+    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=gpus)))
     args = {"storage": str(tmp_path / "s.journal"), "name": "s", "gpu_hours": 1.0,
-            "base": "plan", "cpu": True, "progress": False, **kw}
+            "base": "plan", "cpu": True, "progress": False, "pairing": "launches", **kw}
     return effects.run_effects(suite, **args)
 
 
@@ -129,15 +172,15 @@ def test_the_launch_order_is_drawn_seeded_recorded_and_followed(tmp_path, monkey
     out = _run(tmp_path)
     suite = tune.make_suite(suite_path=str(tmp_path / "suite.yaml"))
     base_cmd = tune_launch.launch_command(suite, out["base"], True)
-    pairs = [r for r in _records(tmp_path / "s.journal") if r["record"] == "pair"]
-    assert {tuple(p["order"]) for p in pairs} == {("base", "variant"), ("variant", "base")}
-    for p in pairs:
-        assert p["order"] == effects.order(0, "plan", p["attempt"])
+    done = [r for r in _records(tmp_path / "s.journal") if r["record"] == "pair"]
+    assert {tuple(p["order"]) for p in done} == {("base", "variant"), ("variant", "base")}
+    for p in done:
+        assert p["order"] == pairs.order(0, "plan", p["attempt"])
         first = calls[2 * p["attempt"]]
         assert (first == base_cmd) is (p["order"][0] == "base")
         assert p["base_run"]["position"] == p["order"].index("base")
-    other = [effects.order(1, "plan", a) for a in range(len(pairs))]
-    assert other != [p["order"] for p in pairs]  # another seed, another draw
+    other = [pairs.order(1, "plan", a) for a in range(len(done))]
+    assert other != [p["order"] for p in done]  # another seed, another draw
 
 
 def test_the_budget_stops_the_stage_before_a_pair_would_overrun_it(tmp_path, monkeypatch):
@@ -179,13 +222,91 @@ def test_search_and_effects_share_one_budget(tmp_path, monkeypatch):
     suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
     out = loop.run_stages(suite, storage=str(tmp_path / "s.journal"), name="s",
                           gpu_hours=200 / 3600, trials=40, effects_share=0.5,
-                          effects={"base": "best"}, cpu=True, progress=False)
+                          effects={"base": "best", "pairing": "launches"}, cpu=True,
+                          progress=False)
     assert out["stopped"] == "budget" and out["gpu_hours"] * 3600 == pytest.approx(100.0)
     e = out["effects"]
     assert e["stopped"] == "budget" and e["pairs"] == 5 and e["design"] == "best"
     assert e["base"] == out["best"]["config"]
     study = tune_report.load(str(tmp_path / "s.journal"))
     assert tune.gpu_seconds(study) + e["gpu_hours"] * 3600 == pytest.approx(200.0)
+
+
+def test_rounds_run_pairs_side_by_side_in_one_sweep_launch(tmp_path, monkeypatch):
+    rounds = []
+    monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep(rounds=rounds))
+    monkeypatch.setattr(tune_launch, "run_launch", None)  # one rank: no NCCL knob, no launch
+    out = _run(tmp_path, pairing="sweep", halfwidth=3.0)
+    assert out["stopped"] == "done"
+    records = [r for r in _records(tmp_path / "s.journal") if r["record"] != "design"]
+    assert records and {r["record"] for r in records} == {"pair"}
+    assert {r["launch"] for r in records} == {"sweep"}
+    n_variants = len(out["variants"])
+    assert len(rounds) < len(records) and len(rounds[0][1]) == 2 * n_variants  # all open first
+    by_attempt = {r["attempt"]: r for r in records}
+    for _, entries in rounds:
+        firsts = {by_attempt[int(e["tag"].split("/")[0])]["round"]["first_attempt"]
+                  for e in entries}
+        assert len(firsts) == 1  # one round, one launch
+        for a, b in zip(entries[::2], entries[1::2], strict=True):  # a pair's runs adjacent
+            attempt, side = a["tag"].split("/")
+            assert b["tag"].split("/")[0] == attempt
+            assert [side, b["tag"].split("/")[1]] == by_attempt[int(attempt)]["order"]
+            assert by_attempt[int(attempt)]["order"] == pairs.order(0, "plan", int(attempt))
+    spent = sum(4.0 + 2.0 * len(e) for _, e in rounds)  # the fake's seconds, one GPU
+    assert out["gpu_hours"] * 3600 == pytest.approx(spent)
+    design = next(r for r in _records(tmp_path / "s.journal") if r["record"] == "design")
+    for v, d in zip(out["variants"], design["variants"], strict=True):
+        pct = 100 * (truth(d["config"]) / truth(design["base"]) - 1)
+        assert v["pairs"] >= effects.MIN_PAIRS and abs(v["effect_pct"] - pct) <= \
+            2 * v["halfwidth_pct"], v
+
+
+def test_a_round_records_a_failing_run_and_a_launch_that_dies(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep(fail=("--grad-accum", "2")))
+    out = _run(tmp_path, pairing="sweep")
+    failed = [r for r in _records(tmp_path / "s.journal") if r["record"] == "failed"]
+    assert [r["variant"] for r in failed] == ["grad_accum=2"] * effects.MAX_FAILURES
+    assert {r["error"] for r in failed} == {"out of memory: CUDA out of memory"}
+    assert out["stopped"] == "done"
+
+    rounds = []
+    monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep(rounds=rounds, crash_at=3))
+    out = _run(tmp_path, pairing="sweep", name="other", max_pairs=1)
+    first = [r for r in _records(tmp_path / "s.journal")
+             if r["study"] == "other" and r["record"] != "design"][:len(rounds[0][1]) // 2]
+    assert [r["record"] for r in first[:3]] == ["pair", "failed", "interrupted"]
+    assert first[1]["error"] == "rc=1: a rank died" and first[1]["side"] == first[1]["order"][1]
+    assert sum(r["gpu_seconds"] for r in first) == pytest.approx(4.0 + 2.0 * 3)  # the launch
+
+
+def test_nccl_knobs_pair_by_launches_the_others_by_rounds(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tune_launch, "run_launch", truth_launch(calls=calls))
+    monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep())
+    out = _run(tmp_path, gpus=2, pairing="sweep", max_pairs=1)
+    records = [r for r in _records(tmp_path / "s.journal") if r["record"] == "pair"]
+    how = {r["knob"]: r["launch"] for r in records}
+    assert how["nccl_algo"] == how["nccl_proto"] == "separate"
+    assert {k for k, v in how.items() if v == "sweep"} >= {"num_workers", "micro_batch"}
+    nccl = [r for r in records if r["launch"] == "separate"]
+    assert len(calls) == 2 * len(nccl) and out["stopped"] == "done"
+
+
+def test_recover_counts_a_killed_rounds_spend_once(tmp_path):
+    rec, live = tmp_path / "s-effects.jsonl", tmp_path / "s-effects.inflight.json"
+    idents = [{"study": "s", "design": "plan", "attempt": a, "variant": f"v{a}", "knob": "k",
+               "value": a, "order": ["base", "variant"]} for a in (4, 5, 6)]
+    pairs.append(rec, {"record": "pair", **idents[0], "gpu_seconds": 30.0,
+                       "base_run": {"tokens_per_s_per_gpu": 1.0},
+                       "variant_run": {"tokens_per_s_per_gpu": 1.0}})
+    live.write_text(json.dumps({**idents[0], "idents": idents, "launch": "sweep",
+                                "gpu_seconds": 100.0}))
+    assert pairs.recover(rec, live) == 2 and not live.exists()
+    written = effect_stats.read_records(rec)[1:]
+    assert [(r["record"], r["attempt"], r["variant"]) for r in written] == [
+        ("interrupted", 5, "v5"), ("interrupted", 6, "v6")]
+    assert [r["gpu_seconds"] for r in written] == [70.0, 0.0]
 
 
 CHILD = """
@@ -196,7 +317,7 @@ from tune.test_effects import truth_launch
 trial.run_launch = truth_launch(sleep=0.3)
 suite = study.make_suite(suite_path={suite!r})
 effects.run_effects(suite, storage={storage!r}, name="s", gpu_hours=1.0, base="plan",
-                    cpu=True, progress=False)
+                    cpu=True, progress=False, pairing="launches")
 """
 
 
@@ -378,7 +499,7 @@ def test_bad_effects_options_are_one_line_exit_2(args, needle, tmp_path, capsys)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_one_pair_through_the_real_trial_runner_on_cpu(tmp_path):
+def test_one_round_through_the_real_trial_runner_on_cpu(tmp_path):
     suite, storage = _suite(tmp_path, gpus=1), tmp_path / "s.journal"
     proc = _tune("--suite", suite, "--cpu", "--storage", storage, "--gpu-hours", 1,
                  "--effects-share", 1, "--base", "plan", "--effects-knobs", "micro_batch",
@@ -392,3 +513,22 @@ def test_one_pair_through_the_real_trial_runner_on_cpu(tmp_path):
     v, b = pair["variant_run"]["tokens_per_s_per_gpu"], pair["base_run"]["tokens_per_s_per_gpu"]
     assert v > 0 and b > 0 and pair["log_ratio"] == pytest.approx(math.log(v / b))
     assert sorted(pair["order"]) == ["base", "variant"] and pair["gpu_seconds"] > 0
+    assert pair["launch"] == "sweep" and pair["round"]["pairs"] == 1  # both runs, one launch
+    assert all(c > 0 for c in pair["run_gpu_seconds"])
+    assert pair["gpu_seconds"] == pytest.approx(
+        pair["round"]["start_gpu_seconds"] + sum(pair["run_gpu_seconds"]))
+
+
+def test_the_4gpu_suites_vary_the_six_knobs_where_communication_is_exposed():
+    """Issue 25's bar names six knobs on a communication-exposed layout: the exposed suite's
+    base is ZeRO-3 at a small micro-batch and its design varies all six."""
+    suite = tune.make_suite(suite_path=str(ROOT / "data" / "suites" / "tune-exposed-4gpu.yaml"))
+    gpu = tune_launch.gpu_for("NVIDIA H200", suite)
+    sp = knobs.space(suite["space"])
+    base = effects.plan_base(suite, sp, gpu)
+    assert suite["gpus"] == 4 and base["zero"] == 3 and base["micro_batch"] <= 2
+    variants, _ = effects.design(base, suite, sp, gpu)
+    assert {v["knob"] for v in variants} == {"nccl_algo", "nccl_proto", "num_workers",
+                                             "prefetch_factor", "grad_accum", "micro_batch"}
+    search = tune.make_suite(suite_path=str(ROOT / "data" / "suites" / "tune-proxy-4gpu.yaml"))
+    assert search["gpus"] == 4 and search["space"] == {}  # the full space

@@ -63,6 +63,10 @@ def register(verbs) -> None:
                    help="start no launch that would end after this many seconds of this run")
     p.add_argument("--workers", type=positive_int, default=1,
                    help="launches at once, each on its own --suite gpus of the machine's GPUs")
+    p.add_argument("--search-batch", type=positive_int, default=1,
+                   help="search: up to this many trials run one after another in one launch "
+                        "(a sweep: the start is paid once; configs of one NCCL setting a "
+                        "launch; with --workers 1)")
     p.add_argument("--effects-share", type=share, default=0.0,
                    help="share of --gpu-hours for the paired effects stage after the search "
                         "(0: search only; 1: effects only)")
@@ -78,6 +82,10 @@ def register(verbs) -> None:
                         "micro_batch, pack)")
     p.add_argument("--effects-max-pairs", type=positive_int, default=20,
                    help="effects stage: at most this many pairs per variant")
+    p.add_argument("--effects-pairing", choices=("sweep", "launches"), default="sweep",
+                   help="effects stage: 'sweep' runs the open variants of the knobs one "
+                        "process can switch (not NCCL's) one pair each in one launch; "
+                        "'launches' gives every run a launch of its own")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--report", action="store_true", help="analyse the stored study instead")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -112,6 +120,9 @@ def cmd_tune(args) -> dict:
         raise UsageError("--gpu-hours is required to run a study (or pass --report)")
     if bool(args.suite) == bool(args.model):
         raise UsageError("give exactly one of --suite FILE or --model M")
+    if args.search_batch > 1 and args.workers > 1:
+        raise UsageError(f"--search-batch {args.search_batch} runs on one group of GPUs; "
+                         f"use --workers 1 with it (or --search-batch 1)")
     from trainplan.tune.loop import run_stages  # numpy: not loaded for --help
     suite = make_suite(suite_path=args.suite, model=args.model, gpus=args.gpus,
                        seq_len=args.seq_len)
@@ -125,11 +136,12 @@ def cmd_tune(args) -> dict:
     name = args.study_name or Path(args.suite or args.model).stem
     effects = {"base": args.base, "halfwidth": args.effects_halfwidth,
                "knob_names": args.effects_knobs or EFFECT_KNOBS,
-               "max_pairs": args.effects_max_pairs}
+               "max_pairs": args.effects_max_pairs, "pairing": args.effects_pairing}
     return run_stages(suite, storage=args.storage, name=name, gpu_hours=args.gpu_hours,
                       trials=args.trials, effects_share=args.effects_share, effects=effects,
                       cpu=args.cpu, records_path=args.records, stop_after_s=args.stop_after_s,
-                      progress=not args.no_progress, workers=args.workers)
+                      progress=not args.no_progress, workers=args.workers,
+                      batch=args.search_batch)
 
 
 def format_tune(out: dict) -> str:

@@ -72,7 +72,8 @@ def register(verbs) -> None:
                    help="measure even when other processes hold GPU memory (figures contended)")
     p.add_argument("--sweep", action="store_true",
                    help="each repetition: one launch per GPU count running all its configs "
-                        "(saves ~20 s a config; GPU agreement with separate launches unproven)")
+                        "(saves ~20 s a config; on a GPU it times as separate launches where "
+                        "the step is GPU-bound: docs/measurement.md)")
     p.add_argument("--skip-micro", action="store_true",
                    help="no microbenchmarks: the card's committed calibration, else datasheet")
     p.add_argument("--calibration", default=None, metavar="FILE",

@@ -1,8 +1,9 @@
 """The knob study's second stage: each knob varied one at a time around a base config, every
-variant launch paired with a base launch back to back, until each effect is known to +-3%.
+variant run paired with a base run back to back, until each effect is known to +-3%.
 
     trainplan tune --suite S --storage P --gpu-hours H --effects-share 0.5 \\
         [--base best|plan|N] [--effects-halfwidth 3] [--effects-knobs a,b] [--effects-max-pairs 20]
+        [--effects-pairing sweep|launches]
 
 Why: the search (TPE) concentrates its trials on good configs and varies many knobs at once,
 so a joint fit over its trials leaves the rarely varied knobs with intervals of +-40%. Here a
@@ -20,34 +21,33 @@ a given trial, or the planner's fastest config in the suite's space (`plan_base`
 
 Round-robin: the next pair goes to the unfinished variant with the fewest pairs; a variant is
 finished with >= `MIN_PAIRS` pairs and a half-width <= the bound, at `max_pairs` pairs, or
-after `MAX_FAILURES` failed launches. Budget: the study's GPU-hours, search and effects
-together; a pair is not started where two median launches would overrun it.
+after `MAX_FAILURES` failed launches. How pairs run (`trainplan.tune.pairs`): an NCCL knob's
+pair as two launches; with `pairing="sweep"` (the default) the other knobs' open variants
+together, one pair each (at most `ROUND_PAIRS`), in one sweep launch; `"launches"` runs
+every pair as two launches. Budget: the study's GPU-hours, search and effects together;
+nothing is started that the medians of what this study's launches and runs took say would
+overrun it (`_prices`).
 
-Records: `STEM-effects.jsonl` beside the storage, appended: a `design` record, then for each
-attempt exactly one `pair`, `failed` or `interrupted` record, numbered in order; a later call
-with the same --base resumes that design and its count. The spend of the attempt under way
-is rewritten every heartbeat to `STEM-effects.inflight.json`; the next call turns it into an
-`interrupted` record, so what a killed call spent stays counted. Launches: `tune.trial`.
+Records: `STEM-effects.jsonl` beside the storage: a `design` record, then the pairs'
+(`trainplan.tune.pairs`); a later call with the same --base resumes that design and its
+count, after `recover` has counted what a killed call spent.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 
-from trainplan.loader import load_json
 from trainplan.specs.layouts import strategy_family
 from trainplan.tune import knobs
 from trainplan.tune import study as tn
 from trainplan.tune import trial as tl
-from trainplan.tune.effect_stats import TERMINAL, paths, read_records, tally, variant_rows
-from trainplan.tune.knobs import EFFECT_KNOBS
+from trainplan.tune.effect_stats import paths, read_records, tally, variant_rows
+from trainplan.tune.knobs import EFFECT_KNOBS, NCCL_KNOBS
+from trainplan.tune.pairs import append, recover, run_pair, run_round
 
 LADDER = {"num_workers": (0, 1, 2, 4, 8), "prefetch_factor": (1, 2, 4, 8),
           "grad_accum": (1, 2, 4, 8), "micro_batch": (1, 2, 4, 8, 16)}
@@ -55,36 +55,8 @@ MIN_PAIRS = 3  # with 2 pairs t(0.975; 1) = 12.7: a narrow interval there is luc
 MAX_FAILURES = 2  # failed launches of one variant (or of the base) before it is given up
 HALFWIDTH_PCT = 3.0
 MAX_PAIRS = 20
-
-
-def append(path: Path, record: dict) -> None:
-    """Append one record as one line, in one write (a kill leaves it whole or absent)."""
-    line = json.dumps({**record, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def _inflight(path: Path, fields: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(fields))
-    os.replace(tmp, path)
-
-
-def recover(records_path: Path, live: Path) -> int:
-    """Turn a killed call's in-flight spend into an `interrupted` record (1), unless that
-    attempt's own record was written before the kill; 0 when nothing was in flight."""
-    if not live.is_file():
-        return 0
-    fields = load_json(live, error=tn.StudyError)
-    done = any(r.get("design") == fields["design"] and r.get("attempt") == fields["attempt"]
-               and r["record"] in TERMINAL for r in read_records(records_path))
-    if not done:
-        append(records_path, {"record": "interrupted", **fields, "why": "the call was killed"})
-    live.unlink()
-    return 0 if done else 1
+ROUND_PAIRS = 8  # pairs in one sweep launch at most: what a crash in it can cost
+PAIRINGS = ("sweep", "launches")
 
 
 # ---------------------------------------------------------------- the design
@@ -184,8 +156,10 @@ def choose_base(spec: str, study, suite: dict, sp: dict, gpu) -> tuple[str, dict
 def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base: str = "best",
                 halfwidth: float = HALFWIDTH_PCT, knob_names=EFFECT_KNOBS,
                 max_pairs: int = MAX_PAIRS, cpu: bool = False, records_path: str | None = None,
-                stop_after_s: float | None = None, progress: bool = True) -> dict:
-    """Run (or resume) the effects stage of study `name` under the study's `gpu_hours`."""
+                stop_after_s: float | None = None, progress: bool = True,
+                pairing: str = "sweep") -> dict:
+    """Run (or resume) the effects stage of study `name` under the study's `gpu_hours`;
+    `pairing` as in the module docstring."""
     from tqdm import tqdm
 
     card = tl.card_name(cpu)
@@ -206,20 +180,22 @@ def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base:
                "search_costs": [c for t in study.get_trials(deepcopy=False)
                                 for c in t.user_attrs.get("launch_gpu_seconds", [])],
                "rec_path": Path(records_path) if records_path else path.with_name(
-                   path.stem + "-measurements.jsonl")}
+                   path.stem + "-measurements.jsonl"), "pairing": pairing}
         first = tally(records, name, head["design"])["pairs"]
         bar = tqdm(desc=f"effects {name}/{head['design']}", unit="pair", initial=first,
                    file=sys.stderr, disable=not progress)
         while True:
             records = read_records(rec)
             state = tally(records, name, head["design"])
-            stopped, nxt = _next(run, records, state, set(knob_names), halfwidth, max_pairs)
+            stopped, how, batch = _next(run, records, state, set(knob_names), halfwidth,
+                                        max_pairs)
             if stopped:
                 break
-            outcome = _attempt(run, nxt, state["attempts"], records)
-            bar.update(outcome == "ok")
-            if outcome in ("budget", "time"):
-                stopped = outcome
+            outcomes = [run_pair(run, batch[0], state["attempts"], records)] if how == "pair" \
+                else run_round(run, batch, state["attempts"], records)
+            bar.update(outcomes.count("ok"))
+            stopped = next((o for o in outcomes if o in ("budget", "time")), None)
+            if stopped:
                 break
         bar.close()
         records = read_records(rec)
@@ -251,10 +227,26 @@ def _design_head(records, rec, name, spec, study, suite, gpu, knob_names, halfwi
     return head
 
 
-def _next(run, records, state, names, halfwidth, max_pairs) -> tuple[str | None, dict | None]:
-    """(why the stage stops, None) or (None, the variant to pair next)."""
+def _prices(run, records) -> tuple[float, float, float]:
+    """(a launch, a sweep launch's start, a run inside a sweep) in GPU-seconds: the medians of
+    this study's effects launches (the search's launches before any), of its rounds' starts
+    (0 before any) and of its runs inside rounds (a launch's before any)."""
+    mine = [r for r in records if r.get("study") == run["name"]]
+    launches = [c for r in mine for c in r.get("launch_gpu_seconds", [])] or run["search_costs"]
+    launch = float(np.median(launches)) if launches else 0.0
+    inside = [c for r in mine for c in r.get("run_gpu_seconds", []) if c > 0]
+    starts = [r["round"]["start_gpu_seconds"] for r in mine
+              if r.get("round") and r.get("attempt") == r["round"]["first_attempt"]]
+    if not inside:
+        return launch, 0.0, launch
+    return launch, float(np.median(starts)) if starts else 0.0, float(np.median(inside))
+
+
+def _next(run, records, state, names, halfwidth, max_pairs) -> tuple[str | None, str, list]:
+    """(why the stage stops, "", []) or (None, "pair" or "round", the variants to pair next:
+    the open variant with the fewest pairs, with the other open variants of a round)."""
     if state["failures"].get("base", 0) >= MAX_FAILURES:
-        return "base-failed", None
+        return "base-failed", "", []
     open_ = []
     for i, v in enumerate(run["head"]["variants"]):
         n, hw = len(state["rates"][v["id"]]), state["halfwidth"].get(v["id"])
@@ -263,77 +255,29 @@ def _next(run, records, state, names, halfwidth, max_pairs) -> tuple[str | None,
         if v["knob"] in names and not finished:
             open_.append((n, i, v))
     if not open_:
-        return "done", None
-    costs = [c for r in records if r.get("study") == run["name"]
-             for c in r.get("launch_gpu_seconds", [])] or run["search_costs"]
-    expected = 2 * float(np.median(costs)) if costs else 0.0
+        return "done", "", []
+    ranked = [v for _, _, v in sorted(open_, key=lambda x: x[:2])]
+    launch, start, inside = _prices(run, records)
+    if run["pairing"] == "launches" or ranked[0]["knob"] in NCCL_KNOBS:
+        how, batch, cost = "pair", ranked[:1], lambda k: 2 * launch
+    else:
+        how = "round"
+        batch = [v for v in ranked if v["knob"] not in NCCL_KNOBS][:ROUND_PAIRS]
+        cost = lambda k: start + 2 * k * inside  # noqa: E731
     spent = run["search_s"] + sum(float(r.get("gpu_seconds", 0.0)) for r in records
                                   if r.get("study") == run["name"])
-    if spent + expected > run["budget_s"]:
-        return "budget", None
     stop = run["stop_after_s"]
-    if stop and time.monotonic() - run["start"] + expected / run["suite"]["gpus"] > stop:
-        return "time", None
-    return None, min(open_, key=lambda x: x[:2])[2]
+    elapsed = time.monotonic() - run["start"]
 
-
-def order(seed: int, design_name: str, attempt: int) -> list[str]:
-    """Which of the pair runs first: a coin from a RNG seeded by the study's seed, the design
-    and the attempt number, so a resumed call draws what an unbroken one would have."""
-    rng = np.random.default_rng([seed, zlib.crc32(design_name.encode()), attempt])
-    return ["base", "variant"] if rng.random() < 0.5 else ["variant", "base"]
-
-
-def _attempt(run, variant: dict, attempt: int, records) -> str:
-    """Run one pair back to back and append its record; 'ok', 'failed', 'budget' or 'time'."""
-    suite, head, gpus = run["suite"], run["head"], run["suite"]["gpus"]
-    spent = run["search_s"] + sum(float(r.get("gpu_seconds", 0.0)) for r in records
-                                  if r.get("study") == run["name"])
-    sides = order(head["seed"], head["design"], attempt)
-    ident = {"study": run["name"], "design": head["design"], "attempt": attempt,
-             "variant": variant["id"], "knob": variant["knob"], "value": variant["value"],
-             "order": sides}
-    runs, costs, used = {}, [], 0.0
-    for position, side in enumerate(sides):
-        cfg = head["base"] if side == "base" else variant["config"]
-        env = tl.launch_env(cfg)
-        if run["devices"] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = run["devices"]
-        cmd = tl.launch_command(suite, cfg, run["cpu"])
-        if not run["cpu"]:
-            cmd += ["--records", str(run["rec_path"]), "--run-id",
-                    f"{run['name']}/effects-{head['design']}/attempt-{attempt}/{side}"]
-        _inflight(run["live"], {**ident, "gpu_seconds": used})
-
-        def tick(elapsed, used=used):
-            cost = used + elapsed * gpus
-            _inflight(run["live"], {**ident, "gpu_seconds": cost})
-            if spent + cost > run["budget_s"]:
-                return "budget"
-            stop = run["stop_after_s"]
-            return "time" if stop and time.monotonic() - run["start"] > stop else None
-
-        summary, error, seconds = tl.run_launch(cmd, env, tick=tick,
-                                                deadline_s=suite["launch_timeout_s"])
-        used += seconds * gpus
-        costs.append(seconds * gpus)
-        if summary is None:
-            why = error.split(": ", 1)[1] if error.startswith("stopped: ") else ""
-            kind = "interrupted" if why in ("budget", "time") else "failed"
-            append(run["rec"], {"record": kind, **ident, "side": side, "error": error,
-                                "gpu_seconds": used, "launch_gpu_seconds": costs})
-            run["live"].unlink(missing_ok=True)
-            return why if kind == "interrupted" else "failed"
-        fig = tl.pooled([summary])
-        runs[side] = {"tokens_per_s_per_gpu": fig["tokens_per_s_per_gpu"], "ci": fig["ci"],
-                      "seconds": round(seconds, 3), "position": position}
-    ratio = float(np.log(runs["variant"]["tokens_per_s_per_gpu"]
-                         / runs["base"]["tokens_per_s_per_gpu"]))
-    append(run["rec"], {"record": "pair", **ident, "base_run": runs["base"],
-                        "variant_run": runs["variant"], "log_ratio": ratio,
-                        "gpu_seconds": used, "launch_gpu_seconds": costs})
-    run["live"].unlink(missing_ok=True)
-    return "ok"
+    def why(k: int) -> str | None:
+        if spent + cost(k) > run["budget_s"]:
+            return "budget"
+        return "time" if stop and elapsed + cost(k) / run["suite"]["gpus"] > stop else None
+    if why(1):
+        return why(1), "", []
+    while len(batch) > 1 and why(len(batch)):
+        batch = batch[:-1]
+    return None, how, batch
 
 
 def _message(stopped: str, pairs: int, halfwidth: float, run, spent: float, stop_after_s) -> str:

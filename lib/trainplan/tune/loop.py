@@ -29,6 +29,7 @@ from pathlib import Path
 from trainplan.tune import knobs
 from trainplan.tune import study as tn
 from trainplan.tune import trial as tl
+from trainplan.tune.batch import run_batches
 
 
 class Spend:
@@ -62,8 +63,9 @@ def _duplicate(study, cfg: dict, number: int):
 def run_study(suite: dict, *, storage: str, name: str, gpu_hours: float, trials: int,
               cpu: bool = False, records_path: str | None = None,
               stop_after_s: float | None = None, progress: bool = True,
-              workers: int = 1) -> dict:
-    """Run (or resume) the study until `trials` configs are measured or a limit stops it."""
+              workers: int = 1, batch: int = 1) -> dict:
+    """Run (or resume) the study until `trials` configs are measured or a limit stops it;
+    `batch` > 1: up to that many trials a launch (`trainplan.tune.batch`, one worker)."""
     from tqdm import tqdm
 
     card = tl.card_name(cpu)  # before the storage: a bad request writes nothing
@@ -88,11 +90,16 @@ def run_study(suite: dict, *, storage: str, name: str, gpu_hours: float, trials:
         first = len(tn.measured(study))
         run["bar"] = tqdm(total=trials, initial=min(first, trials), desc=f"tune {name}",
                           file=sys.stderr, disable=not progress, unit="config")
-        threads = [threading.Thread(target=_worker, args=(run, g), daemon=True) for g in groups]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        if batch > 1:
+            run.update(why_stop=_why_stop, settle=_settle, note=_log, show=_show)
+            run_batches(run, groups[0], batch)
+        else:
+            threads = [threading.Thread(target=_worker, args=(run, g), daemon=True)
+                       for g in groups]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         run["bar"].close()
         done = tn.measured(study)
         spent_h = tn.gpu_seconds(study) / 3600.0
@@ -171,13 +178,18 @@ def _worker(run, devices: str | None) -> None:
             spend.running -= 1
             if outcome in ("budget", "time") and run["stopped"] is None:
                 run["stopped"] = outcome
-            measured = tn.measured(study)
-            bar = run["bar"]
-            bar.n = min(len(measured), run["trials"])
-            best = max((t.value for t in measured), default=None)
-            bar.set_postfix(best=f"{best:,.0f}" if best else "-",
-                            gpu_h=f"{spend.total() / 3600:.3f}/{run['budget_s'] / 3600:g}")
-            bar.refresh()
+            _show(run)
+
+
+def _show(run) -> None:
+    """The progress bar: configurations measured, the best figure, GPU-hours spent."""
+    measured = tn.measured(run["study"])
+    bar = run["bar"]
+    bar.n = min(len(measured), run["trials"])
+    best = max((t.value for t in measured), default=None)
+    bar.set_postfix(best=f"{best:,.0f}" if best else "-",
+                    gpu_h=f"{run['spend'].total() / 3600:.3f}/{run['budget_s'] / 3600:g}")
+    bar.refresh()
 
 
 def _settle(run, trial, cfg, TrialState):
@@ -270,7 +282,7 @@ def _measure(run, trial, cfg, devices: str | None) -> str:
 def run_stages(suite: dict, *, storage: str, name: str, gpu_hours: float, trials: int,
                effects_share: float = 0.0, effects: dict | None = None, cpu: bool = False,
                records_path: str | None = None, stop_after_s: float | None = None,
-               progress: bool = True, workers: int = 1) -> dict:
+               progress: bool = True, workers: int = 1, batch: int = 1) -> dict:
     """The search, then the effects stage (`trainplan.tune.effects`), under one budget.
 
     The search may spend (1 - `effects_share`) of `gpu_hours`, less what the effects stage
@@ -291,7 +303,7 @@ def run_stages(suite: dict, *, storage: str, name: str, gpu_hours: float, trials
         if search_h > 0:
             out = run_study(suite, storage=storage, name=name, gpu_hours=search_h, trials=trials,
                             cpu=cpu, records_path=records_path, stop_after_s=stop_after_s,
-                            progress=progress, workers=workers)
+                            progress=progress, workers=workers, batch=batch)
         if effects_share == 0.0 or out.get("stopped") == "time":
             return out
     left = None if stop_after_s is None else max(stop_after_s - (time.monotonic() - start), 1e-3)

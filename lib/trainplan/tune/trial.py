@@ -36,19 +36,35 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
-def launch_command(suite: dict, cfg: dict, cpu: bool) -> list[str]:
+def _torchrun(suite: dict) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={suite['gpus']}"]
+
+
+def train_args(suite: dict, cfg: dict, cpu: bool) -> list[str]:
+    """The `trainplan.bench.harness.train` arguments of one config of the suite."""
     lay = suite["layout"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={suite['gpus']}", "-m", "trainplan.bench.harness.train",
-           "--model", suite["model"], "--seq-len", str(suite["seq_len"]),
-           "--steps", str(suite["warmup"] + knobs.windows(cfg, suite)),
-           "--warmup", str(suite["warmup"]), "--json", "--no-progress"]
+    args = ["--model", suite["model"], "--seq-len", str(suite["seq_len"]),
+            "--steps", str(suite["warmup"] + knobs.windows(cfg, suite)),
+            "--warmup", str(suite["warmup"]), "--json", "--no-progress"]
     for k in ("dp", "tp", "pp"):
-        cmd += [f"--{k}", str(lay.get(k, 1))]
+        args += [f"--{k}", str(lay.get(k, 1))]
     if suite.get("data", "stdlib") != "stdlib":
-        cmd += ["--data", suite["data"]]
-    cmd += knobs.harness_args(cfg) + [str(a) for a in suite["extra_args"]]
-    return cmd + (["--cpu"] if cpu else [])
+        args += ["--data", suite["data"]]
+    args += knobs.harness_args(cfg) + [str(a) for a in suite["extra_args"]]
+    return args + (["--cpu"] if cpu else [])
+
+
+def launch_command(suite: dict, cfg: dict, cpu: bool) -> list[str]:
+    """torchrun of the harness for one config: one launch, one run."""
+    return [*_torchrun(suite), "-m", "trainplan.bench.harness.train",
+            *train_args(suite, cfg, cpu)]
+
+
+def sweep_command(suite: dict, runs_file: Path) -> list[str]:
+    """torchrun of a sweep (`trainplan.bench.series.sweep`): the runs listed in `runs_file`
+    (JSON, [{"tag", "args"}]) one after another in one launch."""
+    return [*_torchrun(suite), "-m", "trainplan.bench.series.sweep", str(runs_file)]
 
 
 def launch_env(cfg: dict) -> dict:
@@ -63,12 +79,9 @@ def launch_env(cfg: dict) -> dict:
     return env
 
 
-def run_launch(cmd, env, *, tick, deadline_s: float) -> tuple[dict | None, str, float]:
-    """Run one harness launch; (summary or None, error text, wall seconds).
-
-    `tick(elapsed)` is called every HEARTBEAT_S seconds and returns a reason
-    to stop ("budget", "time") or None; the launch is then terminated.
-    """
+def _watch(cmd, env, tick, deadline_s: float) -> tuple[list[dict], str, float]:
+    """Run `cmd`, calling `tick(elapsed)` every HEARTBEAT_S seconds (a reason to stop, or
+    None); (the JSON lines it printed, even when stopped, error text or "", wall seconds)."""
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, text=True,
@@ -86,13 +99,35 @@ def run_launch(cmd, env, *, tick, deadline_s: float) -> tuple[dict | None, str, 
                     break
         seconds = time.monotonic() - start
         out.seek(0), err.seek(0)
-        lines = [ln for ln in out.read().splitlines() if ln.startswith("{")]
+        lines = []
+        for ln in out.read().splitlines():
+            if ln.startswith("{"):
+                with contextlib.suppress(ValueError):  # a line cut by the stop
+                    lines.append(json.loads(ln))
         if stop:
-            return None, f"stopped: {stop}", seconds
+            return lines, f"stopped: {stop}", seconds
         if proc.returncode or not lines:
             tail = " | ".join(err.read().strip().splitlines()[-3:])[-400:]
-            return None, f"rc={proc.returncode}: {tail}", seconds
-        return json.loads(lines[-1]), "", seconds
+            return lines, f"rc={proc.returncode}: {tail}", seconds
+        return lines, "", seconds
+
+
+def run_launch(cmd, env, *, tick, deadline_s: float) -> tuple[dict | None, str, float]:
+    """Run one harness launch; (summary or None, error text, wall seconds).
+
+    `tick(elapsed)` is called every HEARTBEAT_S seconds and returns a reason
+    to stop ("budget", "time") or None; the launch is then terminated.
+    """
+    lines, error, seconds = _watch(cmd, env, tick, deadline_s)
+    return (None if error else lines[-1]), error, seconds
+
+
+def run_sweep(cmd, env, *, tick, deadline_s: float) -> tuple[list[dict], str, float]:
+    """Run one sweep launch (`sweep_command`); (rank 0's line of every run that finished,
+    also when the launch was stopped or crashed, error text or "", wall seconds). A line is
+    {"tag", "position", "summary" or "error", "elapsed_s"}."""
+    lines, error, seconds = _watch(cmd, env, tick, deadline_s)
+    return [ln for ln in lines if "tag" in ln], error, seconds
 
 
 def pooled(summaries: list[dict]) -> dict:

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=540.0)
     p.add_argument("--sweep", action="store_true",
                    help="each repetition: one launch per GPU count running all its configs "
-                        "(suite_sweep.py); not yet shown on GPUs to time as separate launches")
+                        "(suite_sweep.py); times as separate launches on GPU-bound configs")
     args = p.parse_args(argv)
     try:
         rows = run_suite(args.suite, args.out, args.launches, args.only, args.budget_s,

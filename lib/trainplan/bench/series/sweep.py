@@ -11,8 +11,9 @@ Why: a GPU launch costs ~25 s, of which 3-6 s are timed steps; the rest is torch
 imports, the process group, the loader and compile. A sweep pays the start once per world
 size (`python -m trainplan.bench.series.suite --sweep`, `trainplan validate --sweep`); the
 loss-parity tests use it for the same reason. Between runs `settle` clears what the last
-run left. That GPU timings of a sweep equal those of separate launches is not shown yet, so
-separate launches stay the default (docs/measurement.md, "Several configs in one launch").
+run left. On a GPU a sweep's run times as a launch of its own where the step is GPU-bound
+(docs/measurement.md, "Several configs in one launch"); the knob study's rounds use it too
+(`trainplan.tune.batch`, `trainplan.tune.pairs`).
 """
 
 from __future__ import annotations
