@@ -532,3 +532,19 @@ def test_the_4gpu_suites_vary_the_six_knobs_where_communication_is_exposed():
                                              "prefetch_factor", "grad_accum", "micro_batch"}
     search = tune.make_suite(suite_path=str(ROOT / "data" / "suites" / "tune-proxy-4gpu.yaml"))
     assert search["gpus"] == 4 and search["space"] == {}  # the full space
+
+
+def test_effects_records_carry_their_card_and_commit_for_the_provenance_page(tmp_path,
+                                                                           monkeypatch):
+    from trainplan.runbook import version
+
+    monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep())
+    _run(tmp_path, pairing="sweep", max_pairs=1)
+    rec = effect_stats.paths(tmp_path / "s.journal")[0]
+    records = effect_stats.read_records(rec)
+    assert {r["card"] for r in records} == {"cpu"}
+    assert {r["kind"] for r in records} == {"knob effect"}
+    assert all(r["provenance"]["git_commit"] for r in records)
+    row = version.describe_file(rec, tmp_path)
+    assert row["card"] == "cpu" and "not recorded" not in row["commit"]
+    assert row["kind"] == "knob effect" and row["records"] == len(records)

@@ -173,14 +173,15 @@ def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base:
             study.set_user_attr("card", card)
         recovered = recover(rec, live)
         records = read_records(rec)
-        head = _design_head(records, rec, name, base, study, suite, gpu, knob_names, halfwidth)
+        head = _design_head(records, rec, name, base, study, suite, gpu, knob_names, halfwidth,
+                            card)
         run = {"suite": suite, "cpu": cpu, "devices": devices, "rec": rec, "live": live,
                "name": name, "head": head, "start": time.monotonic(), "stop_after_s":
                stop_after_s, "budget_s": gpu_hours * 3600.0, "search_s": tn.gpu_seconds(study),
                "search_costs": [c for t in study.get_trials(deepcopy=False)
                                 for c in t.user_attrs.get("launch_gpu_seconds", [])],
                "rec_path": Path(records_path) if records_path else path.with_name(
-                   path.stem + "-measurements.jsonl"), "pairing": pairing}
+                   path.stem + "-measurements.jsonl"), "pairing": pairing, "card": card}
         first = tally(records, name, head["design"])["pairs"]
         bar = tqdm(desc=f"effects {name}/{head['design']}", unit="pair", initial=first,
                    file=sys.stderr, disable=not progress)
@@ -210,7 +211,8 @@ def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base:
             "variants": variant_rows(records, head), "left_out": head["left_out"]}
 
 
-def _design_head(records, rec, name, spec, study, suite, gpu, knob_names, halfwidth) -> dict:
+def _design_head(records, rec, name, spec, study, suite, gpu, knob_names, halfwidth,
+                 card) -> dict:
     """The design record of this --base: the stored one (resume), else a new one appended."""
     sp = knobs.space(suite["space"])
     wanted = {"best": "best", "plan": "plan"}.get(spec, f"trial-{spec}")
@@ -219,7 +221,7 @@ def _design_head(records, rec, name, spec, study, suite, gpu, knob_names, halfwi
             return r
     design_name, cfg, source = choose_base(spec, study, suite, sp, gpu)
     variants, left_out = design(cfg, suite, sp, gpu, EFFECT_KNOBS)
-    head = {"record": "design", "study": name, "design": design_name, "base": cfg,
+    head = {"record": "design", "study": name, "design": design_name, "card": card, "base": cfg,
             "base_from": source, "family": family(suite, cfg), "variants": variants,
             "left_out": left_out, "seed": int(suite.get("seed", 0)), "halfwidth_pct": halfwidth,
             "min_pairs": MIN_PAIRS, "knobs_asked": list(knob_names)}

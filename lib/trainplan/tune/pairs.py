@@ -23,6 +23,7 @@ what it spent stays counted.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -33,14 +34,23 @@ from pathlib import Path
 import numpy as np
 
 from trainplan.loader import load_json
+from trainplan.records.provenance import git_commit
 from trainplan.tune import study as tn
 from trainplan.tune import trial as tl
 from trainplan.tune.effect_stats import TERMINAL, read_records
 
 
+@functools.lru_cache(maxsize=1)
+def _commit() -> str | None:
+    return git_commit()
+
+
 def append(path: Path, record: dict) -> None:
-    """Append one record as one line, in one write (a kill leaves it whole or absent)."""
-    line = json.dumps({**record, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    """Append one record as one line, in one write (a kill leaves it whole or absent), with
+    its time and the code's commit (`provenance.git_commit`, as measurement records carry)."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    line = json.dumps({"kind": "knob effect", **record, "at": at, "recorded_at": at,
+                       "provenance": {"git_commit": _commit()}})
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
@@ -86,7 +96,8 @@ def order(seed: int, design_name: str, attempt: int) -> list[str]:
 
 def _ident(run, variant: dict, attempt: int) -> dict:
     head = run["head"]
-    return {"study": run["name"], "design": head["design"], "attempt": attempt,
+    return {"study": run["name"], "design": head["design"], "card": run["card"],
+            "attempt": attempt,
             "variant": variant["id"], "knob": variant["knob"], "value": variant["value"],
             "order": order(head["seed"], head["design"], attempt)}
 
