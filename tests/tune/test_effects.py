@@ -548,3 +548,24 @@ def test_effects_records_carry_their_card_and_commit_for_the_provenance_page(tmp
     row = version.describe_file(rec, tmp_path)
     assert row["card"] == "cpu" and "not recorded" not in row["commit"]
     assert row["kind"] == "knob effect" and row["records"] == len(records)
+
+
+def test_sweep_nccl_puts_nccl_pairs_in_rounds_with_each_runs_environment(tmp_path,
+                                                                       monkeypatch):
+    rounds = []
+    monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep(rounds=rounds))
+    monkeypatch.setattr(tune_launch, "run_launch", None)  # no launch a run in this mode
+    out = _run(tmp_path, gpus=2, pairing="sweep-nccl", max_pairs=1)
+    records = [r for r in _records(tmp_path / "s.journal") if r["record"] == "pair"]
+    assert {r["launch"] for r in records} == {"sweep"} and out["stopped"] == "done"
+    assert {"nccl_algo", "nccl_proto"} <= {r["knob"] for r in records}
+    by_attempt = {r["attempt"]: r for r in records}
+    for _, entries in rounds:
+        for e in entries:
+            attempt, side = e["tag"].split("/")
+            r = by_attempt[int(attempt)]
+            want = r["value"] if side == "variant" else "default"
+            env = knobs.env({"nccl_algo": "default", "nccl_proto": "default",
+                             r["knob"]: want} if r["knob"] in knobs.NCCL_KNOBS else
+                            {"nccl_algo": "default", "nccl_proto": "default"})
+            assert e["env"] == env, (e["tag"], r["knob"])

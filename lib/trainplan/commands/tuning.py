@@ -82,10 +82,13 @@ def register(verbs) -> None:
                         "micro_batch, pack)")
     p.add_argument("--effects-max-pairs", type=positive_int, default=20,
                    help="effects stage: at most this many pairs per variant")
-    p.add_argument("--effects-pairing", choices=("sweep", "launches"), default="sweep",
+    p.add_argument("--effects-pairing", choices=("sweep", "sweep-nccl", "launches"),
+                   default="sweep",
                    help="effects stage: 'sweep' runs the open variants of the knobs one "
                         "process can switch (not NCCL's) one pair each in one launch; "
-                        "'launches' gives every run a launch of its own")
+                        "'sweep-nccl' NCCL's too, each run making its process groups under "
+                        "its own NCCL_* (check the machine first: torchrun ... -m "
+                        "trainplan.bench.micro.nccl_env); 'launches' a launch a run")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--report", action="store_true", help="analyse the stored study instead")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")

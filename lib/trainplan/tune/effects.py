@@ -23,10 +23,12 @@ Round-robin: the next pair goes to the unfinished variant with the fewest pairs;
 finished with >= `MIN_PAIRS` pairs and a half-width <= the bound, at `max_pairs` pairs, or
 after `MAX_FAILURES` failed launches. How pairs run (`trainplan.tune.pairs`): an NCCL knob's
 pair as two launches; with `pairing="sweep"` (the default) the other knobs' open variants
-together, one pair each (at most `ROUND_PAIRS`), in one sweep launch; `"launches"` runs
-every pair as two launches. Budget: the study's GPU-hours, search and effects together;
-nothing is started that the medians of what this study's launches and runs took say would
-overrun it (`_prices`).
+together, one pair each (at most `ROUND_PAIRS`), in one sweep launch; `"sweep-nccl"` puts
+the NCCL knobs' pairs in the round too, each run making its process groups under its own
+NCCL_* (for a machine where `trainplan.bench.micro.nccl_env` shows NCCL honours that);
+`"launches"` runs every pair as two launches. Budget: the study's GPU-hours, search and
+effects together; nothing is started that the medians of what this study's launches and runs
+took say would overrun it (`_prices`).
 
 Records: `STEM-effects.jsonl` beside the storage: a `design` record, then the pairs'
 (`trainplan.tune.pairs`); a later call with the same --base resumes that design and its
@@ -56,7 +58,7 @@ MAX_FAILURES = 2  # failed launches of one variant (or of the base) before it is
 HALFWIDTH_PCT = 3.0
 MAX_PAIRS = 20
 ROUND_PAIRS = 8  # pairs in one sweep launch at most: what a crash in it can cost
-PAIRINGS = ("sweep", "launches")
+PAIRINGS = ("sweep", "sweep-nccl", "launches")
 
 
 # ---------------------------------------------------------------- the design
@@ -260,11 +262,13 @@ def _next(run, records, state, names, halfwidth, max_pairs) -> tuple[str | None,
         return "done", "", []
     ranked = [v for _, _, v in sorted(open_, key=lambda x: x[:2])]
     launch, start, inside = _prices(run, records)
-    if run["pairing"] == "launches" or ranked[0]["knob"] in NCCL_KNOBS:
+    in_round = (lambda v: True) if run["pairing"] == "sweep-nccl" else \
+        (lambda v: v["knob"] not in NCCL_KNOBS)
+    if run["pairing"] == "launches" or not in_round(ranked[0]):
         how, batch, cost = "pair", ranked[:1], lambda k: 2 * launch
     else:
         how = "round"
-        batch = [v for v in ranked if v["knob"] not in NCCL_KNOBS][:ROUND_PAIRS]
+        batch = [v for v in ranked if in_round(v)][:ROUND_PAIRS]
         cost = lambda k: start + 2 * k * inside  # noqa: E731
     spent = run["search_s"] + sum(float(r.get("gpu_seconds", 0.0)) for r in records
                                   if r.get("study") == run["name"])

@@ -8,7 +8,9 @@ Two ways to run them:
   default process group, made once at its start.
 - `run_round`: several pairs in one sweep launch (`trainplan.bench.series.sweep`), each
   pair's two runs next to each other, for the knobs one process can change from run to run
-  (loader workers and prefetch, accumulation, micro-batch, packing). The launch's start
+  (loader workers and prefetch, accumulation, micro-batch, packing), and with pairing
+  "sweep-nccl" the NCCL knobs too: every run then carries its NCCL_* and makes its process
+  groups anew under them. The launch's start
   (torchrun, imports, process group) is paid once a round instead of twice a pair; on a GPU
   a sweep's runs time as separate launches do (`data/measurements/sweep-ab-h200x2-20261128/`).
 
@@ -35,6 +37,7 @@ import numpy as np
 
 from trainplan.loader import load_json
 from trainplan.records.provenance import git_commit
+from trainplan.tune import knobs
 from trainplan.tune import study as tn
 from trainplan.tune import trial as tl
 from trainplan.tune.effect_stats import TERMINAL, read_records
@@ -181,15 +184,17 @@ def run_round(run, variants: list[dict], first: int, records) -> list[str]:
     suite, gpus, k = run["suite"], run["suite"]["gpus"], len(variants)
     spent = _spent(run, records)
     idents = [_ident(run, v, first + i) for i, v in enumerate(variants)]
-    entries = []
+    entries, own_env = [], run["pairing"] == "sweep-nccl"
     for v, ident in zip(variants, idents, strict=True):
         for side in ident["order"]:
-            args = tl.train_args(suite, _config(run, v, side), run["cpu"])
+            cfg = _config(run, v, side)
+            args = tl.train_args(suite, cfg, run["cpu"])
             if not run["cpu"]:
                 args += ["--records", str(run["rec_path"]), "--run-id",
                          _run_id(run, ident["attempt"], side)]
-            entries.append({"tag": f"{ident['attempt']}/{side}", "args": args})
-    env = tl.launch_env(run["head"]["base"])  # NCCL knobs are the base's in every run
+            entries.append({"tag": f"{ident['attempt']}/{side}", "args": args,
+                            **({"env": knobs.env(cfg)} if own_env else {})})
+    env = tl.launch_env(run["head"]["base"])  # the launch's: the base's NCCL knobs
     if run["devices"] is not None:
         env["CUDA_VISIBLE_DEVICES"] = run["devices"]
     live = {**idents[0], "idents": idents, "launch": "sweep"}

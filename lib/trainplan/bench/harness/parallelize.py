@@ -102,19 +102,22 @@ def check_layout(cfg: ParallelConfig, spec: ModelSpec, world: int, *,
                               f"be a multiple of pp = {cfg.pp}")
 
 
-def build_mesh(cfg: ParallelConfig, device_type: str):
+def build_mesh(cfg: ParallelConfig, device_type: str, fresh: bool = False):
     """A 5-D DeviceMesh (pp, dp_replicate, dp_shard, cp, tp), every dimension kept so steps
     slice it by name; None on a single rank. Ranks run tp fastest (inside a node, on NVLink),
     then the context-parallel ring, the FSDP shard group, replicas, pipeline stages
-    (torchtitan's order); with cp > 1 also dp_shard_cp, the dp_shard x cp FSDP2 shards over."""
+    (torchtitan's order); with cp > 1 also dp_shard_cp, the dp_shard x cp FSDP2 shards over.
+    `fresh`: each dimension of more than one rank gets a process group made now, never the
+    launch's default one, so NCCL reads the NCCL_* environment of this moment (a sweep's run)."""
     if cfg.world == 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    replicate = cfg.dp // cfg.dp_shard if cfg.zero else cfg.dp
-    shard = cfg.dp_shard if cfg.zero else 1
-    mesh = init_device_mesh(device_type, (cfg.pp, replicate, shard, cfg.cp, cfg.tp),
-                            mesh_dim_names=MESH_DIMS)
+    shape = (cfg.pp, cfg.dp // cfg.dp_shard if cfg.zero else cfg.dp,
+             cfg.dp_shard if cfg.zero else 1, cfg.cp, cfg.tp)
+    override = {n: dist.get_backend() for n, k in zip(MESH_DIMS, shape, strict=True) if k > 1}
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS,
+                            backend_override=override if fresh else None)
     if cfg.cp > 1:
         context.flatten_shard_cp(mesh)
     return mesh

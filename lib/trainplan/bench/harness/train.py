@@ -202,7 +202,7 @@ def run(args) -> dict:
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
     par_mod.check_layout(cfg, spec, world, seq_len=args.seq_len, device_type=device.type)
-    mesh = par_mod.build_mesh(cfg, device.type)
+    mesh = par_mod.build_mesh(cfg, device.type, getattr(args, "fresh_groups", False))
     dp_rank, dp = par_mod.dp_coordinates(cfg, mesh)
     builder = hf_baseline.build if args.impl == "hf-baseline" else build
     par, loss_fn = builder(spec, cfg, args, device, mesh)

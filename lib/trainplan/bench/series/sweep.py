@@ -5,7 +5,10 @@
 RUNS.json lists the runs, `{"tag": str, "args": [train.py arguments...]}`, done in that
 order; rank 0 prints one JSON line per run (`run_one`), and a run with `--records` appends
 train.py's own measurement record, marked in its `notes` (`note`). Formats:
-`lib/trainplan/bench/README.md`, "Formats".
+`lib/trainplan/bench/README.md`, "Formats". A run may add `"env": {NAME: value or null}`,
+set (null: unset) for that run only; it then builds its device mesh from new process
+groups (`parallelize.build_mesh(fresh=True)`), so that NCCL, which reads NCCL_ALGO and
+NCCL_PROTO when it makes a communicator, sees the run's values.
 
 Why: a GPU launch costs ~25 s, of which 3-6 s are timed steps; the rest is torchrun,
 imports, the process group, the loader and compile. A sweep pays the start once per world
@@ -18,8 +21,10 @@ run left. On a GPU a sweep's run times as a launch of its own where the step is 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -51,10 +56,12 @@ def run_one(run: dict, position: int, total: int) -> dict:
             args = train.parse_args([*run["args"], "--json"])
         except SystemExit:  # argparse has said why on stderr
             raise TrainplanError(f"bad train.py arguments {run['args']}") from None
-        summary = train.run(args)
-        summary["notes"] = [*summary["notes"], note(position, total)]
-        if args.records and _rank() == 0:
-            train.write_record(args.records, summary, args.run_id)
+        args.fresh_groups = run.get("env") is not None
+        with environment(run.get("env") or {}):
+            summary = train.run(args)
+            summary["notes"] = [*summary["notes"], note(position, total)]
+            if args.records and _rank() == 0:  # its provenance names the run's environment
+                train.write_record(args.records, summary, args.run_id)
         line["summary"] = summary
     except TrainplanError as err:
         line["error"] = str(err)
@@ -62,6 +69,19 @@ def run_one(run: dict, position: int, total: int) -> dict:
         line["error"] = f"out of memory: {str(err).strip().splitlines()[0][:200]}"
     line["elapsed_s"] = time.perf_counter() - start
     return line
+
+
+@contextlib.contextmanager
+def environment(env: dict):
+    """Set (a None value: unset) these environment variables for the block, then restore."""
+    before = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, str(v))
+        yield
+    finally:
+        for k, v in before.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def settle() -> None:
