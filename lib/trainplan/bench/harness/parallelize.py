@@ -107,17 +107,17 @@ def build_mesh(cfg: ParallelConfig, device_type: str, fresh: bool = False):
     slice it by name; None on a single rank. Ranks run tp fastest (inside a node, on NVLink),
     then the context-parallel ring, the FSDP shard group, replicas, pipeline stages
     (torchtitan's order); with cp > 1 also dp_shard_cp, the dp_shard x cp FSDP2 shards over.
-    `fresh`: each dimension of more than one rank gets a process group made now, never the
-    launch's default one, so NCCL reads the NCCL_* environment of this moment (a sweep's run)."""
+    `fresh`: each dimension of > 1 rank a process group made now, not the launch's default
+    one, so NCCL reads the NCCL_* environment of this moment (a sweep's run sets its own)."""
     if cfg.world == 1:
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = (cfg.pp, cfg.dp // cfg.dp_shard if cfg.zero else cfg.dp,
              cfg.dp_shard if cfg.zero else 1, cfg.cp, cfg.tp)
-    override = {n: dist.get_backend() for n, k in zip(MESH_DIMS, shape, strict=True) if k > 1}
+    new = {n: dist.get_backend() for n, k in zip(MESH_DIMS, shape, strict=True) if k > 1}
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS,
-                            backend_override=override if fresh else None)
+                            backend_override=new if fresh else None)
     if cfg.cp > 1:
         context.flatten_shard_cp(mesh)
     return mesh
@@ -128,20 +128,16 @@ def dp_coordinates(cfg: ParallelConfig, mesh) -> tuple[int, int]:
     the tp, pp and cp ranks of one replica read the same (a cp rank keeps its share)."""
     if mesh is None:
         return 0, 1
-    replicate = mesh["dp_replicate"].get_local_rank()
-    shard = mesh["dp_shard"].get_local_rank()
-    return replicate * mesh["dp_shard"].size() + shard, cfg.dp
+    rank = mesh["dp_replicate"].get_local_rank() * mesh["dp_shard"].size()
+    return rank + mesh["dp_shard"].get_local_rank(), cfg.dp
 
 
 # ---------------------------------------------------------------- 0. pipeline split
 
 
 def stage_layers(n_layers: int, n_stages: int) -> list[list[int]]:
-    """Block indices of each stage: contiguous, as even as possible, extras to early stages.
-
-    The last stage also runs the output layer and loss; early stages hold the
-    spare blocks so it is not the slowest twice over.
-    """
+    """Block indices of each stage: contiguous, as even as possible, extras to early stages
+    (the last stage also runs the output layer and loss: it should not be slowest twice)."""
     base, extra = divmod(n_layers, n_stages)
     bounds, start = [], 0
     for s in range(n_stages):
