@@ -1,38 +1,32 @@
 """The knob study's second stage: each knob varied one at a time around a base config, every
 variant run paired with a base run back to back, until each effect is known to +-3%.
 
-    trainplan tune --suite S --storage P --gpu-hours H --effects-share 0.5 \\
-        [--base best|plan|N] [--effects-halfwidth 3] [--effects-knobs a,b] [--effects-max-pairs 20]
-        [--effects-pairing sweep|launches]
+    trainplan tune --suite S --storage P --gpu-hours H --effects-share 0.5 [--base best|plan|N]
+        [--effects-halfwidth 3] [--effects-knobs a,b] [--effects-max-pairs 20]
+        [--effects-pairing sweep|sweep-nccl|launches]
 
 Why: the search (TPE) concentrates its trials on good configs and varies many knobs at once,
-so a joint fit over its trials leaves the rarely varied knobs with intervals of +-40%. Here a
-variant and the base run back to back on the same GPUs, in an order drawn from a seeded RNG
-and recorded, so slow drifts of the host cancel in their ratio. An effect is the mean paired
-log-ratio of tokens/s/GPU (variant over base) with its Student-t 95% interval
-(`trainplan.records.stats.paired_log_ratio`), in percent: 100 (exp(x) - 1).
+so a joint fit over them leaves rarely varied knobs with intervals of +-40%. A pair's two
+runs share the GPUs and a seeded, recorded order, so slow drifts cancel in their ratio. An
+effect is the mean paired log-ratio of tokens/s/GPU (variant over base) with its Student-t
+95% interval (`records.stats.paired_log_ratio`), in percent: 100 (exp(x) - 1).
 
-Design (`design`): for each knob of `EFFECT_KNOBS` that can act on the run
-(`knobs.active`), each other value of a categorical knob in the suite's space, and the
-neighbours of the base value on `LADDER` for an integer knob (about a halving and a doubling),
-plus no loader workers at all: at most 15 variants. Variants the skip rules refuse
-(memory, measurement time) are left out, with the reason. The base: the search's best trial,
-a given trial, or the planner's fastest config in the suite's space (`plan_base`).
+Design (`design`): for each knob of `EFFECT_KNOBS` that can act on the run (`knobs.active`),
+each other value of a categorical knob, the neighbours of an integer knob's base value on
+`LADDER` (about a halving and a doubling), and no loader workers: at most 15 variants, less
+those the skip rules refuse (with the reason). The base: the search's best, a given trial, or
+the planner's fastest config of the space (`plan_base`).
 
-Round-robin: the next pair goes to the unfinished variant with the fewest pairs; a variant is
-finished with >= `MIN_PAIRS` pairs and a half-width <= the bound, at `max_pairs` pairs, or
-after `MAX_FAILURES` failed launches. How pairs run (`trainplan.tune.pairs`): an NCCL knob's
-pair as two launches; with `pairing="sweep"` (the default) the other knobs' open variants
-together, one pair each (at most `ROUND_PAIRS`), in one sweep launch; `"sweep-nccl"` puts
-the NCCL knobs' pairs in the round too, each run making its process groups under its own
-NCCL_* (for a machine where `trainplan.bench.micro.nccl_env` shows NCCL honours that);
-`"launches"` runs every pair as two launches. Budget: the study's GPU-hours, search and
-effects together; nothing is started that the medians of what this study's launches and runs
-took say would overrun it (`_prices`).
-
-Records: `STEM-effects.jsonl` beside the storage: a `design` record, then the pairs'
-(`trainplan.tune.pairs`); a later call with the same --base resumes that design and its
-count, after `recover` has counted what a killed call spent.
+Round-robin: the next pair goes to the open variant with the fewest pairs; a variant closes
+at >= `MIN_PAIRS` pairs with a half-width <= the bound, at `max_pairs`, or after
+`MAX_FAILURES` failed runs. How pairs run (`trainplan.tune.pairs`): "sweep" (the default)
+puts one pair of every open non-NCCL variant (at most `ROUND_PAIRS`) in one launch and an
+NCCL pair in two; "sweep-nccl" NCCL's too, each run making its process groups under its own
+NCCL_* (where `bench.micro.nccl_env` shows NCCL honours it); "launches" two launches a pair.
+Budget: the study's GPU-hours, search and effects together; nothing starts that the medians
+of this study's launches and runs say would overrun it (`_prices`). Records:
+`STEM-effects.jsonl` beside the storage, a `design` record then the pairs'; the same --base
+resumes, after `recover` has counted what a killed call spent.
 """
 
 from __future__ import annotations
