@@ -23,11 +23,8 @@ One group of GPUs (`--workers 1`).
 
 from __future__ import annotations
 
-import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from trainplan.tune import knobs
 from trainplan.tune import trial as tl
@@ -139,15 +136,8 @@ def _round(run, batch: list[Job], devices: str | None, TrialState) -> list[Job]:
         stop = run["stop_after_s"]
         return "time" if stop and time.monotonic() - run["start"] > stop else None
 
-    with tempfile.TemporaryDirectory(prefix="tune-round-") as tmp:
-        runs_file = Path(tmp) / "runs.json"
-        runs_file.write_text(json.dumps(entries))
-        lines, error, seconds = tl.run_sweep(
-            tl.sweep_command(suite, runs_file), env, tick=tick,
-            deadline_s=suite["launch_timeout_s"] * max(1.0, len(entries) / 2))
-    by_tag = {ln["tag"]: ln for ln in lines}
-    start = max(0.0, seconds - sum(float(ln.get("elapsed_s", 0.0)) for ln in lines)) * gpus
-    stopped = error.split(": ", 1)[1] if error.startswith("stopped: ") else ""
+    by_tag, start, error, _ = tl.sweep_launch(suite, entries, env, tick=tick)
+    stopped = tl.stop_reason(error)
     if stopped and run["stopped"] is None:
         run["stopped"] = stopped
     nxt, crashed = [], False

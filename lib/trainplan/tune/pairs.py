@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -152,7 +151,7 @@ def run_pair(run, variant: dict, attempt: int, records) -> str:
         used += seconds * gpus
         costs.append(seconds * gpus)
         if summary is None:
-            why = error.split(": ", 1)[1] if error.startswith("stopped: ") else ""
+            why = tl.stop_reason(error)
             kind = "interrupted" if why in ("budget", "time") else "failed"
             append(run["rec"], {"record": kind, **ident, "side": side, "error": error,
                                 "launch": "separate", "gpu_seconds": used,
@@ -199,15 +198,9 @@ def run_round(run, variants: list[dict], first: int, records) -> list[str]:
         env["CUDA_VISIBLE_DEVICES"] = run["devices"]
     live = {**idents[0], "idents": idents, "launch": "sweep"}
     _inflight(run["live"], {**live, "gpu_seconds": 0.0})
-    with tempfile.TemporaryDirectory(prefix="effects-round-") as tmp:
-        runs_file = Path(tmp) / "runs.json"
-        runs_file.write_text(json.dumps(entries))
-        lines, error, seconds = tl.run_sweep(
-            tl.sweep_command(suite, runs_file), env, tick=_ticker(run, live, spent, 0.0),
-            deadline_s=suite["launch_timeout_s"] * max(1.0, len(entries) / 2))
-    by_tag = {ln["tag"]: ln for ln in lines}
-    start = max(0.0, seconds - sum(float(ln.get("elapsed_s", 0.0)) for ln in lines)) * gpus
-    why = error.split(": ", 1)[1] if error.startswith("stopped: ") else ""
+    by_tag, start, error, _ = tl.sweep_launch(suite, entries, env,
+                                              tick=_ticker(run, live, spent, 0.0))
+    why = tl.stop_reason(error)
     outcomes, crashed = [], False
     for ident in idents:
         mine = [by_tag.get(f"{ident['attempt']}/{side}") for side in ident["order"]]

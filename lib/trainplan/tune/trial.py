@@ -130,6 +130,27 @@ def run_sweep(cmd, env, *, tick, deadline_s: float) -> tuple[list[dict], str, fl
     return [ln for ln in lines if "tag" in ln], error, seconds
 
 
+def stop_reason(error: str) -> str:
+    """Why `tick` or the deadline stopped a launch ("budget", "time", "timeout"), else ""."""
+    return error.split(": ", 1)[1] if error.startswith("stopped: ") else ""
+
+
+def sweep_launch(suite: dict, entries: list[dict], env: dict, *, tick
+                 ) -> tuple[dict[str, dict], float, str, float]:
+    """Run `entries` ([{"tag", "args"[, "env"]}]) in one sweep launch (`run_sweep`, its
+    deadline `launch_timeout_s` per two runs); ({tag: rank 0's line}, the launch's start in
+    GPU-seconds: its wall time less its runs', times its GPUs; error text or ""; seconds)."""
+    with tempfile.TemporaryDirectory(prefix="tune-sweep-") as tmp:
+        runs_file = Path(tmp) / "runs.json"
+        runs_file.write_text(json.dumps(entries))
+        lines, error, seconds = run_sweep(
+            sweep_command(suite, runs_file), env, tick=tick,
+            deadline_s=suite["launch_timeout_s"] * max(1.0, len(entries) / 2))
+    ran = sum(float(ln.get("elapsed_s", 0.0)) for ln in lines)
+    return ({ln["tag"]: ln for ln in lines}, max(0.0, seconds - ran) * suite["gpus"], error,
+            seconds)
+
+
 def pooled(summaries: list[dict]) -> dict:
     """Tokens/s/GPU over every kept step of every launch, with its bootstrap 95% interval.
     Only tokens that train count (each step's `trained_share`, 1 but where instruction
