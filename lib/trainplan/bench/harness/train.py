@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.ckpt import store as ckpt
-from trainplan.bench.harness import affinity, context, feed, float8, hf_baseline, monitor
+from trainplan.bench.harness import context, feed, float8, hf_baseline, host, monitor
 from trainplan.bench.harness import loss as loss_mod
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
@@ -40,13 +40,11 @@ from trainplan.specs import ModelSpec, ParallelConfig, load_model, slice_name
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, vendor datasheets
 GiB = 1024**3
-PINNED: dict = {}  # what init_distributed did to this process's CPU affinity
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainplan.bench.harness.train",
-                                description="Train the proxy model under one parallel layout "
-                                            "and measure it (run under torchrun).")
+    p = argparse.ArgumentParser(prog="python -m trainplan.bench.harness.train", description=(
+        "Train the proxy model under one parallel layout and measure it (run under torchrun)."))
     a = p.add_argument
     a("--model", default="llama-1.3b", help="model preset or YAML file")
     a("--impl", default="trainplan", choices=["trainplan", "hf-baseline"],
@@ -80,8 +78,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--run-id", default=None, help="shared by the configs of one launch series")
     a("--tag", default=None, help="the suite config's tag, written into the record (configs "
                                   "of one layout that differ in loader or NCCL settings)")
-    a("--cpu-affinity", default="none", choices=affinity.MODES,
-      help="gpu-local: pin each rank to the CPUs next to its GPU (sysfs local_cpulist)")
     a("--no-progress", action="store_true")
     a("--json", action="store_true", help="no progress bar: only the summary JSON line")
     feed.add_arguments(p)  # --synthetic --data --pack/--pad --num-workers --pin-memory ...
@@ -89,6 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     monitor.add_arguments(p)  # --metrics --straggler-tolerance --alert-tokens-per-s-per-gpu ...
     float8.add_arguments(p)  # --precision bf16|fp8 --fp8-recipe tensorwise|rowwise
     loss_mod.add_arguments(p)  # --loss standard|fused --loss-chunk
+    host.add_arguments(p)  # --cpu-affinity --gc python|step --gc-every
     return p.parse_args(argv)
 
 
@@ -119,17 +116,18 @@ def check_args(args) -> None:
     feed.check_args(args)
     ckpt.check_args(args)
     monitor.check_args(args)
+    host.check_args(args)
 
 
 def init_distributed(force_cpu: bool, timeout=None, pin: str = "none") -> torch.device:
     """Start the process group (under torchrun with several ranks); pick the device; pin the
-    process's threads first where `pin` asks (`bench.affinity`, said in `PINNED`)."""
+    process's threads first where `pin` asks (`harness.host`, said in `host.PINNED`)."""
     cuda = torch.cuda.is_available() and not force_cpu
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    PINNED.update(affinity.apply(pin, device))  # before NCCL's and the loader's threads start
+    host.PINNED.update(host.apply(pin, device))  # before NCCL's and the loader's threads start
     if int(os.environ.get("WORLD_SIZE", 1)) > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
                                 timeout=timeout)
@@ -219,7 +217,6 @@ def run(args) -> dict:
     mon = monitor.Monitor(args, tokens_per_step=_tokens_per_step(cfg, args),
                           flops_per_token=model_flops_per_token(spec, args.seq_len),
                           peak=peak_flops(device), device=device, rank=rank, world=world)
-
     show = rank == 0 and not args.no_progress and not args.json
     bar = tqdm(range(start, args.steps), disable=not show, desc=f"{spec.name} {_layout_name(cfg)}",
                file=sys.stderr)
@@ -228,28 +225,32 @@ def run(args) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     done, setup_s = start, time.perf_counter() - began
-    for step in bar:
-        saver.before_step(step + 1)
-        sync(device)
-        t0 = time.perf_counter()
-        group = next(batches)
-        shares.append(feed.trained_share(group))  # < 1 where labels are masked (instruct)
-        micro = feed.to_device(group, device, non_blocking=args.pin_memory)
-        total = step_mod.train_step(par, optimizer, micro, autocast=autocast,
-                                    reshard=cfg.zero == 3, max_norm=args.max_norm,
-                                    loss_fn=loss_fn)
-        sync(device)
-        times.append(time.perf_counter() - t0)
-        mon.step(step + 1, times[-1])  # every rank: one small all_gather, if monitoring
-        loss, norm = step_mod.reduce_loss(total)  # outside the timed region
-        losses.append(loss)
-        norms.append(norm)
-        bar.set_postfix(loss=f"{losses[-1]:.4f}", step_s=f"{times[-1]:.3f}")
-        done = step + 1
-        if saver.after_step(done):  # SIGTERM: emergency checkpoint taken, stop
-            break
+    with host.watch(args) as gcw:  # --gc: the collector's policy, and its time per step
+        for step in bar:
+            saver.before_step(step + 1)
+            sync(device)
+            t0 = time.perf_counter()
+            gcw.boundary(step)
+            group = next(batches)
+            shares.append(feed.trained_share(group))  # < 1 where labels are masked (instruct)
+            micro = feed.to_device(group, device, non_blocking=args.pin_memory)
+            total = step_mod.train_step(par, optimizer, micro, autocast=autocast,
+                                        reshard=cfg.zero == 3, max_norm=args.max_norm,
+                                        loss_fn=loss_fn)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+            gcw.end_step()
+            mon.step(step + 1, times[-1])  # every rank: one small all_gather, if monitoring
+            loss, norm = step_mod.reduce_loss(total)  # outside the timed region
+            losses.append(loss)
+            norms.append(norm)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}", step_s=f"{times[-1]:.3f}")
+            done = step + 1
+            if saver.after_step(done):  # SIGTERM: emergency checkpoint taken, stop
+                break
     summary = summarise(args, spec, cfg, device, world, times, losses, par, shares)
     summary["grad_norms"] = norms
+    summary.update(host.summary(args, gcw, lambda v: _over_ranks(v, device)))  # affinity, gc
     summary["setup_s"] = round(setup_s, 3)  # rank 0's; the first warm-up step holds the compile
     summary["first_step"] = start + 1
     summary["checkpoint"] = saver.finish(done)
@@ -327,7 +328,6 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
         "peak_mem_allocated_gib": mem[0] if device.type == "cuda" else None,
         "peak_mem_reserved_gib": mem[1] if device.type == "cuda" else None,
         "memory_pools": pools,  # rank 0's reserved memory by stream at the end of the run
-        "cpu_affinity": dict(PINNED) if args.cpu_affinity != "none" else None,  # as asked
         "losses": losses,
         "notes": par.notes,
         "tag": args.tag,
@@ -362,7 +362,7 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
                                      "notes")}
     extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "cpu_affinity",
                                           "setup_s", "warmup_step_times_s", "trained_share",
-                                          "trained_tokens_per_s_per_gpu")
+                                          "trained_tokens_per_s_per_gpu", "gc")
                   if summary.get(k) is not None})
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],
