@@ -110,3 +110,15 @@ def test_gc_every_below_one_is_one_line_and_exit_2(capsys):
     assert train.main(["--model", "llama-1.3b", "--gc-every", "0", "--synthetic", "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and "--gc-every = 0" in err
+
+
+def test_step_mode_collects_everything_every_full_every_steps():
+    w = host.Watch("step", 1, full_every=2)
+    w.start()
+    try:
+        for step in range(5):
+            w.boundary(step)
+            w.end_step()
+    finally:
+        w.stop()
+    assert w.collections == [0, 3, 2]  # young at 0, 1, 3; full at 2, 4

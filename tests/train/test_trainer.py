@@ -296,3 +296,22 @@ def test_rates_leave_out_the_first_step_and_need_two():
     assert got == {"step_time_s": 2.0, "tokens_per_s_per_gpu": 100.0}
     assert rates([9.0], tokens_per_step=600, world=3) == {"step_time_s": None,
                                                           "tokens_per_s_per_gpu": None}
+
+
+def test_trainer_runs_the_collector_at_step_starts(work):
+    """The trainer's --gc (bench.harness.host): by default a young collection starts every
+    step and nothing collects on its own; --gc python leaves CPython's collector on."""
+    import gc
+
+    got = _one_process(work)["gc"]
+    assert got["mode"] == "step" and len(got["pause_s"]) == 3
+    assert got["collections"][1] >= 3 and got["collections"][2] == 0
+    assert _one_process(work, "--gc", "python")["gc"]["mode"] == "python"
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_trainer_refuses_gc_every_zero_in_one_line(work, capsys):
+    rc, err = run_cli(["--model", str(work / "tiny.yaml"), "--data", str(work / "shards"),
+                       "--steps", "4", "--nproc-per-node", "2", "--dry-run", "--cpu",
+                       "--gc-full-every", "0"], capsys)
+    assert rc == 2 and "--gc-full-every = 0 must be >= 1" in err and len(err.splitlines()) == 1

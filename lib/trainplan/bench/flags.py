@@ -1,9 +1,9 @@
 """The flags the proxy harness and the trainer share: checkpointing, monitoring, precision,
-the loss.
+the loss, the garbage collector.
 
 Argparse only, so that `trainplan train --help` and the command line's checks do not import
 torch; the code that reads them is `bench.ckpt.store`, `bench.harness.monitor`,
-`bench.harness.float8` and `bench.harness.loss`.
+`bench.harness.float8`, `bench.harness.loss` and `bench.harness.host`.
 """
 
 from __future__ import annotations
@@ -75,3 +75,18 @@ def add_loss_arguments(p) -> None:
     g.add_argument("--loss-chunk", type=int, default=LOSS_CHUNK,
                    help="with --loss fused: tokens per chunk (best a divisor of micro-batch x "
                         "seq-len, so one compiled graph serves every chunk)")
+
+
+GC_MODES = ("python", "step")
+
+
+def add_gc_arguments(p) -> None:
+    """--gc, --gc-every, --gc-full-every (`bench.harness.host`: when the collector runs)."""
+    g = p.add_argument_group("garbage collector (trainplan.bench.harness.host)")
+    g.add_argument("--gc", default="step", choices=GC_MODES,
+                   help="step: freeze after set-up, collect the young generations at step "
+                        "starts on every rank (default); python: CPython's automatic collector")
+    g.add_argument("--gc-every", type=int, default=1,
+                   help="with --gc step, collect the young generations every Nth step")
+    g.add_argument("--gc-full-every", type=int, default=1000,
+                   help="with --gc step, a full collection every Nth step instead (long runs)")

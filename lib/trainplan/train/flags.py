@@ -53,3 +53,4 @@ def add_arguments(p) -> None:
     bench_flags.add_monitor_arguments(p)
     bench_flags.add_precision_arguments(p)
     bench_flags.add_loss_arguments(p)
+    bench_flags.add_gc_arguments(p)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from trainplan.bench.ckpt import store as ckpt
-from trainplan.bench.harness import context, feed, float8, monitor
+from trainplan.bench.harness import context, feed, float8, host, monitor
 from trainplan.bench.harness import loss as loss_mod
 from trainplan.bench.harness import parallelize as par_mod
 from trainplan.bench.harness import step as step_mod
@@ -74,6 +74,7 @@ def check_args(args) -> None:
                 floor=args.lr_floor, weight_decay=args.weight_decay)
     ckpt.check_args(args)
     monitor.check_args(args)
+    host.check_args(args)
 
 
 def rates(step_s: list[float], tokens_per_step: int, world: int) -> dict:
@@ -173,29 +174,32 @@ def run(args) -> dict:
     autocast = device.type == "cuda" and not par.fsdp
     losses, evals, step_s, done = [], [], [], start
     log.start(start)
-    for step in range(start, args.steps):
-        saver.before_step(step + 1)
-        harness.sync(device)
-        t0 = time.perf_counter()
-        micro = feed.to_device(source.next_step(), device, non_blocking=False)
-        lr = scheduler.get_last_lr()[0]
-        total = step_mod.train_step(par, optimizer, micro, autocast=autocast,
-                                    reshard=cfg.zero == 3, max_norm=args.max_norm,
-                                    loss_fn=loss_fn)
-        scheduler.step()
-        harness.sync(device)
-        step_s.append(time.perf_counter() - t0)
-        mon.step(step + 1, step_s[-1])  # every rank: one small all_gather
-        loss, norm = step_mod.reduce_loss(total)
-        losses.append(loss)
-        done = step + 1
-        log.step(done, loss, lr, norm)
-        if args.eval_every and (done % args.eval_every == 0 or done == args.steps):
-            ev, n_tok = evaluate(par, held_out, autocast=autocast, loss_fn=loss_fn)
-            evals.append({"step": done, "eval_loss": ev})
-            log.evaluation(done, ev, n_tok)
-        if saver.after_step(done):  # SIGTERM: emergency checkpoint taken, stop
-            break
+    with host.watch(args) as gcw:  # --gc: young collections at step starts, on every rank
+        for step in range(start, args.steps):
+            saver.before_step(step + 1)
+            harness.sync(device)
+            t0 = time.perf_counter()
+            gcw.boundary(step)
+            micro = feed.to_device(source.next_step(), device, non_blocking=False)
+            lr = scheduler.get_last_lr()[0]
+            total = step_mod.train_step(par, optimizer, micro, autocast=autocast,
+                                        reshard=cfg.zero == 3, max_norm=args.max_norm,
+                                        loss_fn=loss_fn)
+            scheduler.step()
+            harness.sync(device)
+            step_s.append(time.perf_counter() - t0)
+            gcw.end_step()
+            mon.step(step + 1, step_s[-1])  # every rank: one small all_gather
+            loss, norm = step_mod.reduce_loss(total)
+            losses.append(loss)
+            done = step + 1
+            log.step(done, loss, lr, norm)
+            if args.eval_every and (done % args.eval_every == 0 or done == args.steps):
+                ev, n_tok = evaluate(par, held_out, autocast=autocast, loss_fn=loss_fn)
+                evals.append({"step": done, "eval_loss": ev})
+                log.evaluation(done, ev, n_tok)
+            if saver.after_step(done):  # SIGTERM: emergency checkpoint taken, stop
+                break
     summary = {"model": spec.name, "steps": args.steps, "first_step": start + 1, "last_step": done,
                "losses": losses, "evals": evals, "tokens_per_step": tokens_per_step,
                **rates(step_s, tokens_per_step, world), "seq_len": args.seq_len,
@@ -207,6 +211,7 @@ def run(args) -> dict:
                **loss_mod.layout_fields(args),
                "checkpoint": saver.finish(done),
                "monitor": mon.finish(),
+               "gc": gcw.summary(lambda v: harness.over_ranks(v, device), 0),
                "preempted": done < args.steps}
     log.close()
     if dist.is_initialized():

@@ -9,12 +9,14 @@ numactl. Off by default.
 Collector. CPython collects when a generation's allocation count passes its threshold: on
 whichever rank gets there first, in whichever step. In a host-bound step a collection slows
 that rank alone and every rank waits for it at the next collective, so the more ranks, the more
-steps hold someone's collection. `--gc python` (the default) leaves the collector as CPython
-runs it. `--gc step` collects once after set-up and freezes what survives (`gc.freeze`: model,
-compiled graphs and loader are not scanned again), turns automatic collection off, and collects
-the young generations (`gc.collect(1)`) at the start of every `--gc-every`-th step, inside the
-timed region. Objects that outlive two collections stay until the run ends (runs here are
-hundreds of steps). Both modes time every collection through `gc.callbacks`.
+steps hold someone's collection. `--gc step` (the default) collects once after set-up and
+freezes what survives (`gc.freeze`: model, compiled graphs and loader are not scanned again),
+turns automatic collection off, and collects the young generations (`gc.collect(1)`) at the
+start of every `--gc-every`-th step, inside the timed region; every `--gc-full-every`-th step
+(1000) it collects all but the frozen objects, so a long job's cyclic garbage does not pile
+up. `--gc python` leaves the collector as CPython runs it: a full collection of a compiled
+1.3B run took 0.27-0.36 s on an H200 host (data/measurements/gc-h200x2-20261128/). Both
+modes time every collection through `gc.callbacks`.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from trainplan.bench.flags import add_gc_arguments
 from trainplan.errors import TrainplanError
 
 MODES = ("none", "gpu-local")  # --cpu-affinity
-GC_MODES = ("python", "step")  # --gc
 PINNED: dict = {}  # what train.init_distributed had `apply` do to this process
 SYSFS = Path("/sys/bus/pci/devices")
 
@@ -81,28 +83,27 @@ def apply(mode: str, device) -> dict:
 
 
 def add_arguments(p) -> None:
+    """--cpu-affinity, and the collector's flags (`bench.flags.add_gc_arguments`)."""
     p.add_argument("--cpu-affinity", default="none", choices=MODES,
                    help="gpu-local: pin each rank to the CPUs next to its GPU (sysfs "
                         "local_cpulist)")
-    p.add_argument("--gc", default="python", choices=GC_MODES,
-                   help="python: CPython's automatic collector; step: freeze after set-up, "
-                        "collect the young generations at step starts on every rank")
-    p.add_argument("--gc-every", type=int, default=1,
-                   help="with --gc step, collect at the start of every Nth step")
+    add_gc_arguments(p)
 
 
 def check_args(args) -> None:
-    if args.gc_every < 1:
-        raise TrainplanError(f"--gc-every = {args.gc_every} must be >= 1 (steps between "
-                             "collections)")
+    for name in ("gc_every", "gc_full_every"):
+        if getattr(args, name) < 1:
+            flag = "--" + name.replace("_", "-")
+            raise TrainplanError(f"{flag} = {getattr(args, name)} must be >= 1 (steps between "
+                                 "collections)")
 
 
 class Watch:
     """Seconds spent in the collector per step, and collections by generation, for one
     rank; `boundary` runs the scheduled collection of `--gc step`."""
 
-    def __init__(self, mode: str, every: int):
-        self.mode, self.every = mode, every
+    def __init__(self, mode: str, every: int, full_every: int = 1000):
+        self.mode, self.every, self.full_every = mode, every, full_every
         self.pause_s: list[float] = []  # per step, this rank
         self.collections = [0, 0, 0]  # by generation, this rank, whole loop
         self._open = 0.0
@@ -127,7 +128,11 @@ class Watch:
         """At the start of a timed step (0-based `step`): the scheduled collection. A
         collection between timed regions counts in `collections` only."""
         self._open = 0.0
-        if self.mode == "step" and step % self.every == 0:
+        if self.mode != "step":
+            return
+        if step and step % self.full_every == 0:
+            gc.collect()  # the frozen set-up objects are not scanned
+        elif step % self.every == 0:
             gc.collect(1)
 
     def end_step(self) -> None:
@@ -145,7 +150,7 @@ class Watch:
     def summary(self, over_ranks, warmup: int) -> dict:
         """{"mode", "every", "pause_s": kept steps' collector seconds (max over ranks),
         "warmup_pause_s", "collections": [gen 0, 1, 2] (max over ranks)}. `over_ranks`
-        reduces a list of floats with MAX across ranks (train._over_ranks)."""
+        reduces a list of floats with MAX across ranks (train.over_ranks)."""
         per_step = over_ranks(self.pause_s) if self.pause_s else []
         counts = over_ranks([float(c) for c in self.collections])
         cut = min(warmup, max(len(per_step) - 1, 0))
@@ -158,7 +163,8 @@ class Watch:
 @contextmanager
 def watch(args):
     """The step loop's collector policy and timing (`--gc`, `--gc-every`), undone on exit."""
-    w = Watch(getattr(args, "gc", "python"), getattr(args, "gc_every", 1))
+    w = Watch(getattr(args, "gc", "step"), getattr(args, "gc_every", 1),
+              getattr(args, "gc_full_every", 1000))
     w.start()
     try:
         yield w

@@ -250,7 +250,7 @@ def run(args) -> dict:
                 break
     summary = summarise(args, spec, cfg, device, world, times, losses, par, shares)
     summary["grad_norms"] = norms
-    summary.update(host.summary(args, gcw, lambda v: _over_ranks(v, device)))  # affinity, gc
+    summary.update(host.summary(args, gcw, lambda v: over_ranks(v, device)))  # affinity, gc
     summary["setup_s"] = round(setup_s, 3)  # rank 0's; the first warm-up step holds the compile
     summary["first_step"] = start + 1
     summary["checkpoint"] = saver.finish(done)
@@ -271,7 +271,7 @@ def _layout_name(cfg: ParallelConfig) -> str:
             f"ga{cfg.grad_accum}")
 
 
-def _over_ranks(values: list[float], device, op=dist.ReduceOp.MAX) -> list[float]:
+def over_ranks(values: list[float], device, op=dist.ReduceOp.MAX) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(t, op=op)
@@ -284,9 +284,9 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
     the trained rate counts only those (it differs where instruction labels are masked)."""
     from trainplan.cost.compute import model_flops_per_token  # pandas: not loaded at harness start
 
-    times = _over_ranks(times, device)  # a step ends when its slowest rank does
+    times = over_ranks(times, device)  # a step ends when its slowest rank does
     measured = times[min(args.warmup, len(times) - 1):] if times else []  # resumed: >= 1 kept
-    summed = _over_ranks(list(shares) or [1.0] * len(times), device, dist.ReduceOp.SUM)
+    summed = over_ranks(list(shares) or [1.0] * len(times), device, dist.ReduceOp.SUM)
     shares = [v / world for v in summed[len(times) - len(measured):]]  # kept steps, rank mean
     tokens_per_step = _tokens_per_step(cfg, args)
     rate = tokens_per_step * len(measured) / sum(measured) / world if measured else 0.0
@@ -295,7 +295,7 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
     mfu = rate * flops_per_token / peak if peak else None
     mem, pools = [0.0, 0.0], None
     if device.type == "cuda":
-        mem = _over_ranks([torch.cuda.max_memory_allocated(device) / GiB,
+        mem = over_ranks([torch.cuda.max_memory_allocated(device) / GiB,
                                torch.cuda.max_memory_reserved(device) / GiB], device)
         # nothing was emptied since the peak: this rank's pools still hold what they reserved
         pools = pools_by_stream(torch.cuda.memory_snapshot(), device.index or 0)
