@@ -85,7 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     monitor.add_arguments(p)  # --metrics --straggler-tolerance --alert-tokens-per-s-per-gpu ...
     float8.add_arguments(p)  # --precision bf16|fp8 --fp8-recipe tensorwise|rowwise
     loss_mod.add_arguments(p)  # --loss standard|fused --loss-chunk
-    host.add_arguments(p)  # --cpu-affinity --gc python|step --gc-every
+    host.add_arguments(p)  # --cpu-affinity --gc python|step --gc-every --gc-full-every
     return p.parse_args(argv)
 
 
