@@ -1,12 +1,15 @@
 """A sweep's run with its own environment (`"env"` in RUNS.json): set for that run only,
 recorded in that run's provenance, and its device mesh built from new process groups
-(`parallelize.build_mesh(fresh=True)`) that train as the default group does. Real torchrun,
-two gloo ranks."""
+(`parallelize.build_mesh(fresh=True)`) that train as the default group does; refused on
+layouts whose collectives go through DTensor. Real torchrun, two gloo ranks."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from trainplan.bench.series.sweep import environment
 
@@ -31,8 +34,11 @@ def test_a_run_with_its_own_environment_records_it_and_trains_alike(tmp_path):
             "--dp", "2", "--zero", "3", "--records", str(rec), "--peak-tflops", "1"]
     lines = sweep([{"tag": "own", "args": [*base, "--run-id", "own"],
                     "env": {"NCCL_ALGO": "Ring", "NCCL_PROTO": None}},
-                   {"tag": "plain", "args": [*base, "--run-id", "plain"]}], 2, tmp_path,
+                   {"tag": "plain", "args": [*base, "--run-id", "plain"]},
+                   {"tag": "own-tp", "args": [*base[:-8], "--tp", "2", "--run-id", "tp"],
+                    "env": {"NCCL_PROTO": "LL"}}], 2, tmp_path,
                   env={"NCCL_PROTO": "Simple"})
+    assert "--tp 1" in lines["own-tp"]["error"] and "--tp 2" in lines["own-tp"]["error"]
     own, plain = lines["own"]["summary"], lines["plain"]["summary"]
     assert own["losses"] == plain["losses"]  # new groups, the same training
     records = {r["run_id"]: r for r in map(json.loads, rec.read_text().splitlines())}
@@ -42,11 +48,35 @@ def test_a_run_with_its_own_environment_records_it_and_trains_alike(tmp_path):
     assert "NCCL_ALGO" not in knobs_plain and knobs_plain.get("NCCL_PROTO") == "Simple"
 
 
-def test_the_nccl_check_without_gpus_is_one_line_exit_2():
-    import subprocess
-    import sys
-    from pathlib import Path
+MESHES = """
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from trainplan.bench.series.sweep import settle
 
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+for run in range(2):  # two runs' meshes: equal as DeviceMesh compares them, other groups
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    w = distribute_tensor(torch.ones(8, 8), mesh, [Shard(0)])
+    x = distribute_tensor(torch.ones(4, 8), mesh, [Replicate()])
+    print(run, (x @ w.t()).device_mesh is mesh)
+    settle()
+dist.destroy_process_group()
+"""
+
+
+def test_after_settle_a_runs_dtensor_ops_are_on_its_own_mesh():
+    """Without `clear_dtensor_caches` the second run's product lands on the first run's mesh
+    (DTensor's sharding cache), and its collectives would use the first run's groups."""
+    lib = Path(__file__).resolve().parents[2] / "lib"
+    proc = subprocess.run([sys.executable, "-c", MESHES], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(lib)), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["0", "True", "1", "True"], proc.stdout
+
+
+def test_the_nccl_check_without_gpus_is_one_line_exit_2():
     lib = Path(__file__).resolve().parents[2] / "lib"
     proc = subprocess.run([sys.executable, "-m", "trainplan.bench.micro.nccl_env"],
                           env=dict(os.environ, PYTHONPATH=str(lib), CUDA_VISIBLE_DEVICES=""),

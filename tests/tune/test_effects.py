@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 from trainplan import cli
 from trainplan.records.stats import paired_log_ratio, t975
@@ -26,6 +27,7 @@ from trainplan.tune import effect_stats, effects, knobs, loop, pairs
 from trainplan.tune import report as tune_report
 from trainplan.tune import study as tune
 from trainplan.tune import trial as tune_launch
+from trainplan.tune.study import StudyError
 
 from .test_tune import ROOT, _suite, _tune, fake_study
 
@@ -409,7 +411,7 @@ def test_the_report_ranks_the_top_three_knobs_per_family(tmp_path, capsys):
     assert len(fams["FSDP"]["knobs"]) == len(knobs.EFFECT_KNOBS)  # every knob, measured or not
     assert cli.main(["tune", "--report", "--storage", str(storage)]) == 0
     text = capsys.readouterr().out
-    assert "TP + FSDP: base trial-3, 24 pairs" in text
+    assert "TP + FSDP: tiny on 2 x simulated, base trial-3, 24 pairs" in text
     top = fams["FSDP"]["top_knobs"][0]
     assert f"top: nccl_proto LL {top['effect_pct']:+.1f}% +- {top['halfwidth_pct']:.1f} " \
            "(8 pairs)" in text
@@ -418,6 +420,26 @@ def test_the_report_ranks_the_top_three_knobs_per_family(tmp_path, capsys):
 
     fig = figures.paired_effects(eff)
     assert len(fig.axes) == 2 and len(fig.axes[0].get_yticks()) == 5  # FSDP's five variants
+
+
+def test_a_void_record_takes_its_variants_out_with_the_reason(tmp_path, capsys):
+    storage = _study_with_effects(tmp_path)
+    rec = effect_stats.paths(storage)[0]
+    why = "ran on the launch's first process groups"
+    effects.append(rec, {"record": "void", "study": "fake", "design": "best",
+                         "variants": ["nccl_proto=LL"], "why": why})
+    assert cli.main(["tune", "--report", "--storage", str(storage), "--json"]) == 0
+    fsdp = json.loads(capsys.readouterr().out)["effects"]["families"]["FSDP"]
+    proto = {k["knob"]: k for k in fsdp["knobs"]}["nccl_proto"]
+    assert proto["verdict"] == "not measured" and proto["not_varied"] == why
+    assert proto["variants"][0]["pairs"] == 0 and proto["variants"][0]["void"] == why
+    assert [k["knob"] for k in fsdp["top_knobs"]][:2] == ["micro_batch", "num_workers"]
+    state = effect_stats.tally(effect_stats.read_records(rec), "fake", "best")
+    assert "nccl_proto=LL" not in state["rates"] and state["attempts"] == 5 * 8
+    with rec.open("a") as f:  # a void record that names no variants is refused, one line
+        f.write(json.dumps({"record": "void", "study": "fake", "design": "best"}) + "\n")
+    with pytest.raises(StudyError, match="void record without a list of variant ids"):
+        effect_stats.read_records(rec)
 
 
 def test_advice_says_set_leave_or_not_measured():
@@ -433,6 +455,8 @@ def test_advice_says_set_leave_or_not_measured():
         "keep 1 (at v0: -7.0% +- 2.0)"
     assert effect_stats.advice({"knob": "pack", "variants": [], "base_value": True}, 3.0)[1] \
         == "not measured on this layout family"
+    assert effect_stats.advice(row((2.0, 6.0), base=1, knob="grad_accum"), 3.0)[1] == \
+        "set v0 (+4.0% +- 2.0; the global batch changes with it)"
 
 
 @pytest.fixture
@@ -456,7 +480,7 @@ def test_suggest_cites_the_effects_of_its_layout_family(tmp_path, suggest_family
     assert out["config"]["nccl"]["NCCL_PROTO"] == "LL"
     assert k["num_workers"]["advice"] == "leave default (effect within +-3.0%)"
     assert k["micro_batch"]["advice"] == "not measured on this layout family"
-    assert "study fake, 24 pairs" in out["reasons"]["knob_effects"]
+    assert "(tiny on 2 x simulated, 24 pairs around best;" in out["reasons"]["knob_effects"]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "nccl_proto: set LL (+6." in text and "micro_batch" in text
@@ -471,11 +495,13 @@ def test_suggest_on_a_family_the_study_did_not_measure_says_so(tmp_path, capsys)
     assert {a["advice"] for a in out["effects"]["knobs"].values()} == {
         "not measured on this layout family"}
     assert out["config"]["nccl"]["NCCL_PROTO"] is None
+    assert f"measured on PP + CP, TP + FSDP, not on {out['effects']['family']}" in \
+        out["reasons"]["knob_effects"]
 
 
 def test_recipe_cites_the_effects_per_family(tmp_path):
     words = tune_report.recipe_sentences(tune_report.report(str(_study_with_effects(tmp_path))))
-    assert "On **FSDP** (40 pairs" in words["effects"]
+    assert "On **FSDP** (tiny on 2 x simulated, 40 pairs" in words["effects"]
     assert "`nccl_algo`: set Ring (+1" in words["effects"]  # +12% by the truth
     assert "`nccl_proto`: leave default (at LL: -" in words["effects"]  # -30%
     assert "`pack`: not measured on this layout family" in words["effects"]
@@ -569,3 +595,56 @@ def test_sweep_nccl_puts_nccl_pairs_in_rounds_with_each_runs_environment(tmp_pat
                              r["knob"]: want} if r["knob"] in knobs.NCCL_KNOBS else
                             {"nccl_algo": "default", "nccl_proto": "default"})
             assert e["env"] == env, (e["tag"], r["knob"])
+
+
+def test_sweep_nccl_on_tensor_parallel_pairs_nccl_by_launches(tmp_path, monkeypatch):
+    """DTensor keeps a launch's first process groups, so under tensor parallel no run of a
+    round may carry its own NCCL_*: NCCL's pairs take launches of their own, and the result
+    says the pairing changed."""
+    path = _suite(tmp_path, gpus=2)
+    spec = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**spec, "layout": {"tp": 2}}))
+    rounds, calls = [], []
+    monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep(rounds=rounds))
+    monkeypatch.setattr(tune_launch, "run_launch", truth_launch(calls=calls))
+    out = effects.run_effects(tune.make_suite(suite_path=str(path)),
+                              storage=str(tmp_path / "s.journal"), name="s", gpu_hours=1.0,
+                              base="plan", cpu=True, progress=False, pairing="sweep-nccl",
+                              max_pairs=1)
+    records = [r for r in _records(tmp_path / "s.journal") if r["record"] == "pair"]
+    how = {r["knob"]: r["launch"] for r in records}
+    assert how["nccl_algo"] == how["nccl_proto"] == "separate" and how["num_workers"] == "sweep"
+    assert rounds and all("env" not in e for _, entries in rounds for e in entries)
+    assert len(calls) == 2 * sum(r["launch"] == "separate" for r in records)
+    assert out["pairing"] == "sweep" and "tensor parallel" in out["pairing_note"]
+
+
+def test_committed_joins_the_effects_only_studies_per_family(tmp_path):
+    """The recipe's report: the search study's effects and each effects-only study's, a
+    family from the study with the most pairs there, each marked with where it ran."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    search = _study_with_effects(tmp_path / "a")  # FSDP 40 pairs, TP + FSDP 24
+    more = tmp_path / "b" / "fake.journal"
+    fake_study(more)
+    _pairs(effect_stats.paths(more)[0], "fake", "plan", "TP + FSDP",
+           {("nccl_proto", "LL"): -12.0, ("micro_batch", 4): 1.0}, n=15, seed=2)
+    eff = tune_report.committed(search, effects_from=[more])["effects"]
+    assert set(eff["families"]) == {"FSDP", "TP + FSDP"} and len(eff["designs"]) == 3
+    assert eff["families"]["FSDP"]["pairs"] == 40
+    tp = eff["families"]["TP + FSDP"]
+    assert tp["design"] == "plan" and tp["pairs"] == 30 and tp["where"]["gpus"] == 2
+    assert tune_report.committed(tmp_path / "none.journal") is None
+
+
+def test_the_committed_effects_name_their_host_and_void_the_tp_nccl_pairs():
+    """The repository's own: FSDP and TP on 2 x H200 (13B blocks); NCCL on TP not measured."""
+    eff = tune_report.committed()["effects"]
+    fsdp, tp = eff["families"]["FSDP"], eff["families"]["TP"]
+    assert fsdp["where"] == tp["where"] == {"model": "llama-13b:4-layers", "gpus": 2,
+                                           "card": "NVIDIA H200"}
+    knob = {k["knob"]: k for k in tp["knobs"]}
+    assert knob["nccl_proto"]["verdict"] == "not measured" and "first process groups" in \
+        knob["nccl_proto"]["not_varied"]
+    proto = {k["knob"]: k for k in fsdp["knobs"]}["nccl_proto"]
+    assert proto["ci_pct"][1] < 0 and proto["halfwidth_pct"] <= 3.0  # LL measurably slower

@@ -88,7 +88,8 @@ def register(verbs) -> None:
                         "process can switch (not NCCL's) one pair each in one launch; "
                         "'sweep-nccl' NCCL's too, each run making its process groups under "
                         "its own NCCL_* (check the machine first: torchrun ... -m "
-                        "trainplan.bench.micro.nccl_env); 'launches' a launch a run")
+                        "trainplan.bench.micro.nccl_env; with tensor parallel it runs as "
+                        "'sweep'); 'launches' a launch a run")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--report", action="store_true", help="analyse the stored study instead")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -165,6 +166,8 @@ def format_tune(out: dict) -> str:
         e = out["effects"]
         lines.append(f"  effects ({e['design']}, {e['family']}, base {e['base_from']}): "
                      f"{e['message']}; {e['pairs']} pairs ({e['new_pairs']} in this run)")
+        if e.get("pairing_note"):
+            lines.append(f"  note: {e['pairing_note']}")
         for v in e["variants"]:
             ci = (f"{v['effect_pct']:+.1f}% +- {v['halfwidth_pct']:.1f}" if v["ci_pct"]
                   else "no interval yet" if v["pairs"] else "not run")

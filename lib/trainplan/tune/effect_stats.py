@@ -7,11 +7,16 @@ tokens/s/GPU, with the Student-t interval of m mapped the same way
 (`trainplan.records.stats.paired_log_ratio`); its half-width is half that interval's width.
 A knob's effect is its variant with the largest |effect|; knobs rank by it. Per knob:
 
-- "set X (+a% +- b)": some value's interval lies above 0 (the largest such effect);
+- "set X (+a% +- b)": some value's interval lies above 0 (the largest such effect; for
+  accumulation and micro-batch, which the design varies alone, the global batch changes);
 - "leave default (effect within +-c%)": every interval contains 0, c = the larger of the
   half-width bound and the intervals' extent ("keep V" where the base is not at the default);
 - "leave default (at X: -a% +- b)": no value helps and some value's interval lies below 0;
 - "not measured on this layout family": no variant of the knob has two pairs there.
+
+A `void` record (`{"record": "void", "study", "design", "variants": [ids], "why"}`, appended
+after the fact) takes those variants' pairs out of every figure, with the reason shown: for
+pairs later found not to have measured what they name. A resumed stage pairs them again.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from trainplan.tune.knobs import EFFECT_KNOBS, SPACE
 from trainplan.tune.study import StudyError
 
 TERMINAL = ("pair", "failed", "interrupted")  # one of these ends every attempt
-KINDS = ("design", *TERMINAL)
+KINDS = ("design", "void", *TERMINAL)
 NOT_MEASURED = "not measured on this layout family"
+BATCH_KNOBS = ("grad_accum", "micro_batch")  # varied alone, each scales the global batch
 
 
 def paths(storage_file: Path) -> tuple[Path, Path]:
@@ -48,6 +54,11 @@ def read_records(path: Path) -> list[dict]:
                 not isinstance(r.get("study"), str) or not isinstance(r.get("design"), str):
             raise StudyError(f"{shown(path)}: line {number} is not an effects record "
                              f"({quote(r, 60)}); records are {list(KINDS)}")
+        if r["record"] == "void" and not (
+                isinstance(r.get("why"), str) and isinstance(r.get("variants"), list)
+                and all(isinstance(v, str) for v in r["variants"])):
+            raise StudyError(f"{shown(path)}: line {number} is a void record without a list "
+                             f"of variant ids and a reason ({quote(r, 60)})")
         out.append(r)
     return out
 
@@ -56,13 +67,23 @@ def _pct(x: float) -> float:
     return 100.0 * math.expm1(x)
 
 
+def voided(records: list[dict], study: str, design: str) -> dict[str, str]:
+    """{variant id: why} of the variants whose pairs a `void` record of this design drops."""
+    return {v: r["why"] for r in records if r["record"] == "void" and r["study"] == study
+            and r["design"] == design for v in r["variants"]}
+
+
 def tally(records: list[dict], study: str, design: str) -> dict:
-    """Attempts, pairs, failures and each variant's rates so far of one design."""
+    """Attempts, pairs, failures and each variant's rates so far of one design (a voided
+    variant's pairs count as attempts only)."""
     rates, failures, attempts, pairs = defaultdict(list), Counter(), 0, 0
+    void = voided(records, study, design)
     for r in records:
         if r["study"] != study or r["design"] != design or r["record"] not in TERMINAL:
             continue
         attempts += 1
+        if r["record"] == "pair" and r["variant"] in void:
+            continue
         if r["record"] == "pair":
             pairs += 1
             rates[r["variant"]].append((r["variant_run"]["tokens_per_s_per_gpu"],
@@ -91,9 +112,11 @@ def effect(pairs: list[tuple[float, float]]) -> dict:
 def variant_rows(records: list[dict], head: dict) -> list[dict]:
     """One row per variant of a design: its value, the base's, pairs, effect and interval."""
     state = tally(records, head["study"], head["design"])
+    void = voided(records, head["study"], head["design"])
     return [{"variant": v["id"], "knob": v["knob"], "value": v["value"],
              "base_value": head["base"][v["knob"]], "failed": state["failures"].get(v["id"], 0),
-             **effect(state["rates"].get(v["id"], []))} for v in head["variants"]]
+             **effect(state["rates"].get(v["id"], [])),
+             **({"void": void[v["id"]]} if v["id"] in void else {})} for v in head["variants"]]
 
 
 def advice(row: dict, bound: float) -> tuple[str, str, object]:
@@ -105,8 +128,9 @@ def advice(row: dict, bound: float) -> tuple[str, str, object]:
     better = [v for v in measured if v["ci_pct"][0] > 0]
     if better:
         v = max(better, key=lambda v: v["effect_pct"])
+        batch = "; the global batch changes with it" if row["knob"] in BATCH_KNOBS else ""
         return ("set", f"set {v['value']} ({v['effect_pct']:+.1f}% +- "
-                f"{v['halfwidth_pct']:.1f})", v["value"])
+                f"{v['halfwidth_pct']:.1f}{batch})", v["value"])
     base = row["base_value"]
     keep = "leave default" if base == SPACE[row["knob"]].default else f"keep {base}"
     worse = [v for v in measured if v["ci_pct"][1] < 0]
@@ -137,14 +161,18 @@ def knob_rows(variants: list[dict], head: dict) -> list[dict]:
                "effect_pairs": top["pairs"] if top else 0,
                "not_varied": why_out.get(knob) or (None if mine else "; ".join(
                    skipped[knob]) or "not in the design")}
+        voids = sorted({v["void"] for v in mine if "void" in v and not v["pairs"]})
+        if voids and not sized and row["not_varied"] is None:
+            row["not_varied"] = "; ".join(voids)
         row["verdict"], row["advice"], row["set_value"] = advice(row, head["halfwidth_pct"])
         rows.append(row)
     return rows
 
 
-def summary(records: list[dict], study: str) -> dict | None:
-    """The effects of one study: every design, and per layout family the design with the
-    most pairs, its knobs ranked by |effect| (top 3) and all its knobs; None without any."""
+def summary(records: list[dict], study: str, where: dict | None = None) -> dict | None:
+    """The effects of one study: every design (marked `where`: model, GPUs, card), and per
+    layout family the design with the most pairs, its knobs ranked by |effect| (top 3) and
+    all its knobs; None without any."""
     heads = [r for r in records if r["record"] == "design" and r["study"] == study]
     if not heads:
         return None
@@ -159,13 +187,28 @@ def summary(records: list[dict], study: str) -> dict | None:
             "pairs": sum(k["pairs"] for k in knobs_),
             "gpu_hours": sum(float(r.get("gpu_seconds", 0.0)) for r in records
                              if r["study"] == study and r["design"] == head["design"]) / 3600,
-            "top_knobs": ranked[:3], "knobs": knobs_, "left_out": head["left_out"]})
+            "top_knobs": ranked[:3], "knobs": knobs_, "left_out": head["left_out"],
+            **({"where": where} if where else {})})
+    return join([{"designs": designs}])
+
+
+def join(summaries: list[dict | None]) -> dict | None:
+    """Several studies' effects as one: all their designs, and per layout family the design
+    with the most pairs; None when none has any."""
+    designs = [d for s in summaries if s for d in s["designs"]]
+    if not designs:
+        return None
     families = {}
     for d in designs:
         if d["family"] not in families or d["pairs"] > families[d["family"]]["pairs"]:
             families[d["family"]] = d
     return {"designs": designs, "families": families,
             "gpu_hours": sum(d["gpu_hours"] for d in designs)}
+
+
+def _where(d: dict) -> str:
+    w = d.get("where") or {}
+    return f"{w['model']} on {w['gpus']} x {w['card']}, " if w.get("card") else ""
 
 
 def family_advice(eff: dict | None, family: str) -> dict:
@@ -192,7 +235,7 @@ def format_lines(eff: dict | None) -> list[str]:
         return ["  effects: the paired effects stage has not run (--effects-share)"]
     lines = ["  effects (paired launches, 95% Student-t intervals), per layout family:"]
     for fam, d in eff["families"].items():
-        lines.append(f"    {fam}: base {d['base_from']}, {d['pairs']} pairs, "
+        lines.append(f"    {fam}: {_where(d)}base {d['base_from']}, {d['pairs']} pairs, "
                      f"{d['gpu_hours']:.3f} GPU-hours")
         lines.append("      top: " + ("; ".join(f"{k['knob']} {_interval(k)}"
                                                for k in d["top_knobs"]) or "none yet"))
@@ -213,7 +256,9 @@ def recipe_sentence(eff: dict | None) -> str:
     parts = []
     for fam, d in eff["families"].items():
         top = ", ".join(f"`{k['knob']}`" for k in d["top_knobs"]) or "none yet"
-        each = "; ".join(f"`{k['knob']}`: {k['advice']}" for k in d["knobs"])
-        parts.append(f"On **{fam}** ({d['pairs']} pairs around {d['base_from']}, 95% "
-                     f"intervals), the largest effects are {top}. Per knob: {each}.")
+        each = "; ".join(f"`{k['knob']}`: {k['advice']}" + (
+            f" ({k['not_varied']})" if k["verdict"] == "not measured" and k["not_varied"]
+            else "") for k in d["knobs"])
+        parts.append(f"On **{fam}** ({_where(d)}{d['pairs']} pairs around {d['base_from']}, "
+                     f"95% intervals), the largest effects are {top}. Per knob: {each}.")
     return " ".join(parts)

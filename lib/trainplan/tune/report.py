@@ -50,6 +50,9 @@ from trainplan.tune.study import (
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "data" / "measurements" / "tune-2gpu" / "study.journal"
+# effects-only studies whose layout families join the committed study's (`committed`)
+EFFECTS_STUDIES = tuple(ROOT / "data" / "measurements" / "tune-effects-h200x2-20261128" /
+                        f"{f}.journal" for f in ("fsdp", "tp"))
 MIN_IMPORTANCE = 10
 N_BOOT = 2000
 RIDGE = 1e-3
@@ -220,17 +223,31 @@ def report(storage: str, name: str | None = None) -> dict:
     lack what `trainplan tune` writes (config, interval, figure) or hold the wrong types."""
     study = load(storage, name)
     try:
-        out = analyse(study)
-        records = effect_stats.read_records(effect_stats.paths(storage_path(storage)[1])[0])
-        return {**out, "effects": effect_stats.summary(records, study.study_name)}
+        return {**analyse(study), "effects": study_effects(study, storage)}
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise StudyError(f"--storage {shown(storage)}: its trials are not a `trainplan tune` "
                          f"study's ({type(err).__name__}: {quote(str(err), 60)})") from None
 
 
-def committed(path: Path = COMMITTED) -> dict | None:
-    """The committed GPU study's report, or None when no study has been committed yet."""
-    return report(str(path)) if Path(path).is_file() else None
+def study_effects(study, storage: str) -> dict | None:
+    """The effects stage's summary of `study` (`effect_stats.summary`), each design marked
+    with where it ran: the study's model, GPUs and card."""
+    records = effect_stats.read_records(effect_stats.paths(storage_path(storage)[1])[0])
+    suite = study.user_attrs.get("suite") or {}
+    return effect_stats.summary(records, study.study_name, where={
+        "model": suite.get("model"), "gpus": suite.get("gpus"),
+        "card": study.user_attrs.get("card")})
+
+
+def committed(path: Path = COMMITTED, effects_from=EFFECTS_STUDIES) -> dict | None:
+    """The committed GPU study's report, its effects joined with those of the committed
+    effects-only studies (a family from the one with the most pairs there); None when no
+    study has been committed yet."""
+    if not Path(path).is_file():
+        return None
+    out = report(str(path))
+    more = [study_effects(load(str(p)), str(p)) for p in effects_from]
+    return {**out, "effects": effect_stats.join([out["effects"], *more])}
 
 
 def format_report(out: dict) -> str:

@@ -259,9 +259,12 @@ def knob_effects(rep: dict | None, family: str, knob_cfg: dict) -> tuple[dict, s
     if rep is None:
         where = "no study yet"
     elif d is None:
-        where = f"study {rep['study']} has no paired effects on {family}"
+        have = ", ".join((eff or {}).get("families", {})) or "no family"
+        where = f"paired effects measured on {have}, not on {family}"
     else:
-        where = f"study {rep['study']}, {d['pairs']} pairs around {d['base_from']}"
+        w = d.get("where") or {}
+        on = f"{w['model']} on {w['gpus']} x {w['card']}, " if w.get("card") else ""
+        where = f"{on}{d['pairs']} pairs around {d['base_from']}"
     return advice, (f"the knob study's paired effects on the plan's layout family {family} "
                     f"({where}; variant and base launched back to back, 95% intervals)")
 

@@ -8,7 +8,10 @@ train.py's own measurement record, marked in its `notes` (`note`). Formats:
 `lib/trainplan/bench/README.md`, "Formats". A run may add `"env": {NAME: value or null}`,
 set (null: unset) for that run only; it then builds its device mesh from new process
 groups (`parallelize.build_mesh(fresh=True)`), so that NCCL, which reads NCCL_ALGO and
-NCCL_PROTO when it makes a communicator, sees the run's values.
+NCCL_PROTO when it makes a communicator, sees the run's values. Only layouts whose
+collectives take the run's group objects (FSDP2, DDP, pipeline sends) may: tensor and
+context parallel go through DTensor, whose sharding cache treats a new mesh of the same shape
+as the first run's and so keeps using that run's groups (`own_env_refused`).
 
 Why: a GPU launch costs ~25 s, of which 3-6 s are timed steps; the rest is torchrun,
 imports, the process group, the loader and compile. A sweep pays the start once per world
@@ -57,6 +60,8 @@ def run_one(run: dict, position: int, total: int) -> dict:
         except SystemExit:  # argparse has said why on stderr
             raise TrainplanError(f"bad train.py arguments {run['args']}") from None
         args.fresh_groups = run.get("env") is not None
+        if args.fresh_groups and (why := own_env_refused(args)):
+            raise TrainplanError(why)
         with environment(run.get("env") or {}):
             summary = train.run(args)
             summary["notes"] = [*summary["notes"], note(position, total)]
@@ -69,6 +74,21 @@ def run_one(run: dict, position: int, total: int) -> dict:
         line["error"] = f"out of memory: {str(err).strip().splitlines()[0][:200]}"
     line["elapsed_s"] = time.perf_counter() - start
     return line
+
+
+def own_env_refused(args) -> str | None:
+    """Why a run of these train.py arguments cannot carry its own NCCL_* inside a sweep, or
+    None. DeviceMesh equality and hash ignore the process groups, so DTensor's cached sharding
+    of an op gives a later run's outputs the first run's mesh, and their collectives run on
+    the first run's communicators, made under its environment (2 x H200: NCCL_PROTO=LL on
+    TP 2 read +0.2% paired inside a sweep, -14% in launches of its own;
+    data/measurements/tune-effects-h200x2-20261128/)."""
+    dims = [f"--{k} {v}" for k in ("tp", "cp") if (v := getattr(args, k, 1)) > 1]
+    if not dims:
+        return None
+    return (f"a sweep run with its own environment needs --tp 1 and --cp 1, not "
+            f"{' '.join(dims)}: DTensor would keep the first run's process groups; run it "
+            "in a launch of its own")
 
 
 @contextlib.contextmanager
@@ -89,7 +109,8 @@ def settle() -> None:
 
     train.run keeps the model, optimizer and loader local, so they are gone when it returns
     (an exception's frames go when its handler ends); then a barrier, gc.collect() (loader
-    workers and reference cycles), torch._dynamo.reset(), on CUDA empty_cache() and
+    workers and reference cycles), torch._dynamo.reset(), DTensor's sharding caches
+    (`clear_dtensor_caches`), on CUDA empty_cache() and
     reset_peak_memory_stats(), and a barrier. So each run's peak memory is its own, and
     Dynamo starts as in a fresh process: without the reset a second layout's new shapes
     would make Dynamo recompile the shared block code with dynamic shapes, or pass its
@@ -100,12 +121,29 @@ def settle() -> None:
         dist.barrier()
     gc.collect()
     torch._dynamo.reset()
+    clear_dtensor_caches()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     if dist.is_initialized():
         dist.barrier()
+
+
+def clear_dtensor_caches() -> None:
+    """Empty DTensor's sharding-propagation caches (Python's, on this thread, and the C++
+    fast path's), which hold the last run's device meshes, so a new run's ops give outputs on
+    its own mesh. Both are private to torch; where a version lacks one, there is nothing of
+    it to clear."""
+    from torch.distributed.tensor import DTensor
+
+    cached = getattr(getattr(DTensor._op_dispatcher, "sharding_propagator", None),
+                     "propagate_op_sharding", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:
+        native()
 
 
 def _rank() -> int:

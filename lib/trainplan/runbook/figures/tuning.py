@@ -127,7 +127,9 @@ def paired_effects(eff: dict) -> plt.Figure:
         for bound in (-d["halfwidth_pct"], d["halfwidth_pct"]):
             ax.axvline(bound, color="#8c8c8c", lw=0.6, ls=":")
         ax.set_yticks(y, [r[0] for r in rows[fam]], fontsize=7)
-        ax.text(0.0, 1.02, f"{fam}: {d['pairs']} pairs", transform=ax.transAxes, fontsize=8)
+        w = d.get("where") or {}
+        on = f", {w['model']} on {w['gpus']} x {w['card']}" if w.get("card") else ""
+        ax.text(0.0, 1.02, f"{fam}: {d['pairs']} pairs{on}", transform=ax.transAxes, fontsize=8)
     axes[-1, 0].set(xlabel="effect on tokens/s/GPU against the base (%), 95% interval")
     fig.tight_layout()
     return fig
