@@ -449,7 +449,12 @@ def test_report_defaults_to_the_committed_study_and_running_needs_a_storage(caps
     from trainplan import cli
 
     assert cli.main(["tune", "--report", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["study"] == "tune-2gpu"
+    out = json.loads(capsys.readouterr().out)
+    assert out["study"] == "tune-2gpu"
+    assert {"FSDP", "TP"} <= set(out["effects"]["families"])  # the effects-only studies too
+    for fam in out["effects"]["families"].values():
+        assert fam["top_knobs"] and all(k["ci_pct"][0] <= k["effect_pct"] <= k["ci_pct"][1]
+                                        for k in fam["top_knobs"])
     rc = cli.main(["tune", "--model", "llama-1.3b", "--gpu-hours", "1", "--cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--storage is required" in err[0]

@@ -113,10 +113,12 @@ def register(verbs) -> None:
 
 def cmd_tune(args) -> dict:
     if args.report:
-        from trainplan.tune.report import COMMITTED, report  # pandas: not loaded for --help
-        if args.storage is None and not COMMITTED.is_file():
+        from trainplan.tune.report import COMMITTED, committed, report  # pandas: not for --help
+        if args.storage is not None:
+            return report(args.storage, args.study_name)
+        if not COMMITTED.is_file():
             raise UsageError(f"no committed study at {COMMITTED}; pass --storage PATH")
-        return report(args.storage or str(COMMITTED), args.study_name)
+        return committed()  # with the committed effects-only studies' families
     if args.storage is None:
         raise UsageError("--storage is required to run a study (a journal file to create or "
                          "resume)")

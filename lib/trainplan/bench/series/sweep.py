@@ -81,7 +81,7 @@ def own_env_refused(args) -> str | None:
     None. DeviceMesh equality and hash ignore the process groups, so DTensor's cached sharding
     of an op gives a later run's outputs the first run's mesh, and their collectives run on
     the first run's communicators, made under its environment (2 x H200: NCCL_PROTO=LL on
-    TP 2 read +0.2% paired inside a sweep, -14% in launches of its own;
+    TP 2 read +0.2% paired inside a sweep, -13 to -14% in launches of its own;
     data/measurements/tune-effects-h200x2-20261128/)."""
     dims = [f"--{k} {v}" for k in ("tp", "cp") if (v := getattr(args, k, 1)) > 1]
     if not dims:
