@@ -110,6 +110,18 @@ def test_committed_notebook_is_executed_and_clean(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_tables_show_every_row_and_whole_cells(path):
+    """pandas cuts a cell at 50 characters and a table at 60 rows unless the page says not to
+    (`pages.display_whole_tables`); a reader of the page cannot undo it."""
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            html = "".join(out.get("data", {}).get("text/html", ""))
+            cut = re.findall(r"<t[dh]>[^<]*\.\.\.</t[dh]>", html)
+            assert not cut, f"cut table cells: {cut[:3]}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_markdown_types_no_results(path):
     """Numbers reach the text through glue; markdown holds no typed-in results.
 

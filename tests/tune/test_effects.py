@@ -502,10 +502,16 @@ def test_suggest_on_a_family_the_study_did_not_measure_says_so(tmp_path, capsys)
 def test_recipe_cites_the_effects_per_family(tmp_path):
     words = tune_report.recipe_sentences(tune_report.report(str(_study_with_effects(tmp_path))))
     assert "On **FSDP** (tiny on 2 x simulated, 40 pairs" in words["effects"]
-    assert "`nccl_algo`: set Ring (+1" in words["effects"]  # +12% by the truth
-    assert "`nccl_proto`: leave default (at LL: -" in words["effects"]  # -30%
-    assert "`pack`: not measured on this layout family" in words["effects"]
+    assert "largest effects are `nccl_proto` LL -29." in words["effects"]  # -30% by the truth
     assert "has not run" in tune_report.recipe_sentences(None)["effects"]
+    table = effect_stats.advice_table(tune_report.report(str(tmp_path / "fake.journal"))[
+        "effects"])
+    assert set(table) == {"FSDP (tiny, 2 x simulated)", "TP + FSDP (tiny, 2 x simulated)"}
+    assert table["TP + FSDP (tiny, 2 x simulated)"]["nccl_algo"].startswith("set Ring (+1")
+    assert table["FSDP (tiny, 2 x simulated)"]["nccl_proto"].startswith(
+        "leave default (at LL: -")
+    assert table["FSDP (tiny, 2 x simulated)"]["pack"] == \
+        "not measured on this layout family (not in the design)"
 
 
 # ---------------------------------------------------------------- the command

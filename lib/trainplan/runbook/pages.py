@@ -133,6 +133,15 @@ def _plain(value):
     return value
 
 
+def display_whole_tables() -> None:
+    """Let the page's tables show every row and each cell's whole text: pandas cuts a cell
+    at 50 characters and a table at 60 rows unless told, and a page reader cannot widen it."""
+    import pandas as pd
+
+    pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.max_rows", None)
+
+
 def glue_values(**values) -> None:
     """Glue numbers and strings for `{glue:text}` roles, without showing them in the cell.
 

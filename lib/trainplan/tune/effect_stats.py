@@ -249,16 +249,27 @@ def format_lines(eff: dict | None) -> list[str]:
 
 
 def recipe_sentence(eff: dict | None) -> str:
-    """The effects in plain words for the recipe page (markdown)."""
+    """The effects in plain words for the recipe page (markdown): per family where it ran and
+    its three largest effects; each knob's advice is `advice_table`'s."""
     if not eff:
         return ("The paired effects stage has not run on this study yet: no knob is measured "
                 "on any layout family, so keep the defaults.")
     parts = []
     for fam, d in eff["families"].items():
-        top = ", ".join(f"`{k['knob']}`" for k in d["top_knobs"]) or "none yet"
-        each = "; ".join(f"`{k['knob']}`: {k['advice']}" + (
-            f" ({k['not_varied']})" if k["verdict"] == "not measured" and k["not_varied"]
-            else "") for k in d["knobs"])
+        top = "; ".join(f"`{k['knob']}` {_interval(k)}" for k in d["top_knobs"]) or "none yet"
         parts.append(f"On **{fam}** ({_where(d)}{d['pairs']} pairs around {d['base_from']}, "
-                     f"95% intervals), the largest effects are {top}. Per knob: {each}.")
-    return " ".join(parts)
+                     f"95% intervals) the largest effects are {top}.")
+    return " ".join(parts) + " The table below gives each knob's advice on each family."
+
+
+def advice_table(eff: dict | None) -> dict[str, dict[str, str]]:
+    """{family, with where it ran: {knob: advice}} for every knob of every family measured,
+    a knob not measured there with the reason."""
+    out = {}
+    for fam, d in (eff or {}).get("families", {}).items():
+        w = d.get("where") or {}
+        column = f"{fam} ({w['model']}, {w['gpus']} x {w['card']})" if w.get("card") else fam
+        out[column] = {k["knob"]: k["advice"] + (
+            f" ({k['not_varied']})" if k["verdict"] == "not measured" and k["not_varied"]
+            else "") for k in d["knobs"]}
+    return out
