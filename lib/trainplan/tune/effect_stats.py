@@ -206,9 +206,11 @@ def join(summaries: list[dict | None]) -> dict | None:
             "gpu_hours": sum(d["gpu_hours"] for d in designs)}
 
 
-def _where(d: dict) -> str:
+def where(d: dict, sep: str = " on ") -> str:
+    """Where a design ran, "MODEL on N x CARD" (`sep` between), or "" where the records do
+    not say."""
     w = d.get("where") or {}
-    return f"{w['model']} on {w['gpus']} x {w['card']}, " if w.get("card") else ""
+    return f"{w['model']}{sep}{w['gpus']} x {w['card']}" if w.get("card") else ""
 
 
 def family_advice(eff: dict | None, family: str) -> dict:
@@ -235,7 +237,8 @@ def format_lines(eff: dict | None) -> list[str]:
         return ["  effects: the paired effects stage has not run (--effects-share)"]
     lines = ["  effects (paired launches, 95% Student-t intervals), per layout family:"]
     for fam, d in eff["families"].items():
-        lines.append(f"    {fam}: {_where(d)}base {d['base_from']}, {d['pairs']} pairs, "
+        on = f"{where(d)}, " if where(d) else ""
+        lines.append(f"    {fam}: {on}base {d['base_from']}, {d['pairs']} pairs, "
                      f"{d['gpu_hours']:.3f} GPU-hours")
         lines.append("      top: " + ("; ".join(f"{k['knob']} {_interval(k)}"
                                                for k in d["top_knobs"]) or "none yet"))
@@ -257,7 +260,8 @@ def recipe_sentence(eff: dict | None) -> str:
     parts = []
     for fam, d in eff["families"].items():
         top = "; ".join(f"`{k['knob']}` {_interval(k)}" for k in d["top_knobs"]) or "none yet"
-        parts.append(f"On **{fam}** ({_where(d)}{d['pairs']} pairs around {d['base_from']}, "
+        on = f"{where(d)}, " if where(d) else ""
+        parts.append(f"On **{fam}** ({on}{d['pairs']} pairs around {d['base_from']}, "
                      f"95% intervals) the largest effects are {top}.")
     return " ".join(parts) + " The table below gives each knob's advice on each family."
 
@@ -267,8 +271,7 @@ def advice_table(eff: dict | None) -> dict[str, dict[str, str]]:
     a knob not measured there with the reason."""
     out = {}
     for fam, d in (eff or {}).get("families", {}).items():
-        w = d.get("where") or {}
-        column = f"{fam} ({w['model']}, {w['gpus']} x {w['card']})" if w.get("card") else fam
+        column = f"{fam} ({where(d, ', ')})" if where(d) else fam
         out[column] = {k["knob"]: k["advice"] + (
             f" ({k['not_varied']})" if k["verdict"] == "not measured" and k["not_varied"]
             else "") for k in d["knobs"]}

@@ -41,6 +41,7 @@ from trainplan.loader import quote
 from trainplan.specs import ModelSpec, load_cluster, load_model
 from trainplan.specs.layouts import strategy_family
 from trainplan.tune.effect_stats import family_advice
+from trainplan.tune.effect_stats import where as ran_on
 from trainplan.tune.knobs import NCCL_ALGO_ENV, NCCL_PROTO_ENV
 
 PRESETS = ("llama-1.3b", "llama-7b", "llama-13b", "llama-70b")
@@ -262,8 +263,7 @@ def knob_effects(rep: dict | None, family: str, knob_cfg: dict) -> tuple[dict, s
         have = ", ".join((eff or {}).get("families", {})) or "no family"
         where = f"paired effects measured on {have}, not on {family}"
     else:
-        w = d.get("where") or {}
-        on = f"{w['model']} on {w['gpus']} x {w['card']}, " if w.get("card") else ""
+        on = f"{ran_on(d)}, " if ran_on(d) else ""
         where = f"{on}{d['pairs']} pairs around {d['base_from']}"
     return advice, (f"the knob study's paired effects on the plan's layout family {family} "
                     f"({where}; variant and base launched back to back, 95% intervals)")

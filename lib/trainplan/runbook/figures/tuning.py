@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from trainplan.runbook.figures.planning import HIGHLIGHT
+from trainplan.tune import effect_stats
 from trainplan.tune.suggest import effects_words
 
 VERDICT_STYLE = {"run": ("#55a868", "o"), "skip: memory": ("#c44e52", "x"),
@@ -127,8 +128,7 @@ def paired_effects(eff: dict) -> plt.Figure:
         for bound in (-d["halfwidth_pct"], d["halfwidth_pct"]):
             ax.axvline(bound, color="#8c8c8c", lw=0.6, ls=":")
         ax.set_yticks(y, [r[0] for r in rows[fam]], fontsize=7)
-        w = d.get("where") or {}
-        on = f", {w['model']} on {w['gpus']} x {w['card']}" if w.get("card") else ""
+        on = f", {effect_stats.where(d)}" if effect_stats.where(d) else ""
         ax.text(0.0, 1.02, f"{fam}: {d['pairs']} pairs{on}", transform=ax.transAxes, fontsize=8)
     axes[-1, 0].set(xlabel="effect on tokens/s/GPU against the base (%), 95% interval")
     fig.tight_layout()
