@@ -1,7 +1,7 @@
 """A sweep's run with its own environment (`"env"` in RUNS.json): set for that run only,
 recorded in that run's provenance, and its device mesh built from new process groups
-(`parallelize.build_mesh(fresh=True)`) that train as the default group does; refused on
-layouts whose collectives go through DTensor. Real torchrun, two gloo ranks."""
+(`parallelize.build_mesh(fresh=True)`) that train as the default group does, tensor parallel
+too; refused under context parallel. Real torchrun, two gloo ranks."""
 
 from __future__ import annotations
 
@@ -35,10 +35,13 @@ def test_a_run_with_its_own_environment_records_it_and_trains_alike(tmp_path):
     lines = sweep([{"tag": "own", "args": [*base, "--run-id", "own"],
                     "env": {"NCCL_ALGO": "Ring", "NCCL_PROTO": None}},
                    {"tag": "plain", "args": [*base, "--run-id", "plain"]},
-                   {"tag": "own-tp", "args": [*base[:-8], "--tp", "2", "--run-id", "tp"],
+                   {"tag": "own-tp", "env": {"NCCL_PROTO": "LL"},
+                    "args": [*base[:-8], *base[-4:], "--tp", "2", "--run-id", "tp"]},
+                   {"tag": "own-cp", "args": [*base[:-8], "--cp", "2", "--run-id", "cp"],
                     "env": {"NCCL_PROTO": "LL"}}], 2, tmp_path,
                   env={"NCCL_PROTO": "Simple"})
-    assert "--tp 1" in lines["own-tp"]["error"] and "--tp 2" in lines["own-tp"]["error"]
+    assert "--cp 1" in lines["own-cp"]["error"] and "--cp 2" in lines["own-cp"]["error"]
+    assert "error" not in lines["own-tp"], lines["own-tp"]
     own, plain = lines["own"]["summary"], lines["plain"]["summary"]
     assert own["losses"] == plain["losses"]  # new groups, the same training
     records = {r["run_id"]: r for r in map(json.loads, rec.read_text().splitlines())}
@@ -46,6 +49,8 @@ def test_a_run_with_its_own_environment_records_it_and_trains_alike(tmp_path):
     knobs_plain = records["plain"]["provenance"]["env"]
     assert knobs_own.get("NCCL_ALGO") == "Ring" and "NCCL_PROTO" not in knobs_own
     assert "NCCL_ALGO" not in knobs_plain and knobs_plain.get("NCCL_PROTO") == "Simple"
+    assert records["tp"]["provenance"]["env"].get("NCCL_PROTO") == "LL"
+    assert records["tp"]["layout"]["tp"] == 2
 
 
 MESHES = """

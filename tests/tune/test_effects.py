@@ -107,8 +107,11 @@ def _records(storage):
     return effect_stats.read_records(effect_stats.paths(storage)[0])
 
 
-def _run(tmp_path, gpus: int = 1, **kw):
-    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=gpus)))
+def _run(tmp_path, gpus: int = 1, layout: dict | None = None, **kw):
+    path = _suite(tmp_path, gpus=gpus)
+    if layout:
+        path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "layout": layout}))
+    suite = tune.make_suite(suite_path=str(path))
     args = {"storage": str(tmp_path / "s.journal"), "name": "s", "gpu_hours": 1.0,
             "base": "plan", "cpu": True, "progress": False, "pairing": "launches", **kw}
     return effects.run_effects(suite, **args)
@@ -436,6 +439,19 @@ def test_a_void_record_takes_its_variants_out_with_the_reason(tmp_path, capsys):
     assert [k["knob"] for k in fsdp["top_knobs"]][:2] == ["micro_batch", "num_workers"]
     state = effect_stats.tally(effect_stats.read_records(rec), "fake", "best")
     assert "nccl_proto=LL" not in state["rates"] and state["attempts"] == 5 * 8
+    for i in range(3):  # pairs made after the fault was fixed count, and only they
+        effects.append(rec, {"record": "pair", "study": "fake", "design": "best",
+                             "attempt": 40 + i, "variant": "nccl_proto=LL",
+                             "knob": "nccl_proto", "value": "LL", "order": ["base", "variant"],
+                             "base_run": {"tokens_per_s_per_gpu": 1000.0},
+                             "variant_run": {"tokens_per_s_per_gpu": 880.0 + i},
+                             "gpu_seconds": 20.0})
+    rows = effect_stats.variant_rows(effect_stats.read_records(rec), {
+        **next(r for r in effect_stats.read_records(rec) if r["record"] == "design"),
+        "study": "fake"})
+    proto = next(r for r in rows if r["variant"] == "nccl_proto=LL")
+    assert proto["pairs"] == 3 and proto["struck"] == 8 and proto["void"] == why
+    assert -12.1 < proto["effect_pct"] < -11.9 and proto["halfwidth_pct"] < 0.3
     with rec.open("a") as f:  # a void record that names no variants is refused, one line
         f.write(json.dumps({"record": "void", "study": "fake", "design": "best"}) + "\n")
     with pytest.raises(StudyError, match="void record without a list of variant ids"):
@@ -582,12 +598,15 @@ def test_effects_records_carry_their_card_and_commit_for_the_provenance_page(tmp
     assert row["kind"] == "knob effect" and row["records"] == len(records)
 
 
-def test_sweep_nccl_puts_nccl_pairs_in_rounds_with_each_runs_environment(tmp_path,
-                                                                       monkeypatch):
+@pytest.mark.parametrize("layout", [None, {"tp": 2}])
+def test_sweep_nccl_puts_nccl_pairs_in_rounds_with_each_runs_environment(tmp_path, monkeypatch,
+                                                                       layout):
+    """FSDP and tensor parallel alike (`bench.series.sweep.settle` empties DTensor's caches,
+    so a TP run's collectives are on its own groups)."""
     rounds = []
     monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep(rounds=rounds))
     monkeypatch.setattr(tune_launch, "run_launch", None)  # no launch a run in this mode
-    out = _run(tmp_path, gpus=2, pairing="sweep-nccl", max_pairs=1)
+    out = _run(tmp_path, gpus=2, pairing="sweep-nccl", max_pairs=1, layout=layout)
     records = [r for r in _records(tmp_path / "s.journal") if r["record"] == "pair"]
     assert {r["launch"] for r in records} == {"sweep"} and out["stopped"] == "done"
     assert {"nccl_algo", "nccl_proto"} <= {r["knob"] for r in records}
@@ -601,28 +620,6 @@ def test_sweep_nccl_puts_nccl_pairs_in_rounds_with_each_runs_environment(tmp_pat
                              r["knob"]: want} if r["knob"] in knobs.NCCL_KNOBS else
                             {"nccl_algo": "default", "nccl_proto": "default"})
             assert e["env"] == env, (e["tag"], r["knob"])
-
-
-def test_sweep_nccl_on_tensor_parallel_pairs_nccl_by_launches(tmp_path, monkeypatch):
-    """DTensor keeps a launch's first process groups, so under tensor parallel no run of a
-    round may carry its own NCCL_*: NCCL's pairs take launches of their own, and the result
-    says the pairing changed."""
-    path = _suite(tmp_path, gpus=2)
-    spec = yaml.safe_load(path.read_text())
-    path.write_text(yaml.safe_dump({**spec, "layout": {"tp": 2}}))
-    rounds, calls = [], []
-    monkeypatch.setattr(tune_launch, "run_sweep", truth_sweep(rounds=rounds))
-    monkeypatch.setattr(tune_launch, "run_launch", truth_launch(calls=calls))
-    out = effects.run_effects(tune.make_suite(suite_path=str(path)),
-                              storage=str(tmp_path / "s.journal"), name="s", gpu_hours=1.0,
-                              base="plan", cpu=True, progress=False, pairing="sweep-nccl",
-                              max_pairs=1)
-    records = [r for r in _records(tmp_path / "s.journal") if r["record"] == "pair"]
-    how = {r["knob"]: r["launch"] for r in records}
-    assert how["nccl_algo"] == how["nccl_proto"] == "separate" and how["num_workers"] == "sweep"
-    assert rounds and all("env" not in e for _, entries in rounds for e in entries)
-    assert len(calls) == 2 * sum(r["launch"] == "separate" for r in records)
-    assert out["pairing"] == "sweep" and "tensor parallel" in out["pairing_note"]
 
 
 def test_committed_joins_the_effects_only_studies_per_family(tmp_path):

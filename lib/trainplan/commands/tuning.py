@@ -168,8 +168,6 @@ def format_tune(out: dict) -> str:
         e = out["effects"]
         lines.append(f"  effects ({e['design']}, {e['family']}, base {e['base_from']}): "
                      f"{e['message']}; {e['pairs']} pairs ({e['new_pairs']} in this run)")
-        if e.get("pairing_note"):
-            lines.append(f"  note: {e['pairing_note']}")
         for v in e["variants"]:
             ci = (f"{v['effect_pct']:+.1f}% +- {v['halfwidth_pct']:.1f}" if v["ci_pct"]
                   else "no interval yet" if v["pairs"] else "not run")

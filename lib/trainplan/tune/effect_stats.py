@@ -15,8 +15,9 @@ A knob's effect is its variant with the largest |effect|; knobs rank by it. Per 
 - "not measured on this layout family": no variant of the knob has two pairs there.
 
 A `void` record (`{"record": "void", "study", "design", "variants": [ids], "why"}`, appended
-after the fact) takes those variants' pairs out of every figure, with the reason shown: for
-pairs later found not to have measured what they name. A resumed stage pairs them again.
+after the fact) takes those variants' pairs recorded before it out of every figure, with the
+reason shown: for pairs later found not to have measured what they name. A stage resumed after
+the fault is fixed pairs them again, and those pairs count.
 """
 
 from __future__ import annotations
@@ -68,21 +69,35 @@ def _pct(x: float) -> float:
 
 
 def voided(records: list[dict], study: str, design: str) -> dict[str, str]:
-    """{variant id: why} of the variants whose pairs a `void` record of this design drops."""
+    """{variant id: why} of the variants that a `void` record of this design names."""
     return {v: r["why"] for r in records if r["record"] == "void" and r["study"] == study
             and r["design"] == design for v in r["variants"]}
 
 
+def struck(records: list[dict], study: str, design: str) -> set[int]:
+    """Positions in `records` of this design's pairs that a later `void` record names."""
+    out, named = set(), set()
+    for i in range(len(records) - 1, -1, -1):
+        r = records[i]
+        if r["study"] != study or r["design"] != design:
+            continue
+        if r["record"] == "void":
+            named.update(r["variants"])
+        elif r["record"] == "pair" and r["variant"] in named:
+            out.add(i)
+    return out
+
+
 def tally(records: list[dict], study: str, design: str) -> dict:
-    """Attempts, pairs, failures and each variant's rates so far of one design (a voided
-    variant's pairs count as attempts only)."""
+    """Attempts, pairs, failures and each variant's rates so far of one design (a struck
+    pair, `struck`, counts as an attempt only)."""
     rates, failures, attempts, pairs = defaultdict(list), Counter(), 0, 0
-    void = voided(records, study, design)
-    for r in records:
+    gone = struck(records, study, design)
+    for i, r in enumerate(records):
         if r["study"] != study or r["design"] != design or r["record"] not in TERMINAL:
             continue
         attempts += 1
-        if r["record"] == "pair" and r["variant"] in void:
+        if i in gone:
             continue
         if r["record"] == "pair":
             pairs += 1
@@ -113,10 +128,12 @@ def variant_rows(records: list[dict], head: dict) -> list[dict]:
     """One row per variant of a design: its value, the base's, pairs, effect and interval."""
     state = tally(records, head["study"], head["design"])
     void = voided(records, head["study"], head["design"])
+    gone = Counter(records[i]["variant"] for i in struck(records, head["study"], head["design"]))
     return [{"variant": v["id"], "knob": v["knob"], "value": v["value"],
              "base_value": head["base"][v["knob"]], "failed": state["failures"].get(v["id"], 0),
              **effect(state["rates"].get(v["id"], [])),
-             **({"void": void[v["id"]]} if v["id"] in void else {})} for v in head["variants"]]
+             **({"void": void[v["id"]], "struck": gone[v["id"]]} if v["id"] in void else {})}
+            for v in head["variants"]]
 
 
 def advice(row: dict, bound: float) -> tuple[str, str, object]:

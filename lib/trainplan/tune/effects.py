@@ -22,8 +22,8 @@ at >= `MIN_PAIRS` pairs with a half-width <= the bound, at `max_pairs`, or after
 `MAX_FAILURES` failed runs. How pairs run (`trainplan.tune.pairs`): "sweep" (the default)
 puts one pair of every open non-NCCL variant (at most `ROUND_PAIRS`) in one launch and an
 NCCL pair in two; "sweep-nccl" NCCL's too, each run making its process groups under its own
-NCCL_* (where `bench.micro.nccl_env` shows NCCL honours it), on layouts without tensor
-parallel only (`shared_nccl`; elsewhere it runs as "sweep"); "launches" two launches a pair.
+NCCL_* (where `bench.micro.nccl_env` shows NCCL honours it; tensor parallel too, as
+`bench.series.sweep.settle` empties DTensor's caches); "launches" two launches a pair.
 Budget: the study's GPU-hours, search and effects together; nothing starts that the medians
 of this study's launches and runs say would overrun it (`_prices`). Records:
 `STEM-effects.jsonl` beside the storage, a `design` record then the pairs'; the same --base
@@ -54,13 +54,6 @@ HALFWIDTH_PCT = 3.0
 MAX_PAIRS = 20
 ROUND_PAIRS = 8  # pairs in one sweep launch at most: what a crash in it can cost
 PAIRINGS = ("sweep", "sweep-nccl", "launches")
-
-
-def shared_nccl(suite: dict) -> bool:
-    """Whether one launch's runs can each carry their own NCCL_* on the suite's layout: not
-    with tensor parallel, whose DTensor collectives keep the launch's first process groups
-    (`bench.series.sweep.own_env_refused`)."""
-    return suite["layout"].get("tp", 1) == 1
 
 
 # ---------------------------------------------------------------- the design
@@ -166,10 +159,6 @@ def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base:
     `pairing` as in the module docstring."""
     from tqdm import tqdm
 
-    asked = pairing
-    if pairing == "sweep-nccl" and not shared_nccl(suite):
-        pairing = "sweep"
-
     card = tl.card_name(cpu)
     gpu = tl.gpu_for(card, suite)
     devices = tl.device_groups(1, suite["gpus"], cpu)[0]
@@ -217,9 +206,7 @@ def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base:
             "recovered": recovered, "gpu_hours": spent / 3600.0,
             "budget_gpu_hours": gpu_hours, "halfwidth_pct": halfwidth,
             "variants": variant_rows(records, head), "left_out": head["left_out"],
-            "pairing": pairing, **({"pairing_note": (
-                f"--effects-pairing {asked} ran as {pairing}: with tensor parallel each NCCL "
-                "pair takes two launches of its own")} if asked != pairing else {})}
+            "pairing": pairing}
 
 
 def _design_head(records, rec, name, spec, study, suite, gpu, knob_names, halfwidth,

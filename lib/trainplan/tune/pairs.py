@@ -10,7 +10,7 @@ Two ways to run them:
   pair's two runs next to each other, for the knobs one process can change from run to run
   (loader workers and prefetch, accumulation, micro-batch, packing), and with pairing
   "sweep-nccl" the NCCL knobs too: every run then carries its NCCL_* and makes its process
-  groups anew under them (not with tensor parallel: `effects.shared_nccl`). The launch's start
+  groups anew under them (tensor parallel too: `bench.series.sweep.settle`). The launch's start
   (torchrun, imports, process group) is paid once a round instead of twice a pair; on a GPU
   a sweep's runs time as separate launches do (`data/measurements/sweep-ab-h200x2-20261128/`).
 

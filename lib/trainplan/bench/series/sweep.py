@@ -8,10 +8,10 @@ train.py's own measurement record, marked in its `notes` (`note`). Formats:
 `lib/trainplan/bench/README.md`, "Formats". A run may add `"env": {NAME: value or null}`,
 set (null: unset) for that run only; it then builds its device mesh from new process
 groups (`parallelize.build_mesh(fresh=True)`), so that NCCL, which reads NCCL_ALGO and
-NCCL_PROTO when it makes a communicator, sees the run's values. Only layouts whose
-collectives take the run's group objects (FSDP2, DDP, pipeline sends) may: tensor and
-context parallel go through DTensor, whose sharding cache treats a new mesh of the same shape
-as the first run's and so keeps using that run's groups (`own_env_refused`).
+NCCL_PROTO when it makes a communicator, sees the run's values. FSDP2, DDP and pipeline
+sends take the run's group objects; tensor parallel's DTensor ops do once `settle` has
+emptied DTensor's sharding caches, which would otherwise hand a later run the first run's
+mesh; context parallel may not (`own_env_refused`).
 
 Why: a GPU launch costs ~25 s, of which 3-6 s are timed steps; the rest is torchrun,
 imports, the process group, the loader and compile. A sweep pays the start once per world
@@ -78,17 +78,20 @@ def run_one(run: dict, position: int, total: int) -> dict:
 
 def own_env_refused(args) -> str | None:
     """Why a run of these train.py arguments cannot carry its own NCCL_* inside a sweep, or
-    None. DeviceMesh equality and hash ignore the process groups, so DTensor's cached sharding
-    of an op gives a later run's outputs the first run's mesh, and their collectives run on
-    the first run's communicators, made under its environment (2 x H200: NCCL_PROTO=LL on
-    TP 2 read +0.2% paired inside a sweep, -13 to -14% in launches of its own;
-    data/measurements/tune-effects-h200x2-20261128/)."""
-    dims = [f"--{k} {v}" for k in ("tp", "cp") if (v := getattr(args, k, 1)) > 1]
-    if not dims:
-        return None
-    return (f"a sweep run with its own environment needs --tp 1 and --cp 1, not "
-            f"{' '.join(dims)}: DTensor would keep the first run's process groups; run it "
-            "in a launch of its own")
+    None. Tensor parallel can where this torch lets `clear_dtensor_caches` empty DTensor's
+    sharding caches between runs (2 x H200, TP 2: NCCL_PROTO=LL -12.7% inside one sweep,
+    -11.9% in launches of their own; without the clearing +0.2%:
+    data/measurements/tune-effects-h200x2-20261128/). Context parallel's ring has not been
+    shown to follow a run's groups, so it is refused."""
+    if getattr(args, "cp", 1) > 1:
+        return (f"a sweep run with its own environment needs --cp 1, not --cp {args.cp}: "
+                "the ring's collectives are not shown to use the run's process groups; run "
+                "it in a launch of its own")
+    if getattr(args, "tp", 1) > 1 and not dtensor_caches_clearable():
+        return (f"a sweep run with its own environment under --tp {args.tp} needs a torch "
+                f"whose DTensor sharding caches can be emptied (this is {torch.__version__}); "
+                "run it in a launch of its own")
+    return None
 
 
 @contextlib.contextmanager
@@ -130,18 +133,30 @@ def settle() -> None:
         dist.barrier()
 
 
-def clear_dtensor_caches() -> None:
-    """Empty DTensor's sharding-propagation caches (Python's, on this thread, and the C++
-    fast path's), which hold the last run's device meshes, so a new run's ops give outputs on
-    its own mesh. Both are private to torch; where a version lacks one, there is nothing of
-    it to clear."""
+def _dtensor_caches():
+    """DTensor's sharding-propagation caches as (Python's lru_cache, the C++ fast path's clear
+    function); None for one this torch lacks. Both are private to torch."""
     from torch.distributed.tensor import DTensor
 
     cached = getattr(getattr(DTensor._op_dispatcher, "sharding_propagator", None),
                      "propagate_op_sharding", None)
-    if hasattr(cached, "cache_clear"):
+    return (cached if hasattr(cached, "cache_clear") else None,
+            getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None))
+
+
+def dtensor_caches_clearable() -> bool:
+    """Whether this torch has both of DTensor's sharding caches where
+    `clear_dtensor_caches` empties them."""
+    return all(c is not None for c in _dtensor_caches())
+
+
+def clear_dtensor_caches() -> None:
+    """Empty DTensor's sharding-propagation caches (Python's, on this thread, and the C++
+    fast path's), which hold the last run's device meshes, so a new run's ops give outputs on
+    its own mesh; where a version lacks one, there is nothing of it to clear."""
+    cached, native = _dtensor_caches()
+    if cached is not None:
         cached.cache_clear()
-    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if native is not None:
         native()
 
