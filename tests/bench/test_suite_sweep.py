@@ -175,3 +175,27 @@ def test_the_budget_takes_only_configs_whose_repetitions_fit():
     b.saw(30.0, [{"tag": "a", "elapsed_s": 8.0}, {"tag": "b", "elapsed_s": 12.0}])
     assert b.start == 10.0 and b.launch(["a", "b"]) == 30.0 and b.of("c") == 12.0
     assert b.limit(["a", "b"], 1000.0) == 120.0 and b.limit(["a"], 50.0) == 50.0
+
+
+def test_configs_the_guesses_left_out_run_in_a_later_round(tmp_path, monkeypatch):
+    """The first round takes what the guesses (start 25 s, a config 20 s) fit; once a round's
+    launches show configs take 1 s, the configs left run in a second round."""
+    import time
+
+    launched = []
+
+    def quick(cmd, env, limit):
+        runs = json.loads(open(cmd[-1]).read())
+        launched.append([r["tag"] for r in runs])
+        time.sleep(0.2)
+        return 0, "\n".join(json.dumps({"tag": r["tag"], "position": pos, "elapsed_s": 0.05,
+                                        "summary": _summary(r["tag"])})
+                            for pos, r in enumerate(runs, 1)), ""
+
+    monkeypatch.setattr(suite_mod, "run_group", quick)
+    jobs = _fake_jobs(tmp_path, 4)
+    preds = {c["tag"]: {"predicted": {}} for _, c in jobs}
+    _, outcomes = suite_sweep.measure_sweep(jobs, preds, tmp_path, "r", 1,
+                                            time.monotonic() + 70)  # 25 + 2 x 20 fit, not 3
+    assert launched == [["c0", "c1"], ["c2", "c3"]]
+    assert [o["status"] for o in outcomes] == ["measured"] * 4

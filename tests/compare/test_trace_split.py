@@ -208,8 +208,8 @@ def test_pair_with_the_committed_records():
     rows = compare.compare(repredictions=False)["rows"]
     pp = trace_split.pair(make_profile(), rows)
     assert pp["host"] == "4 x NVIDIA H200"
-    def layout(r):  # records older than fp8 carry no precision: theirs is bf16
-        return {"precision": "bf16", **r["layout"]}
+    def layout(r):  # records older than fp8 (the fused loss) carry no precision (loss)
+        return {"precision": "bf16", "loss": "standard", **r["layout"]}
     row = next(r for r in rows if r["config"] == pp["config"] and r["host"] == pp["host"])
     same = [r for r in rows if r["host"] == pp["host"] and layout(r) == layout(row)]
     assert len(same) >= 2 and any("superseded_by" in r for r in same)

@@ -50,9 +50,12 @@ from trainplan.tune.study import (
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "data" / "measurements" / "tune-2gpu" / "study.journal"
-# effects-only studies whose layout families join the committed study's (`committed`)
-EFFECTS_STUDIES = tuple(ROOT / "data" / "measurements" / "tune-effects-h200x2-20261128" /
-                        f"{f}.journal" for f in ("fsdp", "tp"))
+# effects-only studies (storage, study name) whose layout families join the committed
+# study's (`committed`); the TP storage also holds an earlier study whose NCCL pairs are void
+EFFECTS_STUDIES = (
+    (ROOT / "data" / "measurements" / "tune-effects-h200x2-20261128" / "fsdp.journal", "suite"),
+    (ROOT / "data" / "measurements" / "tune-effects-h200x2-20261128b" / "tp.journal",
+     "tp-suite"))
 MIN_IMPORTANCE = 10
 N_BOOT = 2000
 RIDGE = 1e-3
@@ -246,7 +249,7 @@ def committed(path: Path = COMMITTED, effects_from=EFFECTS_STUDIES) -> dict | No
     if not Path(path).is_file():
         return None
     out = report(str(path))
-    more = [study_effects(load(str(p)), str(p)) for p in effects_from]
+    more = [study_effects(load(str(p), name), str(p)) for p, name in effects_from]
     return {**out, "effects": effect_stats.join([out["effects"], *more])}
 
 

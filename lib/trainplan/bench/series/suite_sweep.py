@@ -18,10 +18,13 @@ budget allows, else recorded as failed with that reason.
 Budget: a config is taken only if all its repetitions fit, priced at the
 longest time it (else any config) took inside a sweep, CONFIG_GUESS_S before
 any, plus a launch's start (the launch's time less its configs', the longest
-seen; START_GUESS_S before any). A launch that no longer fits drops configs
-from the end of the suite's order; its time limit is twice its estimate plus
-a minute, within what is left (all that is left for the first launch, whose
-compiles are cold).
+seen; START_GUESS_S before any). The configs taken run in rounds: when a
+round ends, the configs not yet taken are priced again with what its launches
+took, and those that now fit run in the next (4 x H200: the guesses took 19 of
+39 configs and left a third of the budget unspent). A launch that no longer
+fits drops configs from the end of the suite's order; its time limit is twice
+its estimate plus a minute, within what is left (all that is left for the
+first launch, whose compiles are cold).
 """
 
 from __future__ import annotations
@@ -66,21 +69,11 @@ class Budget:
 def measure_sweep(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: float):
     """`suite.measure`'s job (same arguments, same results) in sweep launches."""
     sw = Sweep(jobs, out, run_id, launches, deadline)
-    for tag in choose(jobs, launches, sw.budget, sw.left()):
-        sw.state[tag]["live"] = True
-    groups: dict[int, list[str]] = {}
-    for tag in sw.order:
-        if sw.state[tag]["live"]:
-            groups.setdefault(sw.cfg(tag)["gpus"], []).append(tag)
-    for rep in range(launches):
-        for tags in groups.values():
-            live = [t for t in tags if sw.state[t]["live"]]
-            k = rep % len(live) if live else 0
-            todo = live[k:] + live[:k]  # repetition k starts at offset k
-            while todo:
-                todo = sw.fit(todo)
-                if todo:
-                    todo = sw.launch(todo, rep)
+    taken: set[str] = set()
+    while more := choose([j for j in jobs if j[1]["tag"] not in taken], launches, sw.budget,
+                         sw.left()):
+        taken.update(more)
+        sw.round(more)
     rows = [(t, preds[t]["predicted"], sw.state[t]["done"]) for t in sw.order]
     outcomes = [{"tag": t, "gpus": sw.cfg(t)["gpus"], "layout": suite_mod.full_layout(sw.cfg(t)),
                  "compile": bool(sw.cfg(t).get("compile", False)), "status": sw.state[t]["status"],
@@ -120,6 +113,22 @@ class Sweep:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def round(self, tags: list[str]) -> None:
+        """All repetitions of `tags`: per repetition, one launch per GPU count."""
+        groups: dict[int, list[str]] = {}
+        for tag in tags:
+            self.state[tag]["live"] = True
+            groups.setdefault(self.cfg(tag)["gpus"], []).append(tag)
+        for rep in range(self.launches):
+            for group in groups.values():
+                live = [t for t in group if self.state[t]["live"]]
+                k = rep % len(live) if live else 0
+                todo = live[k:] + live[:k]  # repetition k starts at offset k
+                while todo:
+                    todo = self.fit(todo)
+                    if todo:
+                        todo = self.launch(todo, rep)
 
     def fit(self, todo: list[str]) -> list[str]:
         """`todo` less the configs, latest in the suite first, that put the launch over the
