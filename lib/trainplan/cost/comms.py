@@ -79,22 +79,31 @@ def p2p_time(cluster: ClusterSpec, nbytes, span):
 # ---------------------------------------------------------------- data parallel
 
 
-def dp_microbatch_time(cluster: ClusterSpec, *, stage_params, zero, dp_shard, cp, tp,
-                       gather_params=None):
-    """Data-parallel traffic repeated every micro-batch (FSDP2 behaviour).
-
-    ZeRO-3: all-gather the bf16 weights for forward and again for backward,
-    reduce-scatter fp32 gradients. ZeRO-2 (no reshard after forward): one
-    all-gather and one reduce-scatter. ZeRO-0/1: nothing per micro-batch
-    (gradients accumulate locally; see `dp_step_time`). `gather_params`: what the
-    all-gather moves in bf16 units where it differs from `stage_params` (fp8 weights,
-    `cost.fp8.gather_params`).
+def fsdp_collectives(cluster: ClusterSpec, *, stage_params, dp_shard, cp, tp,
+                     gather_params=None):
+    """(all-gather, reduce-scatter) seconds of one pass of FSDP2 over a stage: its weights
+    gathered in bf16 and its gradients reduce-scattered in fp32 over the shard group
+    (dp_shard x cp ranks, spanning x tp). `gather_params`: what the all-gather moves in
+    bf16 units where it differs from `stage_params` (fp8 weights, `cost.fp8.gather_params`).
     """
     n = np.asarray(dp_shard) * np.asarray(cp)
     span = n * np.asarray(tp)
     gathered = stage_params if gather_params is None else gather_params
-    ag = collective_time(cluster, "all_gather", GATHER_BYTES * gathered, n, span)
-    rs = collective_time(cluster, "reduce_scatter", REDUCE_BYTES * stage_params, n, span)
+    return (collective_time(cluster, "all_gather", GATHER_BYTES * gathered, n, span),
+            collective_time(cluster, "reduce_scatter", REDUCE_BYTES * stage_params, n, span))
+
+
+def dp_microbatch_time(cluster: ClusterSpec, *, stage_params, zero, dp_shard, cp, tp,
+                       gather_params=None):
+    """Data-parallel traffic of one micro-batch that FSDP2 runs alone (one block timed).
+
+    ZeRO-3: all-gather the bf16 weights for forward and again for backward,
+    reduce-scatter fp32 gradients. ZeRO-2 (no reshard after forward): one
+    all-gather and one reduce-scatter. ZeRO-0/1: nothing (see `dp_step_time`).
+    How often a step repeats them: `cost.step_time.fsdp_passes`.
+    """
+    ag, rs = fsdp_collectives(cluster, stage_params=stage_params, dp_shard=dp_shard, cp=cp,
+                              tp=tp, gather_params=gather_params)
     zero = np.asarray(zero)
     return np.where(zero == 3, 2 * ag + rs, np.where(zero == 2, ag + rs, 0.0))
 

@@ -5,12 +5,11 @@ Two counts of FLOPs, kept apart on purpose:
   recompute never counted (Chowdhery et al. 2022 (PaLM), app. B);
 - hardware FLOPs (for time): the same plus what recompute adds.
 
-Time on a rank is the sum of three kinds of work, each at its own achieved
-rate: matrix multiplies at `matmul_efficiency` of peak, fused attention at
-`attention_efficiency` of peak, and memory-bound element-wise kernels (norms,
-RoPE, residual adds, activation, loss) at `memory_efficiency` of HBM bandwidth.
-With a measured GEMM table (`GPUSpec.matmul_curve`) each projection runs at
-the fraction measured for its shard's shape and token count instead.
+Time on a rank is the sum of three kinds of work, each at its own achieved rate: matrix
+multiplies at `matmul_efficiency` of peak, fused attention at `attention_efficiency` of
+peak, and memory-bound element-wise kernels (norms, RoPE, residual adds, activation, loss)
+at `memory_efficiency` of HBM bandwidth. With a measured GEMM table (`GPUSpec.matmul_curve`)
+each projection runs at the fraction measured for its shard's shape and token count instead.
 
 Also here, memory-bound work that a layout adds on the compute stream:
 DTensor's copies around sequence-parallel collectives, data parallelism's
@@ -339,11 +338,25 @@ def dp_copy_bytes_per_param(zero, shard_ranks, dp_ranks):
     """
     n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
     zero = np.where(n > 1, np.asarray(zero), 0)
-    gather, reduce = 4.0 + 6.0 / n, 6.0
+    gather, reduce = fsdp_copy_bytes_per_param(n)
     per_mb = np.where(zero == 3, 2 * gather + reduce, np.where(zero == 2, gather + reduce, 0.0))
     ddp = np.where(np.asarray(dp_ranks) > 1, 16.0, 0.0)
     per_step = np.where(zero == 1, gather + reduce, np.where(zero == 0, ddp, 0.0))
     return per_mb, per_step
+
+
+def fsdp_copy_bytes_per_param(n):
+    """(one all-gather's, one reduce-scatter's) FSDP2 copy bytes a stage parameter, n > 0."""
+    return 4.0 + 6.0 / n, 6.0
+
+
+def fsdp_copy_times(gpu: GPUSpec, stage_params, *, shard_ranks):
+    """(one all-gather's, one reduce-scatter's) copy seconds over a stage at the achieved HBM
+    rate (`dp_copy_bytes_per_param`); 0 on a shard group of one rank."""
+    n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
+    p = np.where(n > 1, np.asarray(stage_params, dtype=float), 0.0)
+    rate = gpu.hbm_tbps * 1e12 * gpu.memory_efficiency
+    return tuple(b * p / rate for b in fsdp_copy_bytes_per_param(n))
 
 
 def dp_copy_time(gpu: GPUSpec, stage_params, *, zero, shard_ranks, dp_ranks):

@@ -202,11 +202,19 @@ def dp_copy_delta_bytes(converted_stage_params, *, zero, shard_ranks, fp8_gather
     """
     n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
     zero = np.where(n > 1, np.asarray(zero), 0)
-    gather = 1.0 / n - 2.0
     p = np.where(fp8_gather & (zero > 0), np.asarray(converted_stage_params, dtype=float), 0.0)
-    per_mb = np.where(zero == 3, 2.0 * gather, np.where(zero == 2, gather, 0.0)) * p
-    per_step = (np.where(zero == 1, gather, 0.0) + 4.0 / n) * p
+    gather = gather_copy_delta_bytes(p, shard_ranks=n, fp8_gather=True)
+    per_mb = np.where(zero == 3, 2.0 * gather, np.where(zero == 2, gather, 0.0))
+    per_step = np.where(zero == 1, gather, 0.0) + 4.0 / n * p
     return per_mb, per_step
+
+
+def gather_copy_delta_bytes(converted_stage_params, *, shard_ranks, fp8_gather):
+    """HBM bytes one FSDP2 all-gather's copies move under fp8 all-gather, less bf16's, for
+    the converted parameters: (1 / n - 2) per parameter (`dp_copy_delta_bytes`)."""
+    n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
+    p = np.where(fp8_gather & (n > 1), np.asarray(converted_stage_params, dtype=float), 0.0)
+    return (1.0 / n - 2.0) * p
 
 
 def memory_delta(m: ModelSpec, *, recipe: str, tokens, tp, pp, ep, zero, fsdp, fp8_gather):

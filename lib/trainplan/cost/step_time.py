@@ -22,13 +22,13 @@ the tensors TP gathers and the pipeline sends are fp32, and the blocks take
 the autocast element-wise scale; DDP-wrapped blocks take `ddp_block_scale`,
 FSDP2-wrapped ones `fsdp_block_scale`.
 
-Data-parallel traffic (with the copy kernels around it, `compute.dp_copy_time`) hides
-under the compute of the pass it runs in, except the first block's gather (or the last
-block's reduce), which has no compute to hide under (Zhao et al. 2023, PyTorch FSDP,
-sec. 3.4). Tensor- and expert-parallel collectives sit on the critical path. Context
-parallel is torch's ring attention (`ring`): its K, V all-gathers and fp32 dk, dv sends
-(exposed where the blocks are compiled) and its fp32 merge and accumulate passes, the
-latter counted with it as DTensor's copies are with tensor parallel.
+Data-parallel traffic (with its copy kernels, `compute.dp_copy_time`; how often a step runs
+it: `fsdp_passes`) hides under the compute of the pass it runs in, except the first block's
+gather (or the last block's reduce), which has no compute to hide under (Zhao et al. 2023,
+PyTorch FSDP, sec. 3.4). Tensor- and expert-parallel collectives sit on the critical path.
+Context parallel is torch's ring attention (`ring`): its K, V all-gathers and fp32 dk, dv
+sends (exposed where the blocks are compiled) and its fp32 merge and accumulate passes,
+counted with it as DTensor's copies are with tensor parallel.
 """
 
 from __future__ import annotations
@@ -56,6 +56,30 @@ def _exposed(comm, window, floor, leak=0.0):
     """
     hidden = np.minimum(comm, window)
     return np.where(comm > 0, np.maximum(comm - window, floor) + leak * hidden, 0.0)
+
+
+def fsdp_passes(zero, pp) -> dict:
+    """How often a step runs FSDP2's all-gather and reduce-scatter of a stage (zero 2-3):
+    every micro-batch (`_mb`), once under one micro-batch's compute (`_once`), or once after
+    the last backward with nothing to hide under (`_tail`).
+
+    ZeRO-3 gathers for forward and again for backward and reduce-scatters, every
+    micro-batch. ZeRO-2 keeps the gathered weights and defers the reduce-scatter to the last
+    micro-batch (`bench.harness.step._sync_context`): once a step. Under a pipeline schedule
+    every backward skips the reduce-scatter, which runs for the whole stage after the last
+    backward (torch.distributed.pipelining's `backward_maybe_with_nosync` and
+    `perform_reduce_grad`): ZeRO-2 then gathers once a step and reduces at the tail. ZeRO-3
+    under a pipeline keeps each backward's weights gathered too, so it would gather about
+    once a micro-batch and hold a stage's weights between micro-batches; neither is measured
+    yet, and it stays priced as without a pipeline.
+    """
+    zero, piped = np.asarray(zero), np.asarray(pp) > 1
+    z3, z2 = zero == 3, zero == 2
+    return {"gathers_mb": np.where(z3, 2.0, 0.0),
+            "reduces_mb": np.where(z3, 1.0, 0.0),
+            "gathers_once": np.where(z2, 1.0, 0.0),
+            "reduces_once": np.where(z2 & ~piped, 1.0, 0.0),
+            "reduces_tail": np.where(z2 & piped, 1.0, 0.0)}
 
 
 def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
@@ -148,25 +172,37 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
                                               cp=cp, tp=tp, recompute_full=full,
                                               compiled=compiled, attn_fwd_s=attn_fwd_layer)
     cp_mb = layers * (cp_comm + cp_passes)
-    dp_mb = comms.dp_microbatch_time(cluster, stage_params=stage_params, zero=L.zero,
-                                     dp_shard=L.dp_shard, cp=cp, tp=tp, gather_params=gathered)
-    leak = gpu.overlap_exposed
-    copy_mb, copy_step = compute.dp_copy_time(gpu, stage_params, zero=L.zero,
-                                              shard_ranks=L.dp_shard * cp, dp_ranks=dp * cp)
+    # FSDP2's gathers and reduce-scatters with their copy kernels, by when a step runs them
+    ag, rs = comms.fsdp_collectives(cluster, stage_params=stage_params, dp_shard=L.dp_shard,
+                                    cp=cp, tp=tp, gather_params=gathered)
+    g_copy, r_copy = compute.fsdp_copy_times(gpu, stage_params, shard_ranks=L.dp_shard * cp)
+    _, copy_step = compute.dp_copy_time(gpu, stage_params, zero=L.zero,
+                                        shard_ranks=L.dp_shard * cp, dp_ranks=dp * cp)
     if is_fp8:
-        delta_mb, delta_step = fp8.dp_copy_delta_bytes(converted, zero=L.zero,
-                                                       shard_ranks=L.dp_shard * cp,
-                                                       fp8_gather=fp8_gather)
-        copy_mb = copy_mb + fp8.cast_time(gpu, delta_mb)
+        _, delta_step = fp8.dp_copy_delta_bytes(converted, zero=L.zero,
+                                                shard_ranks=L.dp_shard * cp,
+                                                fp8_gather=fp8_gather)
+        g_copy = g_copy + fp8.cast_time(gpu, fp8.gather_copy_delta_bytes(
+            converted, shard_ranks=L.dp_shard * cp, fp8_gather=fp8_gather))
         copy_step = copy_step + fp8.cast_time(gpu, delta_step)
+    runs = fsdp_passes(L.zero, pp)
+    leak = gpu.overlap_exposed
     # FSDP2's root group (embedding, final norm, output; bench/parallelize.apply_fsdp) is
     # gathered first and reduced last, with no compute to hide under: the floor is the
     # larger of one block's and the stage's ends' share of the traffic
     ends = (params.output_params(m) + np.where(pp == 1, params.embedding_params(m), 0)) / tp
-    first_last = np.maximum(params.layer_params_per_rank(m, tp, ep), ends) / stage_params
-    dp_mb_exposed = _exposed(dp_mb, compute_mb, dp_mb * np.minimum(first_last, 1.0), leak) \
-        + copy_mb
-    t_dev = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed
+    first_last = np.minimum(
+        np.maximum(params.layer_params_per_rank(m, tp, ep), ends) / stage_params, 1.0)
+
+    def under_one_microbatch(gathers, reduces):
+        traffic = gathers * ag + reduces * rs
+        return _exposed(traffic, compute_mb, traffic * first_last, leak) \
+            + gathers * g_copy + reduces * r_copy
+
+    dp_mb_exposed = under_one_microbatch(runs["gathers_mb"], runs["reduces_mb"])
+    dp_once = under_one_microbatch(runs["gathers_once"], runs["reduces_once"])
+    dp_tail = runs["reduces_tail"] * (rs + r_copy)
+    t_dev = compute_mb + tp_mb + ep_mb + cp_mb + dp_mb_exposed + dp_once / ga
     # the host's issue time sets a floor (a roofline's second roof; calibrate_host), the
     # step's host work outside the blocks priced for this stage's layers
     host_wait = overheads.host_wait_per_step(gpu, t_dev, layers=layers, tp=tp,
@@ -190,7 +226,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     # plan's time_breakdown_s (plan.TIME_KEYS) and its readers (compare, trace_split,
     # figures) know four terms: the host wait is folded into compute, host_wait_s a part of it
     compute_s = ga * compute_mb + host_wait
-    exposed = ga * (tp_mb + ep_mb + cp_mb + dp_mb_exposed) + pp_sends + dp_step
+    exposed = ga * (tp_mb + ep_mb + cp_mb + dp_mb_exposed) + dp_once + dp_tail + pp_sends \
+        + dp_step
     step = compute_s + exposed + bubble + optimizer
 
     tokens_per_step = dp * mb * ga * seq_len
@@ -214,7 +251,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     df["host_wait_s"] = host_wait
     df["exposed_comm_s"] = exposed
     df["tp_comm_s"] = ga * tp_mb
-    df["dp_comm_s"] = ga * dp_mb_exposed + dp_step
+    df["dp_comm_s"] = ga * dp_mb_exposed + dp_once + dp_tail + dp_step
     df["pp_comm_s"] = pp_sends
     df["cp_comm_s"] = ga * cp_mb
     df["ep_comm_s"] = np.broadcast_to(ga * ep_mb, len(L))
