@@ -18,7 +18,7 @@ Against bf16, per rank, these terms change (each a function below):
    measured scale (`fp8-linear` microbenchmark); recompute repeats the forward's; under fp8
    all-gather the weight casts move to the shard (`cast_time`);
 3. FSDP2's all-gather carries 1 byte per converted parameter instead of 2
-   (`gather_params`), and its copy kernels move fewer bytes (`dp_copy_delta_bytes`);
+   (`gather_params`), and its copy kernels move fewer bytes (`gather_copy_delta_bytes`);
 4. memory (`memory_delta`): under fp8 all-gather the unsharded converted weights are fp8;
    the fp8 operand copies of the largest linear, with their scales, live during its
    backward. No amax history: torchao's dynamic scaling keeps none. A compiled block keeps
@@ -190,31 +190,25 @@ def gather_params(stage_params, converted_stage_params, fp8_gather):
     return np.asarray(stage_params) - np.where(fp8_gather, 0.5, 0.0) * converted_stage_params
 
 
-def dp_copy_delta_bytes(converted_stage_params, *, zero, shard_ranks, fp8_gather):
-    """(per micro-batch, per step) HBM bytes FSDP2's copies move under fp8 all-gather, less
-    bf16's (`compute.dp_copy_bytes_per_param`), for the converted parameters.
+def gather_copy_delta_bytes(converted_stage_params, *, shard_ranks, fp8_gather):
+    """HBM bytes one FSDP2 all-gather's copies move under fp8 all-gather, less bf16's
+    (`compute.dp_copy_bytes_per_param`), for the converted parameters, n = shard_ranks:
+    copy-in casts the fp32 shard to fp8 (read 4, write 1) and copies it into the send buffer
+    (read 1, write 1), 7 / n against bf16's 6 / n; copy-out moves 1 + 1 instead of 2 + 2."""
+    n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
+    p = np.where(fp8_gather & (n > 1), np.asarray(converted_stage_params, dtype=float), 0.0)
+    return (1.0 / n - 2.0) * p
 
-    Per all-gather and converted parameter, n = shard_ranks: copy-in casts the fp32 shard
-    to fp8 (read 4, write 1) and copies it into the send buffer (read 1, write 1), 7 / n
-    against bf16's 6 / n; copy-out moves 1 + 1 instead of 2 + 2. ZeRO-3 gathers twice a
-    micro-batch, ZeRO-2 once, ZeRO-1 once a step. Per step the scales' amax reads the
-    fp32 shard once more (4 / n).
-    """
+
+def step_copy_delta_bytes(converted_stage_params, *, zero, shard_ranks, fp8_gather):
+    """HBM bytes a step's once-a-step FSDP2 copies move under fp8 all-gather, less bf16's:
+    ZeRO-1's one gather (`gather_copy_delta_bytes`), and on every sharded layout the
+    scales' amax reading the fp32 shard once more (4 / n per converted parameter)."""
     n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
     zero = np.where(n > 1, np.asarray(zero), 0)
     p = np.where(fp8_gather & (zero > 0), np.asarray(converted_stage_params, dtype=float), 0.0)
     gather = gather_copy_delta_bytes(p, shard_ranks=n, fp8_gather=True)
-    per_mb = np.where(zero == 3, 2.0 * gather, np.where(zero == 2, gather, 0.0))
-    per_step = np.where(zero == 1, gather, 0.0) + 4.0 / n * p
-    return per_mb, per_step
-
-
-def gather_copy_delta_bytes(converted_stage_params, *, shard_ranks, fp8_gather):
-    """HBM bytes one FSDP2 all-gather's copies move under fp8 all-gather, less bf16's, for
-    the converted parameters: (1 / n - 2) per parameter (`dp_copy_delta_bytes`)."""
-    n = np.maximum(np.asarray(shard_ranks, dtype=float), 1.0)
-    p = np.where(fp8_gather & (n > 1), np.asarray(converted_stage_params, dtype=float), 0.0)
-    return (1.0 / n - 2.0) * p
+    return np.where(zero == 1, gather, 0.0) + 4.0 / n * p
 
 
 def memory_delta(m: ModelSpec, *, recipe: str, tokens, tp, pp, ep, zero, fsdp, fp8_gather):

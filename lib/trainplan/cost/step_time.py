@@ -179,12 +179,10 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     _, copy_step = compute.dp_copy_time(gpu, stage_params, zero=L.zero,
                                         shard_ranks=L.dp_shard * cp, dp_ranks=dp * cp)
     if is_fp8:
-        _, delta_step = fp8.dp_copy_delta_bytes(converted, zero=L.zero,
-                                                shard_ranks=L.dp_shard * cp,
-                                                fp8_gather=fp8_gather)
         g_copy = g_copy + fp8.cast_time(gpu, fp8.gather_copy_delta_bytes(
             converted, shard_ranks=L.dp_shard * cp, fp8_gather=fp8_gather))
-        copy_step = copy_step + fp8.cast_time(gpu, delta_step)
+        copy_step = copy_step + fp8.cast_time(gpu, fp8.step_copy_delta_bytes(
+            converted, zero=L.zero, shard_ranks=L.dp_shard * cp, fp8_gather=fp8_gather))
     runs = fsdp_passes(L.zero, pp)
     leak = gpu.overlap_exposed
     # FSDP2's root group (embedding, final norm, output; bench/parallelize.apply_fsdp) is

@@ -89,8 +89,8 @@ def struck(records: list[dict], study: str, design: str) -> set[int]:
 
 
 def tally(records: list[dict], study: str, design: str) -> dict:
-    """Attempts, pairs, failures and each variant's rates so far of one design (a struck
-    pair, `struck`, counts as an attempt only)."""
+    """Attempts, pairs, failures, each variant's rates and struck pairs so far of one design
+    (a struck pair, `struck`, counts as an attempt only)."""
     rates, failures, attempts, pairs = defaultdict(list), Counter(), 0, 0
     gone = struck(records, study, design)
     for i, r in enumerate(records):
@@ -107,7 +107,8 @@ def tally(records: list[dict], study: str, design: str) -> dict:
             failures["base" if r["side"] == "base" else r["variant"]] += 1
     half = {k: effect(v)["halfwidth_pct"] for k, v in rates.items()}
     return {"rates": rates, "halfwidth": {k: h for k, h in half.items() if h is not None},
-            "failures": failures, "attempts": attempts, "pairs": pairs}
+            "failures": failures, "attempts": attempts, "pairs": pairs,
+            "struck": Counter(records[i]["variant"] for i in gone)}
 
 
 def effect(pairs: list[tuple[float, float]]) -> dict:
@@ -128,12 +129,11 @@ def variant_rows(records: list[dict], head: dict) -> list[dict]:
     """One row per variant of a design: its value, the base's, pairs, effect and interval."""
     state = tally(records, head["study"], head["design"])
     void = voided(records, head["study"], head["design"])
-    gone = Counter(records[i]["variant"] for i in struck(records, head["study"], head["design"]))
     return [{"variant": v["id"], "knob": v["knob"], "value": v["value"],
              "base_value": head["base"][v["knob"]], "failed": state["failures"].get(v["id"], 0),
              **effect(state["rates"].get(v["id"], [])),
-             **({"void": void[v["id"]], "struck": gone[v["id"]]} if v["id"] in void else {})}
-            for v in head["variants"]]
+             **({"void": void[v["id"]], "struck": state["struck"][v["id"]]}
+                if v["id"] in void else {})} for v in head["variants"]]
 
 
 def advice(row: dict, bound: float) -> tuple[str, str, object]:

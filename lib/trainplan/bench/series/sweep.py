@@ -80,9 +80,9 @@ def own_env_refused(args) -> str | None:
     """Why a run of these train.py arguments cannot carry its own NCCL_* inside a sweep, or
     None. Tensor parallel can where this torch lets `clear_dtensor_caches` empty DTensor's
     sharding caches between runs (2 x H200, TP 2: NCCL_PROTO=LL -12.7% inside one sweep,
-    -11.9% in launches of their own; without the clearing +0.2%:
-    data/measurements/tune-effects-h200x2-20261128/). Context parallel's ring has not been
-    shown to follow a run's groups, so it is refused."""
+    -11.9% in launches of their own, data/measurements/tune-effects-h200x2-20261128b/
+    tp-env-sweep/; +0.2% inside a sweep before the clearing). Context parallel's ring has
+    not been shown to follow a run's groups, so it is refused."""
     if getattr(args, "cp", 1) > 1:
         return (f"a sweep run with its own environment needs --cp 1, not --cp {args.cp}: "
                 "the ring's collectives are not shown to use the run's process groups; run "
