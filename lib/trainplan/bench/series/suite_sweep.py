@@ -20,11 +20,11 @@ longest time it (else any config) took inside a sweep, CONFIG_GUESS_S before
 any, plus a launch's start (the launch's time less its configs', the longest
 seen; START_GUESS_S before any). The configs taken run in rounds: when a
 round ends, the configs not yet taken are priced again with what its launches
-took, and those that now fit run in the next (4 x H200: the guesses took 19 of
-39 configs and left a third of the budget unspent). A launch that no longer
-fits drops configs from the end of the suite's order; its time limit is twice
-its estimate plus a minute, within what is left (all that is left for the
-first launch, whose compiles are cold).
+took, and those that now fit run in the next, so guesses that were too long do
+not leave the budget unspent (data/measurements/validate-h200x4-20261128/). A
+launch that no longer fits drops configs from the end of the suite's order; its
+time limit is twice its estimate plus a minute, within what is left (all that is
+left for the first launch, whose compiles are cold).
 """
 
 from __future__ import annotations
