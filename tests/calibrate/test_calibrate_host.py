@@ -135,6 +135,17 @@ def test_host_wait_sums_each_micro_batch_s_shortfall():
     assert wait.tolist() == pytest.approx([full + 3 * light, 4 * full, 4 * light, 0.0])
 
 
+def test_under_a_pipeline_no_zero2_micro_batch_issues_fsdp2_collectives():
+    """torch's pipelining skips every backward's reduce-scatter: the last micro-batch of a
+    ZeRO-2 stage costs the host what the others do; ZeRO-3 still gathers in each."""
+    gpu = _gpu(host_block_s=(("plain", 0.002), ("fsdp2", 0.006)))
+    t_dev = np.array([0.03, 0.03, 0.03])
+    kw = dict(layers=24.0, tp=1, fsdp=True, zero=np.array([2, 2, 3]), grad_accum=4)
+    wait = overheads.host_wait_per_step(gpu, t_dev, pp=np.array([1, 2, 2]), **kw)
+    full, light = 24 * 0.006 - 0.03, 24 * 0.002 - 0.03
+    assert wait.tolist() == pytest.approx([full + 3 * light, 4 * light, 4 * full])
+
+
 def test_zero2_accumulation_waits_on_the_host_less_than_zero3():
     gpu = _gpu(host_block_s=(("plain", 0.002), ("fsdp2", 0.006)))
     z2 = ParallelConfig(dp=2, zero=2, micro_batch=1, grad_accum=4)

@@ -15,7 +15,8 @@ from conftest import easy_cluster, easy_gpu, tiny_model
 from trainplan.calibrate import store as calibration
 from trainplan.calibrate.store import CalibrationError
 from trainplan.cost import comms, compute
-from trainplan.cost.step_time import evaluate, fsdp_passes
+from trainplan.cost import measured as overheads
+from trainplan.cost.step_time import _exposed, evaluate, fsdp_passes
 from trainplan.errors import SpecError
 from trainplan.specs import ParallelConfig
 from trainplan.specs.layouts import Layouts
@@ -199,6 +200,30 @@ def test_fsdp_traffic_runs_when_the_harness_and_torch_pipelining_run_it():
     assert comms.dp_microbatch_time(easy_cluster(), stage_params=1e8, zero=3, dp_shard=2, cp=1,
                                     tp=1) == pytest.approx(2 * ag + rs)
     assert dp(2, 4, pp=2) > dp(2, 4) / 2  # the tail reduce of half the weights, all exposed
+
+
+def test_fsdp_traffic_beside_tensor_parallel_is_priced_whole():
+    """FSDP2 beside TP costs its whole traffic, as `calibrate.tp` reads the TP x FSDP2 block
+    microbenchmark; alone or beside context parallel only `overlap_exposed` of what compute
+    hides shows."""
+    gpu = easy_gpu(overlap_exposed=0.1)
+    assert overheads.fsdp_leak(gpu, [1, 2, 2, 1], [True, True, False, False]).tolist() == [
+        0.1, 1.0, 0.1, 0.1]
+    m = tiny_model(n_layers=8, hidden=512, ffn=1024)
+
+    def dp_comm(leak, **layout):
+        cfg = ParallelConfig(zero=3, micro_batch=8, **layout)
+        return float(_rows(cfg, gpu=easy_gpu(overlap_exposed=leak), m=m)["dp_comm_s"].iloc[0])
+    # beside TP the share measured for a GEMM beside a collective no longer matters: all shows
+    assert dp_comm(0.1, dp=2, tp=2) == pytest.approx(dp_comm(1.0, dp=2, tp=2))
+    assert dp_comm(0.1, dp=2, tp=2) > 0
+    for alone in ({"dp": 4}, {"dp": 2, "cp": 2}):  # hidden under compute, a share leaking
+        assert dp_comm(0.1, **alone) < dp_comm(1.0, **alone)
+    # what shows: the window's excess or the floor, plus the leak's share of the rest; at a
+    # leak of 1 exactly the traffic, the floor not counted twice
+    comm, window = np.array([4.0, 4.0, 4.0]), np.array([1.0, 10.0, 10.0])
+    assert _exposed(comm, window, np.array([1.0, 1.0, 0.0]), 0.5).tolist() == [3.5, 2.5, 2.0]
+    assert _exposed(comm, window, comm * 0.5, 1.0).tolist() == comm.tolist()
 
 
 def test_pipeline_sends_carry_the_fp32_stream_under_autocast():

@@ -2,7 +2,8 @@
 neutral where nothing is measured.
 
 - `tp_block_scale`: a tensor-parallel block's time over its priced compute, measured on one
-  block laid out as the harness lays it out (`trainplan.calibrate.tp`).
+  block laid out as the harness lays it out (`trainplan.calibrate.tp`); `fsdp_leak`, the
+  share of FSDP2's overlapped traffic that still costs time, as that block was read.
 - `host_time_per_microbatch`: the host's time to issue a micro-batch's blocks, measured on
   blocks too small to keep the GPU busy (`trainplan.calibrate.host`); `host_wait_per_step`
   turns it into the step's wait, which `perf.evaluate` adds where the host is the slower;
@@ -39,6 +40,22 @@ def tp_block_scale(gpu: GPUSpec, tp, fsdp):
             y = [1.0] + [s for _, s in pts]
             out = np.where(fsdp == flag, np.interp(np.log2(np.maximum(tp, 1.0)), x, y), out)
     return out
+
+
+def fsdp_leak(gpu: GPUSpec, tp, fsdp):
+    """Share (0-1) of FSDP2's gather and reduce-scatter time that costs step time even where
+    compute could hide it.
+
+    `overlap_exposed` (the overlap microbenchmark: a GEMM beside a collective) where FSDP2
+    runs without tensor parallel. Beside tensor parallel, 1: the TP x FSDP2 block
+    microbenchmark is read with FSDP2's traffic in full (`calibrate.tp.priced`; 13B width,
+    TP 2 x FSDP 2: 17.7 ms a block, validate-h200x4-20261127/wide/), TP's collectives on
+    the critical path sharing NVLink with it, so the step prices such a block as its scale
+    was measured. Context parallel's ring beside FSDP2 keeps `overlap_exposed` (no block
+    of the two together was measured).
+    """
+    tp, fsdp = np.asarray(tp), np.asarray(fsdp, dtype=bool)
+    return np.where((tp > 1) & fsdp, 1.0, gpu.overlap_exposed)
 
 
 def per_wrapper(rows, tp, fsdp):
@@ -121,17 +138,19 @@ def host_step_time(gpu: GPUSpec, tp, fsdp, layers):
 
 
 def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accum, cp=1,
-                       compiled=True):
+                       pp=1, compiled=True):
     """Seconds a step waits on the host beyond the device time `t_dev` of each micro-batch.
 
     A micro-batch whose FSDP2 hooks gather and reduce-scatter costs the host the "fsdp2"
     wrapper's time (`host_time_per_microbatch`). Without resharding (ZeRO-1/2) the
     harness gathers once and reduce-scatters on the last micro-batch only
-    (`bench.step._sync_context`; `torch.distributed.pipelining` does the same for a
-    stage), so the other m - 1 micro-batches cost what the block without FSDP2 costs (a
-    lower bound: the hooks still run, doing no collective). ZeRO-3 and layouts without
-    FSDP2 pay their wrapper's time every micro-batch. Each micro-batch waits what
-    `interleaved` adds to its device time.
+    (`bench.step._sync_context`), so the other m - 1 micro-batches cost what the block
+    without FSDP2 costs (a lower bound: the hooks still run, doing no collective); under
+    a pipeline (`pp` > 1) the last one too, as `torch.distributed.pipelining` skips every
+    backward's reduce-scatter and issues the stage's at once after the last
+    (`cost.step_time.fsdp_passes`). ZeRO-3 and layouts without FSDP2 pay their wrapper's
+    time every micro-batch. Each micro-batch waits what `interleaved` adds to its device
+    time.
 
     The step's host work outside the blocks (`host_step_time` of the stage's `layers`:
     head and loss, clipping, the optimizer's step and zero_grad, FSDP2's root) is issued
@@ -145,7 +164,8 @@ def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accu
     light = np.where(no_sync, host_time_per_microbatch(gpu, layers, tp, False) + ring, blocks)
     ga = np.asarray(grad_accum, dtype=float)
     k = gpu.host_overlap_k
-    last = last_microbatch_time(t_dev, blocks, host_step_time(gpu, tp, fsdp, layers), k,
+    last_blocks = np.where(no_sync & (np.asarray(pp) > 1), light, blocks)  # pipelining: none
+    last = last_microbatch_time(t_dev, last_blocks, host_step_time(gpu, tp, fsdp, layers), k,
                                 tail_phase=~np.asarray(fsdp, dtype=bool))
     return (last - t_dev) + (ga - 1.0) * (interleaved(t_dev, light, k) - t_dev)
 

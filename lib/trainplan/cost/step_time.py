@@ -22,10 +22,10 @@ the tensors TP gathers and the pipeline sends are fp32, and the blocks take
 the autocast element-wise scale; DDP-wrapped blocks take `ddp_block_scale`,
 FSDP2-wrapped ones `fsdp_block_scale`.
 
-Data-parallel traffic (with its copy kernels, `compute.dp_copy_time`; how often a step runs
-it: `fsdp_passes`) hides under the compute of the pass it runs in, except the first block's
-gather (or the last block's reduce), which has no compute to hide under (Zhao et al. 2023,
-PyTorch FSDP, sec. 3.4). Tensor- and expert-parallel collectives sit on the critical path.
+Data-parallel traffic (its copy kernels, `compute.dp_copy_time`; how often: `fsdp_passes`)
+hides under the compute of the pass it runs in, except the first block's gather or the last
+block's reduce (Zhao et al. 2023, PyTorch FSDP, sec. 3.4), and beside tensor parallel
+(`measured.fsdp_leak`). Tensor- and expert-parallel collectives sit on the critical path.
 Context parallel is torch's ring attention (`ring`): its K, V all-gathers and fp32 dk, dv
 sends (exposed where the blocks are compiled) and its fp32 merge and accumulate passes,
 counted with it as DTensor's copies are with tensor parallel.
@@ -50,12 +50,13 @@ TIME_TERMS = ("compute_s", "exposed_comm_s", "bubble_s", "optimizer_s")
 def _exposed(comm, window, floor, leak=0.0):
     """Traffic not hidden under `window` seconds of compute, but never less than `floor`.
 
-    `leak` is the fraction of the hidden part that still costs time: NCCL's
+    `leak` is the fraction of the hidden part (what neither the window's excess nor the
+    floor shows) that still costs time, so at 1 all of `comm` shows: NCCL's
     kernels take SMs and HBM bandwidth from the compute they run beside
     (measured by the overlap microbenchmark, `trainplan.calibrate.pieces`).
     """
-    hidden = np.minimum(comm, window)
-    return np.where(comm > 0, np.maximum(comm - window, floor) + leak * hidden, 0.0)
+    shown = np.maximum(comm - window, floor)
+    return np.where(comm > 0, shown + leak * np.maximum(comm - shown, 0.0), 0.0)
 
 
 def fsdp_passes(zero, pp) -> dict:
@@ -184,7 +185,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         copy_step = copy_step + fp8.cast_time(gpu, fp8.step_copy_delta_bytes(
             converted, zero=L.zero, shard_ranks=L.dp_shard * cp, fp8_gather=fp8_gather))
     runs = fsdp_passes(L.zero, pp)
-    leak = gpu.overlap_exposed
+    leak = overheads.fsdp_leak(gpu, tp, ~autocast)  # beside TP, FSDP2's traffic shows whole
     # FSDP2's root group (embedding, final norm, output; bench/parallelize.apply_fsdp) is
     # gathered first and reduced last, with no compute to hide under: the floor is the
     # larger of one block's and the stage's ends' share of the traffic
@@ -205,7 +206,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     # step's host work outside the blocks priced for this stage's layers
     host_wait = overheads.host_wait_per_step(gpu, t_dev, layers=layers, tp=tp,
                                              fsdp=~autocast, zero=L.zero, grad_accum=ga,
-                                             cp=cp, compiled=compiled)
+                                             cp=cp, pp=pp, compiled=compiled)
     t_mb = t_dev + host_wait / ga  # 0 wait where device-bound or nothing measured
 
     # once per step
