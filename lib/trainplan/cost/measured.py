@@ -148,7 +148,8 @@ def host_wait_per_step(gpu: GPUSpec, t_dev, *, layers, tp, fsdp, zero, grad_accu
     without FSDP2 costs (a lower bound: the hooks still run, doing no collective); under
     a pipeline (`pp` > 1) the last one too, as `torch.distributed.pipelining` skips every
     backward's reduce-scatter and issues the stage's at once after the last
-    (`cost.step_time.fsdp_passes`). ZeRO-3 and layouts without FSDP2 pay their wrapper's
+    (`cost.step_time.fsdp_passes`; that tail's and the one gather's hooks unpriced, a lower
+    bound as above). ZeRO-3 and layouts without FSDP2 pay their wrapper's
     time every micro-batch. Each micro-batch waits what `interleaved` adds to its device
     time.
 
