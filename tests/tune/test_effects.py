@@ -24,6 +24,7 @@ import yaml
 from trainplan import cli
 from trainplan.records.stats import paired_log_ratio, t975
 from trainplan.tune import effect_stats, effects, knobs, loop, pairs
+from trainplan.tune import recipe as tune_recipe
 from trainplan.tune import report as tune_report
 from trainplan.tune import study as tune
 from trainplan.tune import trial as tune_launch
@@ -515,11 +516,33 @@ def test_suggest_on_a_family_the_study_did_not_measure_says_so(tmp_path, capsys)
         out["reasons"]["knob_effects"]
 
 
+def test_the_recipe_leaves_the_paired_knobs_to_the_paired_stage(tmp_path):
+    """Where paired effects exist, the search's joint fit neither recommends nor clears the
+    knobs they measure (the fake study's search fits NCCL_PROTO LL at -30%); a re-check on a
+    host no larger than the study's is not quoted, and what is missing names the families
+    measured on fewer GPUs than the search."""
+    rep = tune_report.report(str(_study_with_effects(tmp_path)))
+    plain = tune_recipe.recipe_sentences({**rep, "effects": None})["decision"]
+    assert "`nccl_proto` LL (-" in plain and "judged by the paired effects" not in plain
+    words = tune_recipe.recipe_sentences(rep)
+    assert "`nccl_proto` LL (-" not in words["decision"]
+    assert "judged by the paired effects below" in words["decision"]
+    recheck = {"gpus": 2, "card": "simulated", "base": "a", "rows": [
+        {"tag": "c", "change": "micro_batch 16 -> 4", "launches": 2, "effect_pct": -13.9,
+         "measurable": True}]}
+    bigger = {**rep, "gpus": 4}
+    words = tune_recipe.recipe_sentences(bigger, recheck)
+    assert "Re-checked on" not in words["decision"]
+    assert "paired effects of FSDP (2 GPUs), TP + FSDP (2 GPUs) were measured on fewer " \
+        "GPUs only" in words["missing"]
+    assert "so did every family's" in tune_recipe.recipe_sentences(rep, recheck)["missing"]
+
+
 def test_recipe_cites_the_effects_per_family(tmp_path):
-    words = tune_report.recipe_sentences(tune_report.report(str(_study_with_effects(tmp_path))))
+    words = tune_recipe.recipe_sentences(tune_report.report(str(_study_with_effects(tmp_path))))
     assert "On **FSDP** (tiny on 2 x simulated, 40 pairs" in words["effects"]
     assert "largest effects are `nccl_proto` LL -29." in words["effects"]  # -30% by the truth
-    assert "has not run" in tune_report.recipe_sentences(None)["effects"]
+    assert "has not run" in tune_recipe.recipe_sentences(None)["effects"]
     table = effect_stats.advice_table(tune_report.report(str(tmp_path / "fake.journal"))[
         "effects"])
     assert set(table) == {"FSDP (tiny, 2 x simulated)", "TP + FSDP (tiny, 2 x simulated)"}
@@ -640,14 +663,29 @@ def test_committed_joins_the_effects_only_studies_per_family(tmp_path):
     assert tune_report.committed(tmp_path / "none.journal") is None
 
 
+def test_join_takes_a_family_from_the_largest_host_then_the_most_pairs():
+    """Two designs of one family: the one on more GPUs stands even with fewer pairs; on one
+    host size the one with more pairs."""
+    def design(name, gpus, pairs, family="FSDP"):
+        return {"design": name, "family": family, "pairs": pairs, "gpu_hours": 0.1,
+                "where": {"model": "m", "gpus": gpus, "card": "NVIDIA H200"}}
+    two, four = design("two", 2, 40), design("four", 4, 12)
+    eff = effect_stats.join([{"designs": [two]}, {"designs": [four]}, None])
+    assert eff["families"]["FSDP"]["design"] == "four" and len(eff["designs"]) == 2
+    more = design("more", 4, 20)
+    assert effect_stats.join([{"designs": [four, more]}])["families"]["FSDP"]["design"] == "more"
+    assert effect_stats.join([None, {"designs": []}]) is None
+
+
 def test_the_committed_effects_bound_every_knob_on_both_families():
-    """The repository's own: FSDP and TP on 2 x H200 (13B blocks), every knob of issue 25's
-    list within +-3% half-width, NCCL_PROTO=LL measurably slower on both; the TP study's
-    storage also holds the earlier study whose NCCL pairs are void, which the join skips."""
+    """The repository's own: FSDP on 4 x H200 and TP on 2 x H200 (13B blocks, ZeRO-3 at
+    micro-batch 2 where FSDP's collectives show), every knob of issue 25's list within +-3%
+    half-width, NCCL_PROTO=LL measurably slower on both; the TP study's storage also holds
+    the earlier study whose NCCL pairs are void, which the join skips."""
     eff = tune_report.committed()["effects"]
     fsdp, tp = eff["families"]["FSDP"], eff["families"]["TP"]
-    assert fsdp["where"] == tp["where"] == {"model": "llama-13b:4-layers", "gpus": 2,
-                                           "card": "NVIDIA H200"}
+    assert fsdp["where"] == {"model": "llama-13b:4-layers", "gpus": 4, "card": "NVIDIA H200"}
+    assert tp["where"] == {"model": "llama-13b:4-layers", "gpus": 2, "card": "NVIDIA H200"}
     for fam in (fsdp, tp):
         knob = {k["knob"]: k for k in fam["knobs"]}
         for name in ("nccl_algo", "nccl_proto", "num_workers", "prefetch_factor",

@@ -3,7 +3,7 @@ to a plan whose memory sets its micro-batch."""
 
 from __future__ import annotations
 
-from trainplan.tune import report
+from trainplan.tune import recipe
 
 
 def _rep(level="1-2", hi=-0.5):
@@ -13,18 +13,18 @@ def _rep(level="1-2", hi=-0.5):
 
 
 def test_a_plan_in_the_avoided_range_is_explained():
-    note = report.plan_against_recipe(_rep(), 2, "llama-13b")
+    note = recipe.plan_against_recipe(_rep(), 2, "llama-13b")
     assert "The plan's micro-batch 2 (llama-13b) is in that range" in note
     assert "`llama-1.3b`" in note and "Memory budget" in note
 
 
 def test_nothing_to_say_outside_the_range_or_without_an_interval_below_zero():
-    assert report.plan_against_recipe(_rep(), 4, "llama-13b") == ""
-    assert report.plan_against_recipe(_rep(hi=3.0), 2, "llama-13b") == ""
-    assert report.plan_against_recipe(_rep(level="3-8"), 2, "x") == ""
-    assert report.plan_against_recipe(None, 2, "x") == ""
+    assert recipe.plan_against_recipe(_rep(), 4, "llama-13b") == ""
+    assert recipe.plan_against_recipe(_rep(hi=3.0), 2, "llama-13b") == ""
+    assert recipe.plan_against_recipe(_rep(level="3-8"), 2, "x") == ""
+    assert recipe.plan_against_recipe(None, 2, "x") == ""
 
 
 def test_levels_as_the_report_writes_them():
-    assert report._in_level(2, "1-2") and report._in_level(4, "4")
-    assert not report._in_level(3, "1-2") and not report._in_level(1, "Ring")
+    assert recipe._in_level(2, "1-2") and recipe._in_level(4, "4")
+    assert not recipe._in_level(3, "1-2") and not recipe._in_level(1, "Ring")

@@ -25,6 +25,7 @@ import yaml
 from trainplan.calibrate.store import load_gpu
 from trainplan.tune import knobs
 from trainplan.tune import loop as tune_loop
+from trainplan.tune import recipe as tune_recipe
 from trainplan.tune import report as tune_report
 from trainplan.tune import study as tune
 from trainplan.tune import trial as tune_launch
@@ -318,9 +319,9 @@ def test_study_loop_stops_at_the_budget_before_overrunning_it(tmp_path, monkeypa
 
 
 def test_recipe_sentences_say_only_what_was_measured(tmp_path):
-    assert "No GPU study is committed yet" in tune_report.recipe_sentences(None)["status"]
+    assert "No GPU study is committed yet" in tune_recipe.recipe_sentences(None)["status"]
     fake_study(tmp_path / "fake.journal")
-    words = tune_report.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")))
+    words = tune_recipe.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")))
     assert "keep the defaults" in words["decision"]  # no level beats its default
     assert "Avoid: `nccl_proto` LL (-30" in words["decision"]
     assert "Leave alone" in words["decision"] and "`num_workers`" in words["decision"]
@@ -328,13 +329,13 @@ def test_recipe_sentences_say_only_what_was_measured(tmp_path):
     recheck = {"gpus": 4, "card": "NVIDIA H200", "base": "a", "rows": [
         {"tag": "a", "change": "none", "launches": 2},
         {"tag": "b", "change": "prefetch_factor 2 -> 8", "launches": 0}]}
-    words = tune_report.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")),
+    words = tune_recipe.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")),
                                          recheck)
     assert "re-checked on 4 x NVIDIA H200" in words["missing"]
     assert "Re-checked on" not in words["decision"]  # nothing measurable in this re-check
     recheck["rows"].append({"tag": "c", "change": "micro_batch 16 -> 4", "launches": 2,
                             "effect_pct": -13.9, "measurable": True})
-    words = tune_report.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")),
+    words = tune_recipe.recipe_sentences(tune_report.report(str(tmp_path / "fake.journal")),
                                          recheck)
     assert "Re-checked on 4 x NVIDIA H200: `micro_batch 16 -> 4` changed tokens/s/GPU by " \
            "-13.9% (intervals apart)." in words["decision"]
@@ -428,7 +429,7 @@ def test_recipe_sentences_of_a_study_too_small_for_intervals_claim_no_effect(tmp
     fake_study(tmp_path / "small.journal", n=8)
     rep = tune_report.report(str(tmp_path / "small.journal"))
     assert not any(k["effects"] for k in rep["knobs"])
-    words = tune_report.recipe_sentences(rep)
+    words = tune_recipe.recipe_sentences(rep)
     assert "too small yet" in words["decision"] and "not a knob effect" in words["decision"]
     assert f"{rep['best']['tokens_per_s_per_gpu']:,.0f}" in words["decision"]
     assert "Set " not in words["decision"] and "Leave alone" not in words["decision"]
@@ -450,7 +451,8 @@ def test_report_defaults_to_the_committed_study_and_running_needs_a_storage(caps
 
     assert cli.main(["tune", "--report", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["study"] == "tune-2gpu"
+    # issue 25's bar: the recipe's search study has at least 40 configurations on 4 GPUs
+    assert out["study"] == "tune-proxy-4gpu" and out["trials"] >= 40 and out["gpus"] == 4
     assert {"FSDP", "TP"} <= set(out["effects"]["families"])  # the effects-only studies too
     for fam in out["effects"]["families"].values():
         assert fam["top_knobs"] and all(k["ci_pct"][0] <= k["effect_pct"] <= k["ci_pct"][1]

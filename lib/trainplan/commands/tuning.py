@@ -49,7 +49,8 @@ def register(verbs) -> None:
     p.add_argument("--seq-len", type=positive_int, default=None)
     p.add_argument("--storage", default=None,
                    help="journal file (PATH or journal:PATH) or sqlite:///PATH; with --report "
-                        "the default is the committed study (data/measurements/tune-2gpu/)")
+                        "the default is the committed study "
+                        "(data/measurements/tune-proxy-h200x4-20261128/)")
     p.add_argument("--study-name", default=None, help="default: the suite's or model's name")
     p.add_argument("--gpu-hours", type=positive_float, default=None,
                    help="the study's total budget: wall time x GPUs of every launch")

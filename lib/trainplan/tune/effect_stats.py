@@ -211,13 +211,18 @@ def summary(records: list[dict], study: str, where: dict | None = None) -> dict 
 
 def join(summaries: list[dict | None]) -> dict | None:
     """Several studies' effects as one: all their designs, and per layout family the design
-    with the most pairs; None when none has any."""
+    on the most GPUs (where communication shows most), then with the most pairs; None when
+    none has any."""
     designs = [d for s in summaries if s for d in s["designs"]]
     if not designs:
         return None
+
+    def rank(d):
+        return ((d.get("where") or {}).get("gpus") or 0, d["pairs"])
+
     families = {}
     for d in designs:
-        if d["family"] not in families or d["pairs"] > families[d["family"]]["pairs"]:
+        if d["family"] not in families or rank(d) > rank(families[d["family"]]):
             families[d["family"]] = d
     return {"designs": designs, "families": families,
             "gpu_hours": sum(d["gpu_hours"] for d in designs)}
