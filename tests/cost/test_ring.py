@@ -236,6 +236,36 @@ def test_plans_without_cp_predict_what_they_did_without_the_ring(monkeypatch):
     assert (with_ring.loc[plain, "cp_comm_s"] == 0).all()
 
 
+def test_shared_links_stretch_the_ring_as_processor_sharing():
+    """rho / (1 - rho): none on idle links, a third more at a quarter, finite where FSDP2's
+    traffic would fill the window (held at 0.9)."""
+    got = ring.shared_link_extra(np.array([0.0, 0.25, 0.5, 0.9, 2.0, -1.0]))
+    assert got == pytest.approx([0.0, 1 / 3, 1.0, 9.0, 9.0, 0.0])
+
+
+def test_fsdp_traffic_beside_the_ring_slows_only_the_rings_collectives(monkeypatch):
+    """The same cp layout under ZeRO-3 (FSDP2 gathers and reduces every micro-batch) and
+    ZeRO-1 (its traffic once a step, around the optimizer): the ring's exposed time grows
+    by `shared_link_extra` of ZeRO-3's link share only, and without a ring nothing moves."""
+    m = load_model("llama-13b:4-layers")
+    args = (m, easy_gpu(memory_gib=140.0), easy_cluster(gpus_per_node=8))
+    z3, z1 = (layouts(dp=1, cp=4, zero=z, dp_shard=1) for z in (3, 1))
+    calls = []
+    real = ring.shared_link_extra
+    monkeypatch.setattr(ring, "shared_link_extra", lambda busy: calls.append(busy) or real(busy))
+    base3, base1 = (step_time.evaluate(*args, lay, 8192)["cp_comm_s"].iloc[0] for lay in (z3, z1))
+    busy3, busy1 = float(np.squeeze(calls[0])), float(np.squeeze(calls[1]))
+    assert 0.05 < busy3 < 0.9 and busy1 == 0.0
+    monkeypatch.setattr(ring, "shared_link_extra", lambda busy: 0.0 * np.asarray(busy))
+    alone3, alone1 = (step_time.evaluate(*args, lay, 8192)["cp_comm_s"].iloc[0]
+                      for lay in (z3, z1))
+    assert alone1 == base1 and base3 > alone3
+    comm, passes = ring.ring_layer_time(
+        m, args[1], args[2], seq_len=8192, micro_batch=1, cp=4, tp=1, recompute_full=False,
+        compiled=True, attn_fwd_s=0.0)  # attn_fwd_s is read only eager
+    assert base3 - alone3 == pytest.approx(m.n_layers * comm * real(busy3), rel=1e-9)
+
+
 def test_ring_memory_counts_where_it_exceeds_the_logits(monkeypatch):
     """Past the head's logits the ring's backward buffers set the peak: more activations."""
     m = tiny_model(vocab=8)  # tiny vocabulary: logits smaller than the gathered K, V

@@ -156,6 +156,22 @@ def ring_layer_time(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, seq_len
     return np.where(on, exposed, 0.0), np.where(on, passes, 0.0)
 
 
+def shared_link_extra(busy):
+    """Extra share of the ring's exposed collectives' time when FSDP2's gathers and
+    reduce-scatters hold the same links for a share `busy` of the micro-batch's compute.
+
+    Both run on NCCL over one NVLink fabric, which serves concurrent transfers by sharing
+    its bandwidth, so a ring exchange issued while FSDP2's traffic is in flight slows.
+    Processor sharing at load rho stretches a job of t seconds to t / (1 - rho) (Kleinrock
+    1976, Queueing Systems vol. 2, sec. 4.4: M/G/1-PS), an extra rho / (1 - rho). `busy` is
+    held below 0.9: beyond it FSDP2's traffic fills the window and is priced as exposed.
+    Unfitted; the profiles in data/measurements/profile-cp-h200x4-20261128/ show the
+    compute stream waiting on the ring's exchanges where the traffic runs beside them.
+    """
+    rho = np.clip(np.asarray(busy, dtype=float), 0.0, 0.9)
+    return rho / (1.0 - rho)
+
+
 def ring_kept_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, tp, compiled, recompute_full):
     """Bytes one block keeps from forward to backward beyond plain SDPA's, per micro-batch.
 

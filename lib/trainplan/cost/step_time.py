@@ -27,8 +27,9 @@ hides under the compute of the pass it runs in, except the first block's gather 
 block's reduce (Zhao et al. 2023, PyTorch FSDP, sec. 3.4), and beside tensor parallel
 (`measured.fsdp_leak`). Tensor- and expert-parallel collectives sit on the critical path.
 Context parallel is torch's ring attention (`ring`): its K, V all-gathers and fp32 dk, dv
-sends (exposed where the blocks are compiled) and its fp32 merge and accumulate passes,
-counted with it as DTensor's copies are with tensor parallel.
+sends (exposed where the blocks are compiled, slower where FSDP2's traffic shares their
+links) and its fp32 merge and accumulate passes, counted with it as DTensor's copies are
+with tensor parallel.
 """
 
 from __future__ import annotations
@@ -168,11 +169,6 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
                                       recompute_full=full, sequence_parallel=sp, micro_batch=mb)
     ep_mb = comms.ep_microbatch_time(cluster, token_bytes=act_bytes * m.top_k, ep=ep, tp=tp,
                                      layers=layers) if m.is_moe else 0.0
-    # torch's ring attention: its exposed collectives and its fp32 merge and add passes
-    cp_comm, cp_passes = ring.ring_layer_time(m, gpu, cluster, seq_len=seq_len, micro_batch=mb,
-                                              cp=cp, tp=tp, recompute_full=full,
-                                              compiled=compiled, attn_fwd_s=attn_fwd_layer)
-    cp_mb = layers * (cp_comm + cp_passes)
     # FSDP2's gathers and reduce-scatters with their copy kernels, by when a step runs them
     ag, rs = comms.fsdp_collectives(cluster, stage_params=stage_params, dp_shard=L.dp_shard,
                                     cp=cp, tp=tp, gather_params=gathered)
@@ -185,6 +181,14 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
         copy_step = copy_step + fp8.cast_time(gpu, fp8.step_copy_delta_bytes(
             converted, zero=L.zero, shard_ranks=L.dp_shard * cp, fp8_gather=fp8_gather))
     runs = fsdp_passes(L.zero, pp)
+    # torch's ring attention: its exposed collectives, slowed by FSDP2's traffic on the same
+    # links (`ring.shared_link_extra`), and its fp32 merge and add passes
+    cp_comm, cp_passes = ring.ring_layer_time(m, gpu, cluster, seq_len=seq_len, micro_batch=mb,
+                                              cp=cp, tp=tp, recompute_full=full,
+                                              compiled=compiled, attn_fwd_s=attn_fwd_layer)
+    fsdp_busy = (runs["gathers_mb"] * ag + runs["reduces_mb"] * rs + (
+        runs["gathers_once"] * ag + runs["reduces_once"] * rs) / ga) / compute_mb
+    cp_mb = layers * (cp_comm * (1.0 + ring.shared_link_extra(fsdp_busy)) + cp_passes)
     leak = overheads.fsdp_leak(gpu, tp, ~autocast)  # beside TP, FSDP2's traffic shows whole
     # FSDP2's root group (embedding, final norm, output; bench/parallelize.apply_fsdp) is
     # gathered first and reduced last, with no compute to hide under: the floor is the
