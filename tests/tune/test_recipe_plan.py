@@ -23,6 +23,8 @@ def test_nothing_to_say_outside_the_range_or_without_an_interval_below_zero():
     assert recipe.plan_against_recipe(_rep(hi=3.0), 2, "llama-13b") == ""
     assert recipe.plan_against_recipe(_rep(level="3-8"), 2, "x") == ""
     assert recipe.plan_against_recipe(None, 2, "x") == ""
+    paired = {**_rep(), "effects": {"families": {"FSDP": {}}}}  # the paired stage judges it
+    assert recipe.plan_against_recipe(paired, 2, "llama-13b") == ""
 
 
 def test_levels_as_the_report_writes_them():

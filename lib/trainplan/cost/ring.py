@@ -164,7 +164,8 @@ def shared_link_extra(busy):
     its bandwidth, so a ring exchange issued while FSDP2's traffic is in flight slows.
     Processor sharing at load rho stretches a job of t seconds to t / (1 - rho) (Kleinrock
     1976, Queueing Systems vol. 2, sec. 4.4: M/G/1-PS), an extra rho / (1 - rho). `busy` is
-    held below 0.9: beyond it FSDP2's traffic fills the window and is priced as exposed.
+    held at 0.9 so the stretch stays finite (10x) as the traffic nears the whole window,
+    where `step_time._exposed` prices the part that no longer hides.
     Unfitted; the profiles in data/measurements/profile-cp-h200x4-20261128/ show the
     compute stream waiting on the ring's exchanges where the traffic runs beside them.
     """

@@ -32,13 +32,10 @@ def _search_sentences(rep: dict | None, recheck: dict | None) -> dict[str, str]:
             "risk": "Until the study runs, nothing here says which knob matters on these GPUs.",
             "missing": "**The GPU study.** Its one-call command (a device run that resumes the "
                        "study on each call) is in the docstring of `trainplan.tune.study`; its "
-                       "storage "
-                       "and measurement records will live in `data/measurements/tune-2gpu/`. "
+                       "storage and measurement records will live in `data/measurements/`. "
                        "Then the recipe itself: the top knobs with their effects and intervals, "
                        "what to leave alone, and the figures above."}
-    # the paired stage's narrower intervals judge its knobs; the search names the rest
-    paired = set(effect_stats.EFFECT_KNOBS) if (rep.get("effects") or {}).get("families") \
-        else set()
+    paired = _paired_knobs(rep)
     gains, alone, avoid = [], [], []
     for k in (k for k in rep["knobs"] if k["knob"] not in paired):
         avoid += [f"`{k['knob']}` {e['level']} ({e['effect_pct']:+.1f}%, 95% interval "
@@ -89,6 +86,13 @@ def _search_sentences(rep: dict | None, recheck: dict | None) -> dict[str, str]:
             "missing": _missing_on_more_gpus(rep, recheck)}
 
 
+def _paired_knobs(rep: dict | None) -> set[str]:
+    """The knobs the paired stage judges where it has run (its intervals are a few percent,
+    the search's joint fit's tens): the search's effects speak only for the others."""
+    return set(effect_stats.EFFECT_KNOBS) if ((rep or {}).get("effects") or {}).get(
+        "families") else set()
+
+
 def _recheck_sentence(recheck: dict | None) -> str:
     """The re-check's measurable changes, in words ("" when there are none)."""
     hits = [r for r in (recheck or {}).get("rows", []) if r.get("measurable")]
@@ -135,8 +139,10 @@ def plan_against_recipe(rep: dict | None, micro_batch: int, model: str) -> str:
     """Where a scenario's plan runs a micro-batch in a range the study says to avoid, why the
     advice does not carry over (markdown); "" otherwise. The study timed its own job, whose
     memory leaves room for larger micro-batches; the planner priced every micro-batch that
-    fits the scenario's memory and chose the fastest."""
-    knobs = {k["knob"]: k for k in (rep or {}).get("knobs", [])}
+    fits the scenario's memory and chose the fastest. Where the paired stage has run, it
+    judges micro-batch, and this says nothing."""
+    knobs = {k["knob"]: k for k in (rep or {}).get("knobs", [])
+             if k["knob"] not in _paired_knobs(rep)}
     for e in knobs.get("micro_batch", {}).get("effects", []):
         if e["ci_pct"][1] < 0 and _in_level(micro_batch, e["level"]):
             return (f"The plan's micro-batch {micro_batch} ({model}) is in that range: the "
