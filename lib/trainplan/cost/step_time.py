@@ -16,20 +16,18 @@ The step's host work outside the blocks (clipping, optimizer) joins the last mic
 The 1F1B bubble is (p - 1) / v micro-batch slots (Narayanan et al. 2021) of a stage
 without the output layer and loss, which only the last stage runs.
 
-The layout decides the precision the harness runs (`compute.autocast_layout`):
-without FSDP2 the fp32 weights run under autocast, so the residual stream,
-the tensors TP gathers and the pipeline sends are fp32, and the blocks take
-the autocast element-wise scale; DDP-wrapped blocks take `ddp_block_scale`,
-FSDP2-wrapped ones `fsdp_block_scale`.
+The layout decides the precision the harness runs (`compute.autocast_layout`): without
+FSDP2 the fp32 weights run under autocast, so the residual stream, the tensors TP gathers
+and the pipeline sends are fp32, and the blocks take the autocast element-wise scale;
+DDP-wrapped blocks take `ddp_block_scale`, FSDP2-wrapped ones `fsdp_block_scale`.
 
 Data-parallel traffic (its copy kernels, `compute.dp_copy_time`; how often: `fsdp_passes`)
 hides under the compute of the pass it runs in, except the first block's gather or the last
 block's reduce (Zhao et al. 2023, PyTorch FSDP, sec. 3.4), and beside tensor parallel
 (`measured.fsdp_leak`). Tensor- and expert-parallel collectives sit on the critical path.
 Context parallel is torch's ring attention (`ring`): its K, V all-gathers and fp32 dk, dv
-sends (exposed where the blocks are compiled, slower where FSDP2's traffic shares their
-links) and its fp32 merge and accumulate passes, counted with it as DTensor's copies are
-with tensor parallel.
+sends (exposed where compiled, slower beside FSDP2's traffic) and its fp32 merge and
+accumulate passes, counted with it as DTensor's copies are with tensor parallel.
 """
 
 from __future__ import annotations
