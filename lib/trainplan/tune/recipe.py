@@ -141,8 +141,8 @@ def plan_against_recipe(rep: dict | None, micro_batch: int, model: str) -> str:
     memory leaves room for larger micro-batches; the planner priced every micro-batch that
     fits the scenario's memory and chose the fastest. Where the paired stage has run, it
     judges micro-batch, and this says nothing."""
-    knobs = {k["knob"]: k for k in (rep or {}).get("knobs", [])
-             if k["knob"] not in _paired_knobs(rep)}
+    paired = _paired_knobs(rep)
+    knobs = {k["knob"]: k for k in (rep or {}).get("knobs", []) if k["knob"] not in paired}
     for e in knobs.get("micro_batch", {}).get("effects", []):
         if e["ci_pct"][1] < 0 and _in_level(micro_batch, e["level"]):
             return (f"The plan's micro-batch {micro_batch} ({model}) is in that range: the "
