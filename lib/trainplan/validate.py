@@ -240,10 +240,12 @@ def compare_records(out: Path, repredict: bool) -> dict:
 
 
 def validate(args) -> dict:
+    from trainplan.bench.harness.host import allocator_env
     from trainplan.bench.series import run as series_run  # pandas: not loaded at import
     from trainplan.bench.series import suite as suite_mod  # pandas: not loaded at import
     from trainplan.calibrate.store import load_gpu  # pandas: not loaded at import
 
+    allocator_env(os.environ)  # the launches' allocator, in the predictions' provenance too
     out = Path(args.out)
     jobs = select_jobs(args.suite, args.only or [], args.gpus)
     prev, skip = read_previous(args.continue_from, args.launches)

@@ -111,6 +111,7 @@ def test_suite_precision_reaches_the_launch_and_the_prediction():
         tokens_per_step=1024, flops_per_token=1e9, peak_tflops=989.0,
         peak_mem_reserved_gib=1.0, peak_mem_allocated_gib=1.0, warmup_steps_dropped=1,
         extra={"seq_len": 512, "tag": "a"})
+    meas["provenance"]["env"] = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert same_config(low, meas) and not same_config({**high, "config": {
         **high["config"], "tag": "a"}}, meas)
 

@@ -144,13 +144,14 @@ CONFIGS = [ParallelConfig(micro_batch=1), ParallelConfig(dp=2, zero=2, micro_bat
 
 
 def _memory(gpu, model=M, cfgs=CONFIGS):
-    """`memory.breakdown` over `cfgs` as `perf.evaluate` calls it, with the card `gpu`."""
+    """`memory.breakdown` over `cfgs` as `perf.evaluate` calls it, with the card `gpu`, under
+    the caching allocator (the mode whose reserve `fragmentation_scales` price)."""
     L = Layouts.from_configs(list(cfgs))
     cal = load_gpu("h100-sxm")
     return memory.breakdown(
         model, L, seq_len=4096, activation_scale=activation_scale(cal, True, L.recompute),
         rebuilt_scale=activation_scale(cal, True, 0), logits_scale=cal.logits_scale,
-        compiled_loss=True, gpu=gpu)
+        compiled_loss=True, gpu=gpu, allocator=rt.CACHING)
 
 
 def test_nothing_measured_leaves_the_planner_bit_for_bit_as_before():

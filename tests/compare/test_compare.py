@@ -416,3 +416,31 @@ def test_repredictions_keep_the_records_precision():
         r = rows[tag]
         assert r["repredicted"]["calibrated"]["step_time_s"] == pytest.approx(
             r["predicted_step_time_s"], rel=0.05)
+
+
+def test_allocator_modes_never_share_a_series(tmp_path):
+    """A run under expandable segments is not compared with a prediction made for the caching
+    allocator, and is re-predicted in its own mode."""
+    pred, meas = tp2_records()
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    exp = [copy.deepcopy(m) for m in meas]
+    for m in exp:
+        m["provenance"] = {**(m.get("provenance") or {}), "env": env}
+    assert matching.allocator(pred) == matching.allocator(meas[0]) == "caching"
+    assert matching.allocator(exp[0]) == "expandable"
+    made_there = copy.deepcopy(pred)  # made in an expandable process by an older planner
+    made_there["provenance"] = {**(pred.get("provenance") or {}), "env": env}
+    assert matching.allocator(made_there) == "caching"
+    out = compare.compare([_write(tmp_path / "a.jsonl", [pred, *exp])], repredictions=False)
+    assert [r["predicted_step_time_s"] for r in out["rows"]] == [None]  # no match
+    named = copy.deepcopy(pred)
+    named["config"]["allocator"] = "expandable"  # what validate records now
+    out = compare.compare([_write(tmp_path / "b.jsonl", [named, *exp])], repredictions=True)
+    row = out["rows"][0]
+    assert row["allocator"] == "expandable" and row["predicted_step_time_s"] is not None
+    again = compare.compare([_write(tmp_path / "c.jsonl", [pred, *meas])], repredictions=True)
+    old = again["rows"][0]
+    assert old["allocator"] == "caching"
+    # the same config re-predicted in the two modes: expandable holds less reserved
+    mem = {r["allocator"]: r["repredicted"]["calibrated"]["memory_gib"] for r in (row, old)}
+    assert mem["expandable"] < mem["caching"]

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import layouts, tiny_model
 from trainplan.cost import comms, compute, memory, params
+from trainplan.cost import memory_runtime as rt
 from trainplan.cost.compute import FULL, NONE, SELECTIVE
 from trainplan.specs import load_model
 
@@ -247,9 +248,10 @@ def test_buffer_bytes(tiny):
 def test_breakdown_sums_terms_with_the_runtime_terms(tiny):
     """FSDP2 ZeRO-3 by hand: sharded fp32 weights, gradients and Adam; block activations plus
     the head's inputs; the buffers, FSDP2's side-stream pool and the 8% fragmentation of
-    activations on top (trainplan.cost.memory_runtime)."""
+    activations on top under the caching allocator (trainplan.cost.memory_runtime)."""
     out = memory.breakdown(tiny, layouts(dp=4, dp_shard=4, zero=3, micro_batch=2, grad_accum=8,
-                                         recompute=NONE, sequence_parallel=False), seq_len=32)
+                                         recompute=NONE, sequence_parallel=False), seq_len=32,
+                           allocator=rt.CACHING)
     out = {k: v.item() for k, v in out.items()}  # the one layout's terms
     block = 41_088  # 4 * 64^2 attention + 3 * 64 * 128 SwiGLU + 2 * 64 norms
     states = 4 * P / 4 + 4 * P / 4 + 8 * P / 4

@@ -178,7 +178,7 @@ def test_root_reduce_zero_off_fsdp_and_with_a_shard_group_of_one():
 def test_breakdown_other_carries_the_root_reduce_segment():
     lay = layouts(**{**LAY, "dp": 4, "dp_shard": 4, "zero": 2, "micro_batch": 2,
                      "grad_accum": 1})
-    b = memory.breakdown(G8, lay, seq_len=4096, compiled_loss=True)
+    b = memory.breakdown(G8, lay, seq_len=4096, compiled_loss=True, allocator=rt.CACHING)
     sharding = dict(tp=1, pp=1, ep=1, zero=2, dp_shard=4, cp=1)
     known = memory.buffer_bytes(G8, dp=4, **sharding) \
         + rt.stream_pool_bytes(G8, path=rt.FSDP, **sharding) \

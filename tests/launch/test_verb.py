@@ -49,6 +49,7 @@ def test_torchrun_script_has_rendezvous_restarts_and_nccl_settings(artefacts):
     for part in ("--nnodes 4", "--nproc-per-node 8", "--rdzv-backend c10d",
                  '--rdzv-endpoint "$RDZV_HOST:$RDZV_PORT"', '--rdzv-id "$JOB_ID"',
                  "--max-restarts 3", "export NCCL_NVLS_ENABLE=0",
+                 "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
                  "export TORCH_NCCL_ASYNC_ERROR_HANDLING=3", "-m trainplan.train",
                  'DATA_DIR="${DATA_DIR:-shards/team}"', '--data "$DATA_DIR"'):
         assert part in text

@@ -121,3 +121,23 @@ def test_plan_command_refuses_a_bogus_loss_in_one_line(capsys):
     err = captured.err.strip()
     assert captured.out == "" and len(err.splitlines()) == 1, err
     assert "--loss" in err and "'bogus'" in err and "'standard', 'fused'" in err
+
+
+def test_plan_command_takes_the_allocator(capsys):
+    """The caching allocator's reserve is priced only where asked; trainplan's runs use
+    expandable segments (the default, not named in the answer)."""
+    assert cli.main([*PLAN, "--json", "--micro-batch", "4", "--recompute", "none"]) == 0
+    dflt = json.loads(capsys.readouterr().out)
+    assert "allocator" not in dflt
+    assert cli.main([*PLAN, "--json", "--micro-batch", "4", "--recompute", "none",
+                     "--allocator", "caching"]) == 0
+    cach = json.loads(capsys.readouterr().out)
+    assert cach["allocator"] == "caching"
+    mem = [o["decision"]["plan"]["memory_gib"] for o in (dflt, cach)]
+    assert mem[0]["activations"] == mem[1]["activations"]
+    assert mem[0]["other"] < mem[1]["other"] and mem[0]["total"] < mem[1]["total"]
+    assert cli.main([*PLAN, "--allocator", "caching"]) == 0
+    assert "caching allocator" in capsys.readouterr().out.splitlines()[0]
+    assert cli.main([*PLAN, "--allocator", "cudaMalloc"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--allocator" in err and "'cudaMalloc'" in err

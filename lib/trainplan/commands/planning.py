@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from trainplan.commands.args import positive_int
+from trainplan.cost.memory_runtime import ALLOCATORS, EXPANDABLE
 from trainplan.specs import ParallelConfig, cluster_for, load_cluster, load_model
 
 LAYOUT_FLAGS = {  # flag -> (type, choices, help)
@@ -75,6 +76,11 @@ def register(verbs) -> None:
     p.add_argument("--loss", choices=("standard", "fused"), default="standard",
                    help="fused: the output layer and loss chunk by chunk (the harness's --loss "
                         "fused); plans with tp, pp or cp > 1 are priced standard (each says)")
+    p.add_argument("--allocator", choices=ALLOCATORS, default=EXPANDABLE,
+                   help="the CUDA caching allocator's mode the job runs: expandable "
+                        "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which trainplan's "
+                        "runs and launch scripts set) or caching (PyTorch's default), which "
+                        "holds more memory reserved")
     add_layout(p)
     p.set_defaults(run=cmd_plan, fmt=format_plan)
 
@@ -101,7 +107,7 @@ def cmd_plan(args) -> dict:
     out = decided(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                   global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args),
                   top=args.top, gpus_per_node=args.gpus_per_node, precision=args.precision,
-                  fp8_recipe=args.fp8_recipe, loss=args.loss)
+                  fp8_recipe=args.fp8_recipe, loss=args.loss, allocator=args.allocator)
     for p in out["plans"]:  # what `trainplan train` and `launch` can run (train.support)
         why = not_runnable({**p["parallel"], "precision": args.precision}, m)
         p["runnable"] = why is None
@@ -127,6 +133,8 @@ def format_plan(out: dict) -> str:
         priced = f", fp8 {out['fp8']['recipe']} ({rate})"
     if out.get("loss") == "fused":
         priced += ", fused loss (data-parallel plans)"
+    if out.get("allocator", EXPANDABLE) != EXPANDABLE:
+        priced += f", {out['allocator']} allocator"
     head = (f"{out['model']} on {out['gpus']} x {out['gpu']} ({out['cluster']}){priced}, seq "
             f"{out['seq_len']}, {out['global_batch_tokens']:,} tokens a step: "
             f"{out['searched']:,} layouts in {out['elapsed_s']:.3f} s")

@@ -15,6 +15,7 @@ from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
+from trainplan.cost.memory_runtime import CACHING, allocator_of
 from trainplan.errors import RecordError
 from trainplan.loader import quote
 from trainplan.records import schema as records
@@ -71,18 +72,30 @@ def stamp(rec: dict) -> datetime:
 
 def extras(rec: dict) -> dict:
     """Layout fields beyond the schema's, and the sequence length, where the record has them;
-    precision and loss always (records from before them: bf16, standard)."""
+    precision, loss and the allocator mode always (records from before them: bf16, standard,
+    caching)."""
     if rec["kind"] == "prediction":
         cfg = rec.get("config") or {}
         src, seq = cfg.get("full_layout") or {}, cfg.get("seq_len")
     else:
         src, seq = rec["layout"], rec.get("seq_len")
     out = {k: src[k] for k in EXTRA_KEYS if k in src}
+    out["allocator"] = allocator(rec)
     out.update(precision_of(rec))
     out["loss"] = rec["layout"].get("loss") or "standard"  # fused or not: never one series
     if seq is not None:
         out["seq_len"] = seq
     return out
+
+
+def allocator(rec: dict) -> str:
+    """The CUDA caching allocator's mode a record is for: a prediction's `config.allocator`
+    (predictions before the planner priced the mode: caching, whatever their process ran), a
+    measurement's from its process's environment (`provenance.env`,
+    `memory_runtime.allocator_of`; none recorded: the caching default)."""
+    if rec["kind"] == "prediction":
+        return (rec.get("config") or {}).get("allocator") or CACHING
+    return allocator_of((rec.get("provenance") or {}).get("env"))
 
 
 def precision_of(rec: dict) -> dict:
@@ -242,7 +255,7 @@ def make_row(launches: list[dict], pred: dict | None) -> dict:
     return {
         "config": label(launches, pred), "model": first["model"], "impl": first["impl"],
         "gpus": first["gpus"], "card": first["card"], "host": host(first),
-        "layout": first["layout"],
+        "layout": first["layout"], "allocator": allocator(first),
         "launches": comb["launches"], "steps": comb["steps"],
         "launch_step_time_s": [m["step_time_s"] for m in launches],
         "flagged": comb["launches"] < MIN_LAUNCHES,

@@ -301,7 +301,7 @@ def grads_at_peak(grads, activations, *, grad_accum, pp):
 
 def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuilt_scale=1.0,
               logits_scale=1.0, compiled_loss=False, compiled=None, gpu=None,
-              fused_loss=False, fp8_kept=NO_FP8) -> dict:
+              fused_loss=False, fp8_kept=NO_FP8, allocator=rt.EXPANDABLE) -> dict:
     """Bytes per GPU at the step's peak of each layout in `L`, by term: params, grads,
     optimizer, activations, other, total.
 
@@ -318,7 +318,9 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     Memory outside PyTorch's allocator (NON_ALLOCATOR_GIB) is subtracted from the card
     instead, in `fits`. `compiled` (default: `compiled_loss`) says the blocks run compiled;
     `fused_loss` that the loss is the harness's `--loss fused` (`fused_logits_bytes`);
-    `fp8_kept` what fp8 does to a block's kept bytes (`layer_kept_bytes`).
+    `fp8_kept` what fp8 does to a block's kept bytes (`layer_kept_bytes`); `allocator` the
+    caching allocator's mode (`memory_runtime.ALLOCATORS`; the root segment and the
+    fragmentation are the caching mode's only).
     """
     dp, tp, pp, cp, ep, zero, dp_shard = L.dp, L.tp, L.pp, L.cp, L.ep, L.zero, L.dp_shard
     grad_accum = L.grad_accum
@@ -341,8 +343,9 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     head = rt.head_block_bytes(m, seq_len=seq_len, micro_batch=L.micro_batch, cp=cp,
                                compiled_loss=compiled_loss)
     reserved = rt.stream_pool_bytes(m, path=path, **sharding) \
-        + rt.root_reduce_bytes(m, path=path, head_block=head, **sharding) \
-        + rt.fragmentation_bytes(activations, gpu, tp=tp, fsdp=path == rt.FSDP, zero=zero)
+        + rt.root_reduce_bytes(m, path=path, head_block=head, allocator=allocator, **sharding) \
+        + rt.fragmentation_bytes(activations, gpu, tp=tp, fsdp=path == rt.FSDP, zero=zero,
+                                 allocator=allocator)
     terms["other"] = buffers + reserved
     terms["total"] = sum(terms.values())
     return terms

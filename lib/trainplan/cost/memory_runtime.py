@@ -47,6 +47,29 @@ DDP_SPLIT_SCALE = 0.3033
 # the fallback wherever the card has no measured `GPUSpec.fragmentation_scales`.
 FRAGMENTATION = 0.08
 
+# The CUDA caching allocator's two modes (PYTORCH_CUDA_ALLOC_CONF), as `allocator_of`
+# reads them: "expandable" (expandable_segments:True, what trainplan's harness, `train`
+# and launch scripts set: one segment per stream that grows by mapping pages) and
+# "caching" (the default: one cudaMalloc segment per large request, split and never merged).
+EXPANDABLE, CACHING = "expandable", "caching"
+ALLOCATORS = (EXPANDABLE, CACHING)
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE_CONF = "expandable_segments:True"
+
+
+def allocator_of(env, unset: str = CACHING) -> str:
+    """The allocator mode of a process whose environment was `env` (a dict; a record's
+    `provenance.env`): EXPANDABLE where PYTORCH_CUDA_ALLOC_CONF names
+    expandable_segments:True, CACHING where it is set without it, `unset` where it is not
+    set or `env` is None. Records: unset is CACHING (trainplan's processes record the
+    setting since they make it). A process about to launch trainplan's harness: unset is
+    EXPANDABLE (`bench.harness.train.init_distributed` sets it there unless the user did)."""
+    conf = (env or {}).get(ALLOC_CONF_ENV)
+    if conf is None:
+        return unset
+    opts = dict(kv.split(":", 1) for kv in str(conf).replace(" ", "").split(",") if ":" in kv)
+    return EXPANDABLE if opts.get("expandable_segments", "").lower() == "true" else CACHING
+
 
 def harness_path(dp, tp, pp, zero, cp=1):
     """FSDP, AUTOCAST or DDP per layout, as `bench.parallelize.parallelize` chooses:
@@ -227,7 +250,8 @@ def head_block_bytes(m: ModelSpec, *, seq_len, micro_batch, cp, compiled_loss):
     return np.where(np.asarray(compiled_loss), 2.0, 4.0) * tokens * m.vocab
 
 
-def root_reduce_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp, head_block):
+def root_reduce_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp, head_block,
+                      allocator=CACHING):
     """Compute-stream reserve of the root group's fp32 reduce-scatter input, 4 R bytes.
 
     FSDP2 reduces the root group (input table, final norm, output layer:
@@ -248,10 +272,11 @@ def root_reduce_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp, hea
     MiB free), and the TP 2 x FSDP2 slice, where 4 R = L, none idle. Source:
     torch.distributed.fsdp._fully_shard (`_fsdp_state._root_post_backward_final_callback`,
     `_fsdp_collectives.foreach_reduce`), c10/cuda/CUDACachingAllocator.cpp (best fit,
-    `kRoundLarge`). 0 off FSDP2 or with a shard group of one.
+    `kRoundLarge`). 0 off FSDP2 or with a shard group of one, and under the EXPANDABLE
+    allocator, whose one segment per stream lends the freed block to the next step's head.
     """
     d = shard_degree(zero, dp_shard, cp, 1)
-    on = (np.asarray(path) == FSDP) & (d > 1)
+    on = (np.asarray(path) == FSDP) & (d > 1) & (allocator != EXPANDABLE)
     block = 4.0 * root_group_params_per_rank(m, tp, pp, ep)
     idle = block > np.asarray(head_block) + ROUND_LARGE
     return np.where(on & idle, block, 0.0)
@@ -287,7 +312,8 @@ def fragmentation_scale(gpu, *, tp, fsdp, zero):
                     per_wrapper(_stage_rows(rows, False), tp, fsdp))
 
 
-def fragmentation_bytes(activations, gpu=None, *, tp=1, fsdp=False, zero=0):
+def fragmentation_bytes(activations, gpu=None, *, tp=1, fsdp=False, zero=0,
+                        allocator=CACHING):
     """Reserved over allocated on the compute stream: `fragmentation_scale` x the activations.
 
     Bytes. Weights, states and buckets are allocated once and reused exactly every
@@ -297,6 +323,11 @@ def fragmentation_bytes(activations, gpu=None, *, tp=1, fsdp=False, zero=0):
     vs `memory_allocated`). The scale is per wrapper where the card has
     `fragmentation_scales` (`trainplan.calibrate.memory`: the reserve's growth per
     layer in the memory-stack microbenchmark over the planner's kept bytes of one
-    block), else the assumption FRAGMENTATION.
+    block), else the assumption FRAGMENTATION. 0 under the EXPANDABLE allocator: its segment
+    grows by pages and a freed block is reused by any request it holds; the memory-stack
+    bench at the 13B width keeps 0.02-0.08 GiB a layer beyond allocated there, 0.67 in the
+    caching mode (data/measurements/allocator-h200-20261128/).
     """
+    if allocator == EXPANDABLE:
+        return 0.0 * np.asarray(activations)
     return fragmentation_scale(gpu, tp=tp, fsdp=fsdp, zero=zero) * np.asarray(activations)

@@ -38,6 +38,7 @@ import pandas as pd
 from trainplan.cost import comms, compute, fp8, memory, params, ring
 from trainplan.cost import measured as overheads
 from trainplan.cost.measured import activation_scale
+from trainplan.cost.memory_runtime import EXPANDABLE
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
 from trainplan.specs.layouts import Layouts, labels, shard_degree, strategy_family, strategy_label
 
@@ -84,7 +85,8 @@ def fsdp_passes(zero, pp) -> dict:
 
 def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
              seq_len: int, compiled: bool = True, precision: str = "bf16",
-             fp8_recipe: str = "tensorwise", loss: str = "standard") -> pd.DataFrame:
+             fp8_recipe: str = "tensorwise", loss: str = "standard",
+             allocator: str = EXPANDABLE) -> pd.DataFrame:
     """Memory, time breakdown, throughput and MFU of every layout in `L`, one row each.
 
     `compiled`: blocks run under `torch.compile` (fused element-wise work and
@@ -95,7 +97,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     `loss` "fused": the head's memory is the fused loss's (`memory.fused_logits_bytes`)
     where the harness builds it (`memory.fused_loss_on`; elsewhere standard), said per row
     in a `loss` column; its time stays the standard head's (the same matmul FLOPs; not
-    measured).
+    measured). `allocator`: the CUDA caching allocator's mode the run uses
+    (`memory_runtime.ALLOCATORS`; trainplan's runs set "expandable").
     """
 
     cluster = comms.with_measured_links(cluster, gpu)
@@ -118,7 +121,8 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     mem = memory.breakdown(
         m, L, seq_len=seq_len, activation_scale=activation_scale(gpu, compiled, L.recompute),
         rebuilt_scale=activation_scale(gpu, compiled, 0), logits_scale=gpu.logits_scale,
-        compiled_loss=compiled, gpu=gpu, fused_loss=fused, fp8_kept=fp8_kept)
+        compiled_loss=compiled, gpu=gpu, fused_loss=fused, fp8_kept=fp8_kept,
+        allocator=allocator)
     fp8_gather = ~autocast & (fp8_recipe == "tensorwise")  # FSDP2's float8 all-gather
     if is_fp8:
         extra_params, extra_other = fp8.memory_delta(

@@ -45,6 +45,7 @@ FILES = {"torchrun": "torchrun.sh", "slurm": "train.sbatch", "k8s": "pytorchjob.
 # flight-recorder dump instead of hanging forever.
 BASE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # the allocator `plan` prices
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # on a collective timeout: tear the process down
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",  # write the flight recorder's trace of the hang
     "TORCH_FR_BUFFER_SIZE": "2000",  # last collectives the flight recorder keeps

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from trainplan.compare import trust
+from trainplan.cost.memory_runtime import EXPANDABLE
 from trainplan.plan.planner import answer, ranked, row_to_plan
 from trainplan.train.support import not_runnable
 
@@ -117,14 +118,16 @@ def decision_summary(d: Decision) -> dict:
 def decided(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_tokens: int,
             pins: dict | None = None, top: int = 5, gpus_per_node: int | None = None,
             precision: str = "bf16", fp8_recipe: str = "tensorwise",
-            loss: str = "standard") -> dict:
+            loss: str = "standard", allocator: str = EXPANDABLE) -> dict:
     """`plan.planner.plan`'s answer with the rule's `decision` (`decision_summary`): what
     `trainplan plan` prints, and whose decision `trainplan launch` runs."""
     result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
                     gpus_per_node=gpus_per_node, precision=precision, fp8_recipe=fp8_recipe,
-                    loss=loss)
+                    loss=loss, allocator=allocator)
     out = answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
                  global_batch_tokens=global_batch_tokens, top=top)
     out["decision"] = decision_summary(choose(result.table, m, gpu))
+    if allocator != EXPANDABLE:  # said where it is not the default
+        out["allocator"] = allocator
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from trainplan.cost import fp8
+from trainplan.cost.memory_runtime import EXPANDABLE
 from trainplan.cost.step_time import MEMORY_TERMS, evaluate
 from trainplan.plan.search import SearchResult, search
 from trainplan.specs import PLAN_FIELDS, ClusterSpec, GPUSpec, ModelSpec, ParallelConfig
@@ -51,7 +52,8 @@ def fully_pinned(pins: dict) -> bool:
 def ranked(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
            global_batch_tokens: int, pins: dict | None = None,
            gpus_per_node: int | None = None, compiled: bool = True, precision: str = "bf16",
-           fp8_recipe: str = "tensorwise", loss: str = "standard") -> SearchResult:
+           fp8_recipe: str = "tensorwise", loss: str = "standard",
+           allocator: str = EXPANDABLE) -> SearchResult:
     """The search behind `plan`: every layout the pins allow, ranked; with every dimension
     pinned, exactly that layout (the unpinned fields at ParallelConfig's defaults), priced
     whether it fits or not.
@@ -60,6 +62,7 @@ def ranked(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_l
     `precision` "fp8" prices torchao float8 with `fp8_recipe` (`cost.fp8`; refused with
     one line where the card has no fp8 rate). `loss` "fused" prices the fused loss's head
     where the harness builds it (`cost.memory.fused_loss_on`), the standard one elsewhere.
+    `allocator`: the CUDA caching allocator's mode (`cost.memory_runtime.ALLOCATORS`).
     """
     if precision == "fp8":
         fp8.check_gpu(gpu)
@@ -72,7 +75,7 @@ def ranked(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_l
     result = search(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
                     gpus_per_node=gpus_per_node, require_fit=not exact, compiled=compiled,
-                    precision=precision, fp8_recipe=fp8_recipe, loss=loss)
+                    precision=precision, fp8_recipe=fp8_recipe, loss=loss, allocator=allocator)
     if exact:
         result.table = result.table.head(1)
     return result
@@ -111,14 +114,15 @@ def loss_answer(table: pd.DataFrame) -> dict:
 def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len: int,
          global_batch_tokens: int, pins: dict | None = None, top: int = 5,
          gpus_per_node: int | None = None, compiled: bool = True, precision: str = "bf16",
-         fp8_recipe: str = "tensorwise", loss: str = "standard") -> dict:
+         fp8_recipe: str = "tensorwise", loss: str = "standard",
+         allocator: str = EXPANDABLE) -> dict:
     """The best `top` plans, best first; with every dimension pinned, exactly that layout
     (`ranked`, `answer`), so a known configuration can be predicted and checked against a
     measurement."""
     result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=pins,
                     gpus_per_node=gpus_per_node, compiled=compiled, precision=precision,
-                    fp8_recipe=fp8_recipe, loss=loss)
+                    fp8_recipe=fp8_recipe, loss=loss, allocator=allocator)
     return answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
                   global_batch_tokens=global_batch_tokens, top=top)
 

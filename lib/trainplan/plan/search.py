@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from trainplan.cost.memory_runtime import EXPANDABLE
 from trainplan.cost.step_time import evaluate
 from trainplan.errors import LayoutError, NoFeasiblePlan
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
@@ -190,11 +191,12 @@ def search(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_l
            global_batch_tokens: int, pins: dict | None = None,
            gpus_per_node: int | None = None, require_fit: bool = True,
            compiled: bool = True, precision: str = "bf16",
-           fp8_recipe: str = "tensorwise", loss: str = "standard") -> SearchResult:
+           fp8_recipe: str = "tensorwise", loss: str = "standard",
+           allocator: str = EXPANDABLE) -> SearchResult:
     """Price every valid layout and rank them; refuse when none fits (unless require_fit=False).
 
     `compiled` prices blocks under torch.compile (the default trainplan runs);
-    `precision`, `fp8_recipe` and `loss` as `cost.step_time.evaluate` takes them.
+    `precision`, `fp8_recipe`, `loss` and `allocator` as `cost.step_time.evaluate` takes them.
     """
     start = time.perf_counter()
     gpn = gpus_per_node or cluster.gpus_per_node
@@ -204,7 +206,8 @@ def search(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_l
         from dataclasses import replace
         cluster = replace(cluster, gpus_per_node=gpn)
     table = rank(evaluate(m, gpu, cluster, layouts, seq_len, compiled=compiled,
-                          precision=precision, fp8_recipe=fp8_recipe, loss=loss))
+                          precision=precision, fp8_recipe=fp8_recipe, loss=loss,
+                          allocator=allocator))
     if require_fit and not table["fits"].iloc[0]:
         smallest = table.loc[table["total_gib"].idxmin()]
         raise NoFeasiblePlan(

@@ -17,6 +17,11 @@ start of every `--gc-every`-th step, inside the timed region; every `--gc-full-e
 up. `--gc python` leaves the collector as CPython runs it: a full collection of a compiled
 1.3B run took 0.27-0.36 s on an H200 host (data/measurements/gc-h200x2-20261128/). Both
 modes time every collection through `gc.callbacks`.
+
+Allocator. `allocator_env` sets PyTorch's CUDA caching allocator to expandable segments
+before CUDA starts, unless the user set PYTORCH_CUDA_ALLOC_CONF: one segment per stream that
+grows by mapping pages, so blocks freed in one size serve requests of another, where the
+default strands them (data/measurements/allocator-h200-20261128/).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainplan.bench.flags import add_gc_arguments
+from trainplan.cost import memory_runtime as rt
 from trainplan.errors import TrainplanError
 
 MODES = ("none", "gpu-local")  # --cpu-affinity
@@ -177,3 +183,11 @@ def summary(args, gcw: Watch, over_ranks) -> dict:
     and "gc" (`Watch.summary`)."""
     pinned = dict(PINNED) if args.cpu_affinity != "none" else None
     return {"cpu_affinity": pinned, "gc": gcw.summary(over_ranks, args.warmup)}
+
+
+def allocator_env(environ) -> str:
+    """Set PYTORCH_CUDA_ALLOC_CONF to expandable segments in `environ` where it is unset, so
+    the run holds what the planner prices (`cost.memory_runtime.allocator_of`) and the
+    records' provenance says so; a user's own setting is kept. Returns the mode it leaves."""
+    environ.setdefault(rt.ALLOC_CONF_ENV, rt.EXPANDABLE_CONF)
+    return rt.allocator_of(environ)

@@ -122,9 +122,9 @@ def check_args(args) -> None:
 def init_distributed(force_cpu: bool, timeout=None, pin: str = "none") -> torch.device:
     """Start the process group (under torchrun with several ranks); pick the device; pin the
     process's threads first where `pin` asks (`harness.host`, said in `host.PINNED`)."""
+    host.allocator_env(os.environ)  # before CUDA starts: expandable segments, unless set
     cuda = torch.cuda.is_available() and not force_cpu
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     host.PINNED.update(host.apply(pin, device))  # before NCCL's and the loader's threads start

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from trainplan.bench.flags import LOSSES  # a config's `loss:`, train.py's --loss
 from trainplan.calibrate.store import card_preset, load_gpu
+from trainplan.cost import memory_runtime as rt
 from trainplan.errors import SpecError, TrainplanError
 from trainplan.loader import load_yaml, quote, shown
 from trainplan.plan.planner import plan
@@ -146,10 +147,12 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
     tokens = lay["dp"] * lay["micro_batch"] * lay["grad_accum"] * seq
     cluster = load_cluster(suite.get("cluster", "dgx-h100"))
     prec = precision(suite, cfg)
+    allocator = rt.allocator_of(os.environ, unset=rt.EXPANDABLE)  # the harness's, unless set
     out = plan(load_model(model_name(suite, cfg)), gpu, cluster,
                gpus=cfg["gpus"], seq_len=seq, global_batch_tokens=tokens, pins=lay,
                compiled=bool(cfg.get("compile", False)), precision=prec["precision"],
-               fp8_recipe=prec.get("fp8_recipe", RECIPES[0]), loss=loss_of(suite, cfg)["loss"])
+               fp8_recipe=prec.get("fp8_recipe", RECIPES[0]), loss=loss_of(suite, cfg)["loss"],
+               allocator=allocator)
     p = out["plans"][0]
     predicted = {k: p[k] for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "fits")}
     predicted["memory_gib"] = p["memory_gib"]
@@ -160,7 +163,7 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
         model=model_name(suite, cfg), layout=layout, gpus=cfg["gpus"], card=card,
         predicted=predicted,
         config={"tag": cfg["tag"], "gpu_preset": gpu.name, "seq_len": seq, "full_layout": lay,
-                "impl": cfg.get("impl", "trainplan")},
+                "impl": cfg.get("impl", "trainplan"), "allocator": allocator},
         run_id=run_id)
 
 
