@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trainplan.bench.harness.train import pools_by_stream
+from trainplan.bench.harness.monitor import pools_by_stream
 from trainplan.compare import accuracy as compare
 from trainplan.records import schema as records
 
@@ -41,3 +41,16 @@ def test_a_record_with_pools_is_compared_like_any_other(tmp_path):
     out = compare.compare([str(path)], repredictions=False)
     assert out["measured_configs"] == 1
     assert out["rows"][0]["measured_memory_gib"] == pytest.approx(18.4)
+
+
+def test_peaks_over_ranks_keep_each_rank_and_the_largest_of_each():
+    import torch
+
+    from trainplan.bench.harness.monitor import peak_memory, peaks_over_ranks
+    # a pipeline: stage 0 reserves the most, stage 1 allocates the most
+    got = peaks_over_ranks([[29.123456, 31.84375], [29.790798, 30.5]])
+    assert got["peak_mem_allocated_gib"] == 29.790798
+    assert got["peak_mem_reserved_gib"] == 31.84375
+    assert got["peak_mem_by_rank_gib"] == [[29.1235, 31.8438], [29.7908, 30.5]]
+    assert peaks_over_ranks([[1.0, 2.0]])["peak_mem_by_rank_gib"] == [[1.0, 2.0]]
+    assert set(peak_memory(torch.device("cpu")).values()) == {None}  # no GPU: nothing measured

@@ -33,6 +33,52 @@ if TYPE_CHECKING:
 GiB = 1024**3
 
 
+def peak_memory(device) -> dict:
+    """The run's peak memory, GiB: the largest over ranks of `torch.cuda.max_memory_allocated`
+    and `max_memory_reserved`, each rank's pair in rank order (`peak_mem_by_rank_gib`:
+    [allocated, reserved]; a pipeline's stages differ, and the two largest may be two ranks'),
+    and rank 0's reserved memory by stream (`pools_by_stream`). None off CUDA. Every rank
+    calls it: one all_gather of two floats."""
+    if device.type != "cuda":
+        return dict.fromkeys(("peak_mem_allocated_gib", "peak_mem_reserved_gib",
+                              "peak_mem_by_rank_gib", "memory_pools"))
+    mine = torch.tensor([torch.cuda.max_memory_allocated(device) / GiB,
+                         torch.cuda.max_memory_reserved(device) / GiB], dtype=torch.float64,
+                        device=device)
+    rows = [mine]
+    if dist.is_initialized():
+        rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(rows, mine)
+    # nothing was emptied since the peak: this rank's pools still hold what they reserved
+    return {**peaks_over_ranks([r.tolist() for r in rows]),
+            "memory_pools": pools_by_stream(torch.cuda.memory_snapshot(), device.index or 0)}
+
+
+def peaks_over_ranks(by_rank: list[list[float]]) -> dict:
+    """`peak_memory`'s figures from every rank's [allocated, reserved] peak, GiB, in rank order:
+    the largest of each over ranks (unrounded) and the pairs rounded to 0.1 MiB."""
+    return {"peak_mem_allocated_gib": max(r[0] for r in by_rank),
+            "peak_mem_reserved_gib": max(r[1] for r in by_rank),
+            "peak_mem_by_rank_gib": [[round(v, 4) for v in r] for r in by_rank]}
+
+
+def pools_by_stream(segments: list[dict], device_index: int) -> dict[str, dict]:
+    """{stream: {"reserved_gib", "allocated_gib", "segments"}} of one device's caching-allocator
+    segments (`torch.cuda.memory_snapshot()`): which stream's pool holds the memory reserved
+    beyond what is allocated (FSDP2's copy-in and reduce-scatter streams keep their own)."""
+    out: dict[str, dict] = {}
+    for seg in segments:
+        if seg.get("device", device_index) != device_index:
+            continue
+        pool = out.setdefault(str(seg.get("stream", 0)),
+                              {"reserved_gib": 0.0, "allocated_gib": 0.0, "segments": 0})
+        pool["reserved_gib"] += seg.get("total_size", 0) / GiB
+        pool["allocated_gib"] += seg.get("allocated_size", 0) / GiB
+        pool["segments"] += 1
+    return {k: {**v, "reserved_gib": round(v["reserved_gib"], 4),
+                "allocated_gib": round(v["allocated_gib"], 4)} for k, v in out.items()}
+
+
 class MonitorError(TrainplanError):
     """A monitoring flag that cannot be used."""
 

@@ -39,7 +39,6 @@ from trainplan.records import schema as records
 from trainplan.specs import ModelSpec, ParallelConfig, load_model, slice_name
 
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, vendor datasheets
-GiB = 1024**3
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -293,12 +292,6 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     flops_per_token = model_flops_per_token(spec, args.seq_len)
     mfu = rate * flops_per_token / peak if peak else None
-    mem, pools = [0.0, 0.0], None
-    if device.type == "cuda":
-        mem = over_ranks([torch.cuda.max_memory_allocated(device) / GiB,
-                               torch.cuda.max_memory_reserved(device) / GiB], device)
-        # nothing was emptied since the peak: this rank's pools still hold what they reserved
-        pools = pools_by_stream(torch.cuda.memory_snapshot(), device.index or 0)
     return {
         "model": args.model if not args.layers else slice_name(args.model, args.layers),
         "impl": args.impl,
@@ -325,9 +318,7 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
         "mfu": mfu,
         "flops_per_token": flops_per_token,
         "peak_tflops": peak / 1e12 if peak else None,
-        "peak_mem_allocated_gib": mem[0] if device.type == "cuda" else None,
-        "peak_mem_reserved_gib": mem[1] if device.type == "cuda" else None,
-        "memory_pools": pools,  # rank 0's reserved memory by stream at the end of the run
+        **monitor.peak_memory(device),  # the largest over ranks, each rank's, rank 0's pools
         "losses": losses,
         "notes": par.notes,
         "tag": args.tag,
@@ -338,29 +329,13 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
     }
 
 
-def pools_by_stream(segments: list[dict], device_index: int) -> dict[str, dict]:
-    """{stream: {"reserved_gib", "allocated_gib", "segments"}} of one device's caching-allocator
-    segments (`torch.cuda.memory_snapshot()`): which stream's pool holds the memory reserved
-    beyond what is allocated (FSDP2's copy-in and reduce-scatter streams keep their own)."""
-    out: dict[str, dict] = {}
-    for seg in segments:
-        if seg.get("device", device_index) != device_index:
-            continue
-        pool = out.setdefault(str(seg.get("stream", 0)),
-                              {"reserved_gib": 0.0, "allocated_gib": 0.0, "segments": 0})
-        pool["reserved_gib"] += seg.get("total_size", 0) / GiB
-        pool["allocated_gib"] += seg.get("allocated_size", 0) / GiB
-        pool["segments"] += 1
-    return {k: {**v, "reserved_gib": round(v["reserved_gib"], 4),
-                "allocated_gib": round(v["allocated_gib"], 4)} for k, v in out.items()}
-
-
 def write_record(path: str, summary: dict, run_id: str | None) -> None:
     """Append the run as a measurement record (`trainplan.records.schema`, which derives the
     median step time, the rate with its interval and MFU from the kept step times)."""
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
-    extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "cpu_affinity",
+    extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "peak_mem_by_rank_gib",
+                                          "cpu_affinity",
                                           "setup_s", "warmup_step_times_s", "trained_share",
                                           "trained_tokens_per_s_per_gpu", "gc")
                   if summary.get(k) is not None})

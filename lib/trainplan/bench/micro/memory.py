@@ -18,7 +18,7 @@ made), `torch.cuda.reset_peak_memory_stats()` and `steps` more steps; then
 measured steps, the reserve as the warm-up left it and the steps grew it, as an end-to-end
 run's peak holds it) and the bytes reserved in the pools of streams other than the compute
 stream (FSDP2's copy-in and reduce-scatter streams, read from `torch.cuda.memory_snapshot()`
-right after the steps; `bench.train.pools_by_stream` gives rank 0's per stream too), each
+right after the steps; `bench.harness.monitor.pools_by_stream` gives rank 0's per stream too), each
 figure the max over ranks. The record is a `block` record (the measured steps' wall times,
 the slowest rank's, as time_s; activation_bytes 0, not measured here) whose purpose keeps
 it out of every other fit; `trainplan.calibrate.memory` turns the depths into a reserve per
@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from trainplan.bench.harness.train import pools_by_stream
+from trainplan.bench.harness.monitor import pools_by_stream
 from trainplan.bench.micro.layouts import whole_list
 from trainplan.bench.micro.shapes import whole
 from trainplan.bench.micro.step import harness_step, step_config, wrapper_setup
