@@ -269,3 +269,18 @@ def test_a_plan_file_sets_the_layout(tmp_path):
     _one_line_exit_2(launch(["--plan", tmp_path / "bad.json", "--model", "llama-13b", "--gpu",
                              "h100-sxm", "--steps", "10", "--target", "slurm", "--out",
                              tmp_path / "job2"], tmp_path), ["--plan", "trainplan plan"])
+
+
+def test_the_plan_is_priced_for_the_allocator_the_scripts_set(artefacts, tmp_path):
+    """The scripts set expandable segments and the plan is priced so; a user's --env
+    choosing PyTorch's default allocator prices the plan for it (more reserved memory)."""
+    summary, files = artefacts["torchrun"]
+    conf = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
+    mine = launch_json([*SCENARIO, "--target", "torchrun", "--env", conf, "--out",
+                        tmp_path / "t"], tmp_path)
+    text = (tmp_path / "t" / "torchrun.sh").read_text()
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False" in text
+    assert "expandable_segments:True" not in text
+    same = summary["plan"]["parallel"] == mine["plan"]["parallel"]
+    more = mine["plan"]["memory_gib"]["total"] > summary["plan"]["memory_gib"]["total"]
+    assert more or not same  # the default allocator holds more, or another layout was chosen

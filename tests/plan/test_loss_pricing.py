@@ -141,3 +141,16 @@ def test_plan_command_takes_the_allocator(capsys):
     assert cli.main([*PLAN, "--allocator", "cudaMalloc"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--allocator" in err and "'cudaMalloc'" in err
+
+
+def test_memory_command_takes_the_allocator(capsys):
+    args = ["memory", "--model", "llama-1.3b", "--gpu", "h200-sxm", "--dp", "2", "--zero", "3",
+            "--micro-batch", "8", "--seq-len", "2048", "--json"]
+    got = {}
+    for mode in ("expandable", "caching"):
+        assert cli.main([*args, "--allocator", mode]) == 0
+        got[mode] = json.loads(capsys.readouterr().out)
+        assert got[mode]["allocator"] == mode
+    assert got["expandable"]["memory_gib"]["other"] < got["caching"]["memory_gib"]["other"]
+    assert cli.main(args[:-1]) == 0
+    assert "(allocator: expandable)" in capsys.readouterr().out

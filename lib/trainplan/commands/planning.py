@@ -76,18 +76,23 @@ def register(verbs) -> None:
     p.add_argument("--loss", choices=("standard", "fused"), default="standard",
                    help="fused: the output layer and loss chunk by chunk (the harness's --loss "
                         "fused); plans with tp, pp or cp > 1 are priced standard (each says)")
-    p.add_argument("--allocator", choices=ALLOCATORS, default=EXPANDABLE,
-                   help="the CUDA caching allocator's mode the job runs: expandable "
-                        "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which trainplan's "
-                        "runs and launch scripts set) or caching (PyTorch's default), which "
-                        "holds more memory reserved")
+    add_allocator(p)
     add_layout(p)
     p.set_defaults(run=cmd_plan, fmt=format_plan)
 
     p = verbs.add_parser("memory", help="per-GPU memory of one layout")
     add_common(p, gpus=False)
+    add_allocator(p)
     add_layout(p)
     p.set_defaults(run=cmd_memory, fmt=format_memory)
+
+
+def add_allocator(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allocator", choices=ALLOCATORS, default=EXPANDABLE,
+                   help="the CUDA caching allocator's mode the job runs: expandable "
+                        "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which trainplan's "
+                        "runs and launch scripts set) or caching (PyTorch's default), which "
+                        "holds more memory reserved")
 
 
 def layout_pins(args) -> dict:
@@ -123,7 +128,7 @@ def cmd_memory(args) -> dict:
     from trainplan.plan.search import check_pins  # pandas: not loaded for --help
     check_pins(m, pins, None, cluster.gpus_per_node, args.seq_len)  # sizes first, as `plan`
     cfg = ParallelConfig(**pins)
-    return memory(m, gpu, cluster, cfg, args.seq_len)
+    return memory(m, gpu, cluster, cfg, args.seq_len, allocator=args.allocator)
 
 
 def format_plan(out: dict) -> str:
@@ -203,5 +208,5 @@ def format_memory(out: dict) -> str:
     lines = [f"{out['model']} on {out['gpu']} ({out['gpu_memory_gib']:g} GiB), layout "
              + " ".join(f"{k}={v}" for k, v in out["parallel"].items())]
     lines += [f"  {k:<12}{v:>9.2f} GiB" for k, v in mem.items()]
-    lines.append(f"  fits: {'yes' if out['fits'] else 'NO'}")
+    lines.append(f"  fits: {'yes' if out['fits'] else 'NO'} (allocator: {out['allocator']})")
     return "\n".join(lines)

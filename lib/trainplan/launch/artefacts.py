@@ -302,7 +302,7 @@ def plan_and_generate(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_
     gpn = gpus_per_node or cluster.gpus_per_node
     planned = job.best_runnable(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                                 global_batch_tokens=global_batch_tokens, pins=pins,
-                                gpus_per_node=gpn)
+                                gpus_per_node=gpn, env=environment(settings))
     p = planned["plans"][0]
     if not settings.steps:
         if token_budget is None:

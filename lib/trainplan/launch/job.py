@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainplan.cost.memory_runtime import EXPANDABLE, allocator_of
 from trainplan.errors import TrainplanError
 from trainplan.loader import load_json, quote
 from trainplan.specs import PLAN_FIELDS
@@ -103,10 +104,12 @@ UNVALIDATED_ALERT = 0.8  # share of the prediction where nothing was measured on
 
 
 def best_runnable(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_tokens: int,
-                  pins: dict | None = None, gpus_per_node: int) -> dict:
+                  pins: dict | None = None, gpus_per_node: int, env: dict | None = None) -> dict:
     """`plan.planner.plan`'s answer whose one plan is the decision (`launch.choice`, page
     1's rule) among the layouts the trainer runs: expert parallel pinned to 1 unless
-    `pins` ask otherwise (then the trainer refuses); a fully pinned layout as it is."""
+    `pins` ask otherwise (then the trainer refuses); a fully pinned layout as it is. Memory
+    is priced for the allocator the job's environment `env` sets (`allocator_of`; none set:
+    the expandable segments the trainer sets)."""
     from trainplan.launch import choice  # pandas: not loaded at import
     from trainplan.plan.planner import answer, ranked, row_to_plan
 
@@ -118,7 +121,7 @@ def best_runnable(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_toke
         raise TrainplanError(f"no launch for {bad or m.name}: {why}{fix}")
     result = ranked(m, gpu, cluster, gpus=gpus, seq_len=seq_len,
                     global_batch_tokens=global_batch_tokens, pins=asked,
-                    gpus_per_node=gpus_per_node)
+                    gpus_per_node=gpus_per_node, allocator=allocator_of(env, unset=EXPANDABLE))
     out = answer(m, gpu, cluster, result, gpus=gpus, seq_len=seq_len,
                  global_batch_tokens=global_batch_tokens, top=1)
     d = choice.choose(result.table, m, gpu)

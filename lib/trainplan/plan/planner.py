@@ -128,11 +128,12 @@ def plan(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, *, gpus: int, seq_len
 
 
 def memory(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, cfg: ParallelConfig,
-           seq_len: int) -> dict:
+           seq_len: int, allocator: str = EXPANDABLE) -> dict:
     """Per-GPU memory of one layout: the `trainplan memory` answer."""
-    row = evaluate(m, gpu, cluster, Layouts.from_configs([cfg]), seq_len).iloc[0]
+    row = evaluate(m, gpu, cluster, Layouts.from_configs([cfg]), seq_len,
+                   allocator=allocator).iloc[0]
     return {
-        "model": m.name, "gpu": gpu.name, "calibration": gpu.calibration,
+        "model": m.name, "gpu": gpu.name, "calibration": gpu.calibration, "allocator": allocator,
         "parallel": {k: _plain(row[k]) for k in PARALLEL_KEYS},
         "memory_gib": {k: round(float(row[f"{k}_gib"]), 3) for k in MEMORY_TERMS},
         "fits": bool(row["fits"]),

@@ -335,9 +335,8 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
     extra = {k: summary[k] for k in ("seq_len", "synthetic", "ranks", "losses", "grad_norms",
                                      "notes")}
     extra.update({k: summary[k] for k in ("tag", "loader", "memory_pools", "peak_mem_by_rank_gib",
-                                          "cpu_affinity",
-                                          "setup_s", "warmup_step_times_s", "trained_share",
-                                          "trained_tokens_per_s_per_gpu", "gc")
+                                          "cpu_affinity", "setup_s", "warmup_step_times_s",
+                                          "trained_share", "trained_tokens_per_s_per_gpu", "gc")
                   if summary.get(k) is not None})
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],
