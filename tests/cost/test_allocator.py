@@ -26,6 +26,12 @@ BASE = dict(dp=1, tp=1, pp=1, cp=1, ep=1, zero=0, dp_shard=1, micro_batch=2, gra
     ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, rt.EXPANDABLE, rt.CACHING),
     ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}, rt.EXPANDABLE, rt.CACHING),
     ({"PYTORCH_CUDA_ALLOC_CONF": "garbage"}, rt.EXPANDABLE, rt.CACHING),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, rt.EXPANDABLE, rt.CACHING),
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, rt.CACHING, rt.EXPANDABLE),
+    # the CUDA variable is read first where both are set
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, rt.EXPANDABLE, rt.CACHING),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:true"}, rt.EXPANDABLE, rt.CACHING),
 ])
 def test_allocator_of_reads_the_environment(env, unset, mode):
     assert rt.allocator_of(env, unset=unset) == mode
@@ -38,6 +44,8 @@ def test_allocator_env_sets_expandable_unless_the_user_chose():
     mine = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"}
     assert allocator_env(mine) == rt.CACHING
     assert mine == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"}  # kept as it was
+    generic = {"PYTORCH_ALLOC_CONF": "expandable_segments:False"}
+    assert allocator_env(generic) == rt.CACHING and "PYTORCH_CUDA_ALLOC_CONF" not in generic
     assert allocator_env(dict(os.environ)) in rt.ALLOCATORS
 
 

@@ -54,21 +54,24 @@ FRAGMENTATION = 0.08
 EXPANDABLE, CACHING = "expandable", "caching"
 ALLOCATORS = (EXPANDABLE, CACHING)
 ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+# read in this order by the CUDA allocator (c10/cuda/CUDAAllocatorConfig.h): the first one set
+ALLOC_CONF_ENVS = (ALLOC_CONF_ENV, "PYTORCH_ALLOC_CONF")
 EXPANDABLE_CONF = "expandable_segments:True"
 
 
 def allocator_of(env, unset: str = CACHING) -> str:
     """The allocator mode of a process whose environment was `env` (a dict; a record's
-    `provenance.env`): EXPANDABLE where PYTORCH_CUDA_ALLOC_CONF names
-    expandable_segments:True, CACHING where it is set without it, `unset` where it is not
-    set or `env` is None. Records: unset is CACHING (trainplan's processes record the
-    setting since they make it). A process about to launch trainplan's harness: unset is
-    EXPANDABLE (`bench.harness.train.init_distributed` sets it there unless the user did)."""
-    conf = (env or {}).get(ALLOC_CONF_ENV)
+    `provenance.env`): EXPANDABLE where the allocator's setting (PYTORCH_CUDA_ALLOC_CONF, else
+    PYTORCH_ALLOC_CONF: `ALLOC_CONF_ENVS`) names expandable_segments:True, CACHING where
+    it is set without it (a cudaMallocAsync backend included), `unset` where neither is set
+    or `env` is None. Records: unset is CACHING (trainplan's processes record the setting
+    since they make it). A process about to launch trainplan's harness: unset is EXPANDABLE
+    (`bench.harness.host.allocator_env` sets it there unless the user did)."""
+    conf = next((env[k] for k in ALLOC_CONF_ENVS if k in (env or {})), None)
     if conf is None:
         return unset
     opts = dict(kv.split(":", 1) for kv in str(conf).replace(" ", "").split(",") if ":" in kv)
-    return EXPANDABLE if opts.get("expandable_segments", "").lower() == "true" else CACHING
+    return EXPANDABLE if opts.get("expandable_segments") == "True" else CACHING  # c10's spelling
 
 
 def harness_path(dp, tp, pp, zero, cp=1):

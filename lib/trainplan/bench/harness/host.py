@@ -19,7 +19,7 @@ up. `--gc python` leaves the collector as CPython runs it: a full collection of 
 modes time every collection through `gc.callbacks`.
 
 Allocator. `allocator_env` sets PyTorch's CUDA caching allocator to expandable segments
-before CUDA starts, unless the user set PYTORCH_CUDA_ALLOC_CONF: one segment per stream that
+before CUDA starts, unless the user set the allocator's variable: one segment per stream that
 grows by mapping pages, so blocks freed in one size serve requests of another, where the
 default strands them (data/measurements/allocator-h200-20261128/).
 """
@@ -186,8 +186,10 @@ def summary(args, gcw: Watch, over_ranks) -> dict:
 
 
 def allocator_env(environ) -> str:
-    """Set PYTORCH_CUDA_ALLOC_CONF to expandable segments in `environ` where it is unset, so
-    the run holds what the planner prices (`cost.memory_runtime.allocator_of`) and the
-    records' provenance says so; a user's own setting is kept. Returns the mode it leaves."""
-    environ.setdefault(rt.ALLOC_CONF_ENV, rt.EXPANDABLE_CONF)
+    """Set PYTORCH_CUDA_ALLOC_CONF to expandable segments in `environ` where neither it nor
+    PYTORCH_ALLOC_CONF is set, so the run holds what the planner prices
+    (`cost.memory_runtime.allocator_of`) and the records' provenance says so; a user's own
+    setting is kept. Returns the mode it leaves."""
+    if not any(k in environ for k in rt.ALLOC_CONF_ENVS):
+        environ[rt.ALLOC_CONF_ENV] = rt.EXPANDABLE_CONF
     return rt.allocator_of(environ)
