@@ -11,6 +11,7 @@ peak, so that the calibrated fractions are in (0, 1].
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import yaml
 from conftest import trainplan_cli
 from trainplan import cli
 from trainplan.calibrate import store as calibration
+from trainplan.compare import matching
+from trainplan.cost import memory_runtime as rt
 from trainplan.records import schema as records
 
 TINY_MODEL = "n_layers: 2\nhidden: 64\nn_heads: 4\nn_kv_heads: 2\nffn: 128\nvocab: 256\n"
@@ -76,6 +79,12 @@ def test_every_stage_wrote_its_files_in_order(first_run):
     assert max(_stamps(out / "predictions.jsonl")) < min(_stamps(out / "measurements.jsonl"))
     assert max(_stamps(out / "micro.jsonl")) < min(_stamps(out / "predictions.jsonl"))
     assert "calibrated cpu-test" in stderr and "fsdp-z2 launch 2/2" in stderr  # progress
+    # predicted for the allocator the launches ran (expandable unless this shell set one)
+    mode = rt.allocator_of(dict(os.environ), unset=rt.EXPANDABLE)
+    assert report["allocator"] == mode and {p["config"]["allocator"] for p in preds} == {mode}
+    assert {matching.allocator(m) for m in meas} == {mode}
+    from trainplan.commands.validation import format_validate
+    assert f"{mode} allocator" in format_validate(report).splitlines()[0]
 
 
 def test_the_failed_config_is_recorded_and_the_series_goes_on(first_run):

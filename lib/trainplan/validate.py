@@ -245,7 +245,7 @@ def validate(args) -> dict:
     from trainplan.bench.series import suite as suite_mod  # pandas: not loaded at import
     from trainplan.calibrate.store import load_gpu  # pandas: not loaded at import
 
-    allocator_env(os.environ)  # the launches' allocator, in the predictions' provenance too
+    allocator = allocator_env(os.environ)  # the launches', in the predictions' provenance too
     out = Path(args.out)
     jobs = select_jobs(args.suite, args.only or [], args.gpus)
     prev, skip = read_previous(args.continue_from, args.launches)
@@ -295,7 +295,7 @@ def validate(args) -> dict:
                 jobs, preds, out, run_id, args.launches, clock.deadline - COMPARE_RESERVE_S)
         report = {"out": str(out), "card": card, "gpu_preset": preset, "gpus": args.gpus,
                   "run_id": run_id, "suites": args.suite, "launches": args.launches,
-                  "sweep": args.sweep,
+                  "sweep": args.sweep, "allocator": allocator,
                   "budget_s": args.budget_s, "calibration": cal, "skipped": skipped,
                   "carried": [skip[t] for t in skipped],  # for a run continued from this one
                   "configs": outcomes, "compare": None}

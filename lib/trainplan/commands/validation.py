@@ -103,7 +103,8 @@ def cmd_validate(args) -> dict:
 def format_validate(report: dict) -> str:
     """The configs' outcomes, then the comparison table (last), then weak scaling."""
     lines = [f"{report['card']} x {report['gpus']} ({report['gpu_preset']}), calibration "
-             f"{report['calibration']['label']} ({report['calibration']['source']}); "
+             f"{report['calibration']['label']} ({report['calibration']['source']}), "
+             f"{report['allocator']} allocator; "
              f"{report['elapsed_s']:.0f} s of {report['budget_s']:.0f}; records in {report['out']}"]
     for o in report["configs"]:
         why = f"  {o['reason']}" if o["reason"] else ""
