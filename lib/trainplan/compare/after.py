@@ -9,7 +9,6 @@ import statistics
 from pathlib import Path
 
 from trainplan.compare.matching import PLAN_KEYS, error_summary, extras, precision_of, rel
-from trainplan.cost.memory_runtime import CACHING
 from trainplan.specs import DATA_DIR, SUITE_CLUSTER, load_cluster, load_model
 
 
@@ -27,7 +26,7 @@ def record_model(name: str):
 def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
     """Today's planner on the row's config: one fully pinned `plan` (the `trainplan plan` path),
     in the record's precision, fp8 recipe, loss (bf16 and standard where it names none) and
-    caching allocator mode (`row["allocator"]`: the measurement's environment)."""
+    caching allocator mode (`row["allocator"]`: the measurement's environment, `make_row`)."""
     from trainplan.calibrate.store import card_preset, load_gpu  # pandas: not loaded at import
     from trainplan.plan.planner import plan  # pandas: not loaded at import
 
@@ -45,7 +44,7 @@ def repredict(row: dict, pred: dict | None, calibrated: bool) -> dict:
                compiled=bool(row["layout"].get("compile", True)), precision=prec["precision"],
                fp8_recipe=prec.get("fp8_recipe") or "tensorwise",
                loss=row["layout"].get("loss") or "standard",
-               allocator=row.get("allocator") or CACHING)
+               allocator=row["allocator"])
     p = out["plans"][0]
     return {"step_time_s": p["step_time_s"], "memory_gib": p["memory_gib"]["total"],
             "split_s": p["time_breakdown_s"], "calibration": out["calibration"]}

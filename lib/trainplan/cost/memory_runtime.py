@@ -328,7 +328,7 @@ def fragmentation_bytes(activations, gpu=None, *, tp=1, fsdp=False, zero=0,
     layer in the memory-stack microbenchmark over the planner's kept bytes of one
     block), else the assumption FRAGMENTATION. 0 under the EXPANDABLE allocator: its segment
     grows by pages and a freed block is reused by any request it holds; the memory-stack
-    bench at the 13B width keeps 0.02-0.08 GiB a layer beyond allocated there, 0.67 in the
+    bench at the 13B width keeps 0.03-0.08 GiB a layer beyond allocated there, 0.67 in the
     caching mode (data/measurements/allocator-h200-20261128/).
     """
     if allocator == EXPANDABLE:
