@@ -248,6 +248,8 @@ def validate(args) -> dict:
     allocator = allocator_env(os.environ)  # the launches', in the predictions' provenance too
     out = Path(args.out)
     jobs = select_jobs(args.suite, args.only or [], args.gpus)
+    if args.sweep:
+        series_run.sweep_only(jobs)  # one line before any work: Trainer configs run alone
     prev, skip = read_previous(args.continue_from, args.launches)
     check_out(out)
     import torch

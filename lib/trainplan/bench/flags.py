@@ -1,5 +1,5 @@
 """The flags the proxy harness and the trainer share: checkpointing, monitoring, precision,
-the loss, the garbage collector.
+the loss, the garbage collector; and which module runs each implementation (`--impl`).
 
 Argparse only, so that `trainplan train --help` and the command line's checks do not import
 torch; the code that reads them is `bench.ckpt.store`, `bench.harness.monitor`,
@@ -11,6 +11,19 @@ from __future__ import annotations
 # --loss and --loss-chunk's default: the losses the planner prices (numpy only, no torch)
 from trainplan.cost.memory import FUSED_CHUNK as LOSS_CHUNK
 from trainplan.cost.memory import LOSSES
+from trainplan.records.schema import IMPLS  # noqa: F401 (the implementations, re-exported)
+
+HARNESS = "trainplan.bench.harness.train"
+ENTRIES = {"hf-trainer": "trainplan.bench.harness.hf_trainer"}  # its own loop: Trainer's
+
+
+def harness_entry(impl: str) -> tuple[str, list[str]]:
+    """The module torchrun runs for implementation `impl` and the flags that pick it there:
+    our model and transformers' model in our loop run train.py (`--impl hf-baseline`);
+    transformers' Trainer runs its own module, which takes train.py's other flags."""
+    if impl in ENTRIES:
+        return ENTRIES[impl], []
+    return HARNESS, ["--impl", impl] if impl != "trainplan" else []
 
 
 def add_checkpoint_arguments(p) -> None:

@@ -1,7 +1,7 @@
 """`trainplan bench`: start the proxy harness under torchrun, or run a measurement suite.
 
     trainplan bench --model M [--nproc-per-node N] [layout flags] [harness flags]
-                    [--impl trainplan|hf-baseline] [--records PATH] [--json]
+                    [--impl trainplan|hf-baseline|hf-trainer] [--records PATH] [--json]
                     [--nnodes N (--node-rank R --master-addr H [--master-port P]
                                  | --rdzv-endpoint H:P --rdzv-id ID)]
                     [--dry-run] [-- any further train.py flags]
@@ -10,7 +10,8 @@
 One launch: every input is checked here first (flags, the model preset, the
 layout against the world size `nproc_per_node x nnodes`, the baseline's
 limits), so bad input is one line and exit 2 before any process starts. Then
-`torchrun` runs `trainplan.bench.harness.train` (or `trainplan.bench.harness.hf_baseline`);
+`torchrun` runs `trainplan.bench.harness.train` (or, for transformers' Trainer,
+`trainplan.bench.harness.hf_trainer`);
 its progress bar goes to stderr as it runs, and its one-line JSON summary is
 read back and printed (or returned whole with --json). On a multi-node launch
 only the node holding rank 0 gets a summary. Flags after `--` go to the
@@ -37,6 +38,7 @@ from pathlib import Path
 from trainplan.commands.args import UsageError, non_negative_int, positive_float, positive_int
 from trainplan.commands.planning import LAYOUT_FLAGS
 from trainplan.loader import quote
+from trainplan.records.schema import IMPLS  # ours, transformers' model in our loop, Trainer
 
 
 def _choice(text: str, valid: tuple[str, ...]) -> str:
@@ -45,7 +47,6 @@ def _choice(text: str, valid: tuple[str, ...]) -> str:
     return text
 
 
-IMPLS = ("trainplan", "hf-baseline")  # train.py's --impl: our model or transformers' Llama
 HARNESS_FLAGS = {  # flag -> (type, help); passed on to train.py as given
     "model": (str, "model preset or YAML file"),
     "layers": (positive_int, "keep only this many blocks (a layer slice)"),
@@ -81,7 +82,8 @@ def register(verbs) -> None:
                          allow_abbrev=False)
     g = p.add_argument_group("launch")
     g.add_argument("--impl", choices=list(IMPLS), default="trainplan",
-                   help="our model, or the transformers LlamaForCausalLM baseline")
+                   help="our model; transformers' LlamaForCausalLM in our loop; or trained "
+                        "by transformers' Trainer")
     g.add_argument("--nproc-per-node", type=positive_int, default=1, help="ranks per node")
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes")
     g.add_argument("--node-rank", type=int, default=None, help="this node (static rendezvous)")
@@ -179,11 +181,13 @@ def _check_harness(args, argv: list[str]) -> None:
     if gpus and args.nproc_per_node > gpus:
         raise UsageError(f"--nproc-per-node = {args.nproc_per_node} but this node has {gpus} "
                          f"GPUs; use at most {gpus} (or --cpu)")
-    if args.impl == "hf-baseline":
-        from trainplan.bench.harness import hf_baseline  # torch: not loaded for --help
+    if args.impl != "trainplan":
+        from trainplan.bench.harness import hf_baseline, hf_trainer  # torch: not for --help
 
         hf_baseline.check(spec, cfg)
         hf_baseline.require_transformers()
+        if args.impl == hf_trainer.IMPL:
+            hf_trainer.check(targs, spec, cfg, args.nproc_per_node * args.nnodes)
 
 
 def torchrun_command(args, argv: list[str]) -> list[str]:
@@ -197,8 +201,10 @@ def torchrun_command(args, argv: list[str]) -> list[str]:
     else:
         cmd += ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
                 "--master-addr", args.master_addr, "--master-port", str(args.master_port)]
-    impl = ["--impl", args.impl] if args.impl != "trainplan" else []
-    return cmd + ["-m", "trainplan.bench.harness.train", *argv, *impl]
+    from trainplan.bench.flags import harness_entry  # numpy: not loaded for --help
+
+    module, impl = harness_entry(args.impl)
+    return cmd + ["-m", module, *argv, *impl]
 
 
 # ---------------------------------------------------------------- run

@@ -30,7 +30,7 @@ from trainplan.records.provenance import env_knobs, provenance, utc_now  # noqa:
 from trainplan.records.stats import median_ci, rate_ci
 
 KINDS = ("prediction", "measurement", "microbenchmark", "checkpoint", "failed_launch")
-IMPLS = ("trainplan", "hf-baseline")
+IMPLS = ("trainplan", "hf-baseline", "hf-trainer")  # bench.flags.harness_entry runs each
 RECOMPUTE = ("none", "selective", "full")
 MICROBENCHES = ("matmul", "attention", "all_reduce", "reduce_scatter", "all_gather",
                 "hbm", "head", "block", "optimizer", "overlap", "ring", "matmul-fp8",

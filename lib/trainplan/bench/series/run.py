@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from trainplan.bench.series.suite import card_name, load_suite, measure, predict_all
-from trainplan.bench.series.suite_sweep import measure_sweep
+from trainplan.bench.series.suite_sweep import measure_sweep, sweep_only
 from trainplan.errors import TrainplanError
 
 
@@ -26,6 +26,8 @@ def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: fl
     (in separate launches, or with `sweep` one launch per GPU count and repetition)."""
     suite = load_suite(path)
     jobs = [(suite, c) for c in suite["configs"] if not only or c["tag"] in only]
+    if sweep:
+        sweep_only(jobs)  # before the predictions: nothing half-written
     out.mkdir(parents=True, exist_ok=True)
     card = card_name()
     run_id = f"{Path(path).stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"

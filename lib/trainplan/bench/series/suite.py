@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainplan.bench.flags import LOSSES  # a config's `loss:`, train.py's --loss
+from trainplan.bench.flags import IMPLS, LOSSES, harness_entry  # `impl:`, `loss:`, module
 from trainplan.calibrate.store import card_preset, load_gpu
 from trainplan.cost import memory_runtime as rt
 from trainplan.errors import SpecError, TrainplanError
@@ -50,7 +50,6 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
                 "NVSHMEM_DISABLE_NVLS": "1"}
 LAYOUT_FLAGS = ("dp", "tp", "pp", "cp", "zero", "dp_shard", "micro_batch", "grad_accum",
                 "recompute", "pp_schedule", "pp_virtual")
-IMPLS = ("trainplan", "hf-baseline")  # a config's `impl:`, train.py's --impl
 PRECISIONS, RECIPES = ("bf16", "fp8"), ("tensorwise", "rowwise")  # `precision:`, `fp8_recipe:`
 
 
@@ -168,15 +167,10 @@ def predict(suite: dict, cfg: dict, card: str, run_id: str) -> dict:
 
 
 def train_command(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:
+    module, impl = harness_entry(cfg.get("impl", "trainplan"))
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={cfg['gpus']}", "-m", "trainplan.bench.harness.train",
-            *train_args(suite, cfg, out, run_id), *impl_flag(cfg)]
-
-
-def impl_flag(cfg: dict) -> list[str]:
-    """train.py's `--impl` for a config that trains transformers' model, else nothing."""
-    impl = cfg.get("impl", "trainplan")
-    return ["--impl", impl] if impl != "trainplan" else []
+            f"--nproc-per-node={cfg['gpus']}", "-m", module,
+            *train_args(suite, cfg, out, run_id), *impl]
 
 
 def train_args(suite: dict, cfg: dict, out: Path, run_id: str) -> list[str]:

@@ -36,7 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainplan.bench.flags import ENTRIES, harness_entry
 from trainplan.bench.series import suite as suite_mod
+from trainplan.errors import SpecError
 
 START_GUESS_S = 25.0  # torchrun, imports, process group (H200 x 2: ~20 s of a 25 s launch)
 CONFIG_GUESS_S = 20.0  # one config inside a sweep: build, compile, warm-up and timed steps
@@ -68,6 +70,7 @@ class Budget:
 
 def measure_sweep(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: float):
     """`suite.measure`'s job (same arguments, same results) in sweep launches."""
+    sweep_only(jobs)
     sw = Sweep(jobs, out, run_id, launches, deadline)
     taken: set[str] = set()
     while more := choose([j for j in jobs if j[1]["tag"] not in taken], launches, sw.budget,
@@ -80,6 +83,15 @@ def measure_sweep(jobs, preds: dict, out: Path, run_id: str, launches: int, dead
                  "launches": len(sw.state[t]["done"]), "reason": sw.state[t]["reason"]}
                 for t in sw.order]
     return rows, outcomes
+
+
+def sweep_only(jobs) -> None:
+    """Refuse (one line) a config whose implementation runs its own loop (Trainer): a sweep
+    launch runs train.py's loop config after config."""
+    for _, cfg in jobs:
+        if cfg.get("impl", "trainplan") in ENTRIES:
+            raise SpecError(f"config {cfg['tag']}: impl {cfg['impl']} runs its own loop, one "
+                            "launch a config; leave out --sweep")
 
 
 def choose(jobs, launches: int, budget: Budget, left: float) -> list[str]:
@@ -152,9 +164,9 @@ class Sweep:
         runs = []
         for tag in todo:
             s, cfg = self.jobs[tag]
-            impl = cfg.get("impl", "trainplan")
+            _, impl = harness_entry(cfg.get("impl", "trainplan"))  # train.py's (sweep_only)
             runs.append({"tag": tag, "args": [*suite_mod.train_args(s, cfg, self.out, self.run_id),
-                                              *(["--impl", impl] if impl != "trainplan" else [])]})
+                                              *impl]})
         limit = self.budget.limit(todo, self.left())
         with tempfile.TemporaryDirectory() as tmp:
             spec = Path(tmp) / "runs.json"
