@@ -46,6 +46,12 @@ BAD = {  # id -> (arguments, a word the one-line message must name)
                              "--no-such-flag"),
     "hf-with-tp": (["--model", "{tiny}", "--impl", "hf-baseline", "--tp", "2",
                     "--nproc-per-node", "2", "--cpu"], "tp = 2"),
+    "trainer-zero1": (["--model", "{tiny}", "--impl", "hf-trainer", "--dp", "2", "--zero", "1",
+                       "--nproc-per-node", "2", "--cpu"], "ZeRO-1"),
+    "trainer-fsdp-on-cpu": (["--model", "{tiny}", "--impl", "hf-trainer", "--dp", "2",
+                             "--zero", "3", "--nproc-per-node", "2", "--cpu"], "on CPU"),
+    "trainer-selective": (["--model", "{tiny}", "--impl", "hf-trainer", "--recompute",
+                           "selective", "--cpu"], "selective"),
     "layers-too-many": (["--model", "{tiny}", "--layers", "9", "--cpu"], "--layers = 9"),
     "records-folder": (["--model", "{tiny}", "--cpu", "--records", "{dir}"], "folder"),
     "records-on-cpu": (["--model", "{tiny}", "--cpu", "--records", "{dir}/r.jsonl"], "GPU"),
@@ -79,6 +85,13 @@ def test_standalone_command(tiny, capsys):
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     rest = cmd[cmd.index("trainplan.bench.harness.train") + 1:]
     assert " ".join(rest) == f"--model {tiny} --dp 2 --zero 3 --compile --cpu --impl hf-baseline"
+
+
+def test_trainer_baseline_runs_its_own_module(tiny, capsys):
+    cmd = _dry(["--model", tiny, "--nproc-per-node", "2", "--dp", "2", "--compile",
+                "--impl", "hf-trainer", "--cpu"], capsys)
+    rest = cmd[cmd.index("trainplan.bench.harness.hf_trainer") + 1:]
+    assert " ".join(rest) == f"--model {tiny} --dp 2 --compile --cpu"  # no --impl: its module
 
 
 def test_multi_node_static_and_c10d_commands(tiny, capsys):

@@ -135,13 +135,14 @@ def step_clock(device, model_ref: dict):
 
     class StepClock(TrainerCallback):
         def __init__(self):
-            self.times, self.losses, self.last, self.seen = [], [], None, 0.0
+            self.times, self.losses, self.seen = [], [], 0.0
+            self.last = self.started = None  # perf_counter at the start of training
 
         def on_train_begin(self, args, state, control, **kw):
             harness.sync(device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            self.last = time.perf_counter()
+            self.last = self.started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
             harness.sync(device)
@@ -163,6 +164,7 @@ class _Notes:
 
 def run(args) -> dict:
     """Train `--steps` optimizer steps under Trainer and return the harness's summary."""
+    began = time.perf_counter()  # setup_s: model, Trainer, wrappers, up to the first step
     args.impl = IMPL
     harness.check_args(args)
     host.allocator_env(os.environ)  # the harness's allocator, before CUDA starts
@@ -200,6 +202,7 @@ def run(args) -> dict:
     summary = harness.summarise(args, spec, cfg, device, world, clock.times, clock.losses,
                                 _Notes(notes))
     summary["grad_norms"] = []  # Trainer clips but does not hand its norm to a callback
+    summary["setup_s"] = round(clock.started - began, 3)  # the first step holds the compile
     return summary
 
 
