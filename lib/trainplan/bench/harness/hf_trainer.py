@@ -126,10 +126,10 @@ def trainer_arguments(args, cfg, out_dir: str, cuda: bool) -> dict:
     return kw
 
 
-def step_clock(device, model_ref: dict):
+def step_clock(device, holder: dict):
     """A TrainerCallback timing whole optimizer steps (module docstring) and reading the loss.
 
-    `model_ref["trainer"]` is set to the Trainer once built: its on-device running loss sum
+    `holder["trainer"]` is set to the Trainer once built: its on-device running loss sum
     is read after each step's clock stops (Trainer's own accounting of the loss)."""
     from transformers import TrainerCallback
 
@@ -147,7 +147,7 @@ def step_clock(device, model_ref: dict):
         def on_step_end(self, args, state, control, **kw):
             harness.sync(device)
             self.times.append(time.perf_counter() - self.last)
-            running = getattr(model_ref.get("trainer"), "_tr_loss", None)
+            running = getattr(holder.get("trainer"), "_tr_loss", None)
             if isinstance(running, torch.Tensor):
                 total = float(running.detach().float().sum())
                 self.losses.append(total - self.seen)
@@ -182,13 +182,13 @@ def run(args) -> dict:
                                    synthetic=args.synthetic, data=args.data,
                                    pack=args.pack is not False, records=args.instruct_file))
     model = build_model(spec, args.seq_len, args.seed)
-    ref: dict = {}
-    clock = step_clock(device, ref)
+    holder: dict = {}
+    clock = step_clock(device, holder)
     with tempfile.TemporaryDirectory(prefix="hf-trainer-") as out_dir:
         targs = tf.TrainingArguments(**trainer_arguments(args, cfg, out_dir, cuda))
         trainer = tf.Trainer(model=model, args=targs, train_dataset=rows, callbacks=[clock])
         trainer.remove_callback(tf.trainer_callback.PrinterCallback)  # stdout: our JSON only
-        ref["trainer"] = trainer
+        holder["trainer"] = trainer
         trainer.train()
         wrapped = type(trainer.model_wrapped).__name__  # DistributedDataParallel, FSDP...
         if (cfg.dp > 1 and cfg.zero > 0) != trainer.is_fsdp_enabled:

@@ -60,7 +60,8 @@ def _ratio(ours: dict, theirs: dict) -> tuple[float, bool]:
 
 
 def compare(configs: list[dict], rows: list) -> dict:
-    """Pooled figures per config and the two ratios; `rows` are (tag, predicted, summaries)."""
+    """Pooled figures per config, the ratios against the best baseline (of each kind too) and
+    the naive default; `rows` are (tag, predicted, summaries)."""
     by_tag = {c["tag"]: c for c in configs}
     table = []
     for tag, predicted, done in rows:
@@ -90,9 +91,9 @@ def compare(configs: list[dict], rows: list) -> dict:
         out["speedup_vs_best_baseline"], out["intervals_overlap"] = _ratio(ours, theirs)
         for impl in BASELINES:
             if row := best(impl):
-                speedup, apart = _ratio(ours, row)
+                speedup, overlaps = _ratio(ours, row)
                 out["by_baseline"][impl] = {"best": row["tag"], "speedup": speedup,
-                                            "intervals_overlap": apart}
+                                            "intervals_overlap": overlaps}
     if ours and naive:
         out["speedup_vs_naive"] = ours["tokens_per_s_per_gpu"] / naive["tokens_per_s_per_gpu"]
     return out
