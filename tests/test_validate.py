@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import trainplan_cli
+from conftest import ROOT, trainplan_cli
 from trainplan import cli
 from trainplan.calibrate import store as calibration
 from trainplan.compare import matching
@@ -169,6 +169,16 @@ def test_bad_input_is_one_line_and_exit_2(tiny_suite, tmp_path, capsys, extra, m
     code = cli.main(["validate", "--suite", str(suite), "--out", str(tmp_path / "o"), *extra])
     err = capsys.readouterr().err.strip()
     assert code == 2 and message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_of_trainer_configs_is_refused_before_any_work(tmp_path, capsys):
+    """Trainer runs its own loop, one launch a config: --sweep says so before microbenchmarks."""
+    suite = str(ROOT / "data/suites/baseline-1gpu.yaml")
+    code = cli.main(["validate", "--suite", suite, "--out", str(tmp_path / "o"), "--gpus", "1",
+                     "--sweep"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "leave out --sweep" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "o").exists()
 
 
