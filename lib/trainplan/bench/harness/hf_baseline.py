@@ -1,8 +1,9 @@
-"""The rival: Hugging Face `LlamaForCausalLM` trained by our own loop, configured at its best.
+"""The control: Hugging Face `LlamaForCausalLM` trained by our own loop, configured at its best.
 
-The side-by-side run measures the speed-up over what a user would otherwise
-run, so the baseline gets everything a careful user would give it and nothing
-of ours that they could not have:
+Beside transformers' own Trainer (`hf_trainer`, the stack a team would otherwise
+run), this baseline tells the model code apart: it gets everything a careful user
+could write by hand around transformers' model, and nothing of ours that they
+could not have:
 
 - the same model, built from the same `ModelSpec` (hidden, layers, heads, key/
   value heads, FFN, vocabulary, the spec's RoPE base and RMSNorm eps, untied;
