@@ -52,6 +52,30 @@ def test_cpu_run_writes_the_breakdown(tmp_path):
     assert step.train_step.__name__ == "train_step" and train.summarise.__name__ == "summarise"
 
 
+def test_cpu_trainer_run_writes_the_breakdown(tmp_path):
+    """`--impl hf-trainer`: Trainer's step ends drive the schedule; the same file comes out."""
+    pytest.importorskip("accelerate")
+    model = tmp_path / "tiny.yaml"
+    model.write_text("n_layers: 2\nhidden: 64\nn_heads: 4\nffn: 128\nvocab: 512\n")
+    out = tmp_path / "prof.json"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = profile.main(["--profile-out", str(out), "--impl", "hf-trainer", "--active", "2",
+                             "--model", str(model), "--seq-len", "16", "--steps", "6",
+                             "--warmup", "1", "--num-workers", "0", "--cpu", "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    got = json.loads(out.read_text())
+    assert got["impl"] == "hf-trainer" and got["active_steps"] == 2
+    assert len(got["step_times_s_profiled"]) == 2 and got["step_time_s"] > 0
+    assert got["busy_s"] > 0  # the profiler recorded the Trainer's steps
+    from trainplan.bench.harness import train
+
+    assert train.summarise.__name__ == "summarise"
+
+
 def test_annotations_are_not_counted():
     """key_averages() on GPU lists user annotations (the step, nccl: ranges, the optimizer
     step) as device events beside the kernels they enclose: summarise counts only kernels,

@@ -157,13 +157,26 @@ def step_clock(device, holder: dict):
     return StepClock()
 
 
+def on_step_end(fn):
+    """A TrainerCallback calling `fn()` at the end of every optimizer step (after the clock's
+    callback): how `observe.profile` steps its profiler's schedule on a Trainer run."""
+    from transformers import TrainerCallback
+
+    class Each(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            fn()
+
+    return Each()
+
+
 class _Notes:
     def __init__(self, notes: list[str]):
         self.notes = notes
 
 
-def run(args) -> dict:
-    """Train `--steps` optimizer steps under Trainer and return the harness's summary."""
+def run(args, callbacks=()) -> dict:
+    """Train `--steps` optimizer steps under Trainer and return the harness's summary;
+    `callbacks` (TrainerCallbacks) run after the step clock's (a profiler's, say)."""
     began = time.perf_counter()  # setup_s: model, Trainer, wrappers, up to the first step
     args.impl = IMPL
     harness.check_args(args)
@@ -186,7 +199,8 @@ def run(args) -> dict:
     clock = step_clock(device, holder)
     with tempfile.TemporaryDirectory(prefix="hf-trainer-") as out_dir:
         targs = tf.TrainingArguments(**trainer_arguments(args, cfg, out_dir, cuda))
-        trainer = tf.Trainer(model=model, args=targs, train_dataset=rows, callbacks=[clock])
+        trainer = tf.Trainer(model=model, args=targs, train_dataset=rows,
+                             callbacks=[clock, *callbacks])
         trainer.remove_callback(tf.trainer_callback.PrinterCallback)  # stdout: our JSON only
         holder["trainer"] = trainer
         trainer.train()
@@ -212,14 +226,14 @@ def _version(name: str) -> str:
     return version(name)
 
 
-def main(argv=None) -> int:
+def main(argv=None, callbacks=()) -> int:
     """The harness's command line (train.py's flags) for this baseline: one JSON line."""
     args = harness.parse_args(argv)
     try:
         if args.impl != "trainplan":  # train.py's default: the flag was given
             raise TrainplanError(f"--impl {args.impl}: this module trains with transformers' "
                                  f"Trainer ({IMPL}); leave --impl out")
-        summary = run(args)
+        summary = run(args, callbacks)
         if not dist.is_initialized() or dist.get_rank() == 0:
             if args.records:
                 harness.write_record(args.records, summary, args.run_id)

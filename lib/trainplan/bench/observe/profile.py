@@ -1,12 +1,13 @@
 """Where a step's time goes: one harness run under `torch.profiler`, kernels in named buckets.
 
     torchrun --standalone --nproc-per-node 2 -m trainplan.bench.observe.profile \
-        --profile-out prof.json [--impl trainplan|hf-baseline] [--sdpa cudnn] \
+        --profile-out prof.json [--impl trainplan|hf-baseline|hf-trainer] [--sdpa cudnn] \
         [--active 3] [--every-rank] [train.py flags]
 
 Profile before optimising. The run is train.py's own (its loop,
-data, loss, optimizer and layout: nothing copied); this entry only counts
-`step.train_step` calls to drive the profiler's schedule (skip the warm-up
+data, loss, optimizer and layout: nothing copied), or with `--impl hf-trainer` transformers'
+Trainer's (`harness.hf_trainer`); this entry only counts `step.train_step` calls (Trainer's
+step ends) to drive the profiler's schedule (skip the warm-up
 steps, record `--active` steps) and, on rank 0, writes a JSON file with GPU
 kernel time per step in buckets (matmul, attention, fused element-wise
 (Triton), collectives, optimizer, copies, other), the top kernels, and the
@@ -36,10 +37,11 @@ from pathlib import Path
 
 import torch
 
+from trainplan.bench.harness import hf_trainer, train
 from trainplan.bench.harness import step as step_mod
-from trainplan.bench.harness import train
 from trainplan.compare.trace_split import is_annotation  # one rule, shared with the JSON reader
 from trainplan.records.provenance import provenance
+from trainplan.records.schema import IMPLS
 
 BUCKETS = (  # first match wins; names of CUDA kernels as the profiler reports them
     ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
@@ -167,7 +169,7 @@ def gpu_kernels(prof) -> list[tuple]:
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m trainplan.bench.observe.profile", add_help=False)
     p.add_argument("--profile-out", required=True)
-    p.add_argument("--impl", choices=("trainplan", "hf-baseline"), default="trainplan")
+    p.add_argument("--impl", choices=IMPLS, default="trainplan")
     p.add_argument("--sdpa", choices=SDPA, default="default")
     p.add_argument("--active", type=int, default=3, help="steps recorded after the warm-up")
     p.add_argument("--every-rank", action="store_true",
@@ -190,7 +192,9 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     mine, rest = parse(list(sys.argv[1:] if argv is None else argv))
-    targs = train.parse_args([*rest, "--impl", mine.impl])
+    trainer = mine.impl == hf_trainer.IMPL  # its own module: no --impl flag
+    impl = [] if trainer else ["--impl", mine.impl]
+    targs = train.parse_args([*rest, *impl])
     set_sdpa_backend(mine.sdpa)
     active = max(1, min(mine.active, targs.steps - targs.warmup - 1))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
@@ -215,7 +219,8 @@ def main(argv=None) -> int:
     step_mod.train_step, train.summarise = counted, keep
     try:
         with prof:
-            code = train.main([*rest, "--impl", mine.impl])
+            code = (hf_trainer.main(rest, [hf_trainer.on_step_end(prof.step)]) if trainer
+                    else train.main([*rest, *impl]))
     finally:
         step_mod.train_step, train.summarise = real_step, real_summarise
     rank = _rank()
