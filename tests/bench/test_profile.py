@@ -25,26 +25,30 @@ def test_buckets(kernel, bucket):
     assert profile.bucket_of(kernel) == bucket
 
 
-def test_cpu_run_writes_the_breakdown(tmp_path):
+def _profiled(tmp_path, vocab: int, *flags) -> dict:
+    """One tiny CPU run of the profiling entry (one thread, as a rank); its JSON file."""
     model = tmp_path / "tiny.yaml"
-    model.write_text("n_layers: 2\nhidden: 64\nn_heads: 4\nffn: 128\nvocab: 256\n")
+    model.write_text(f"n_layers: 2\nhidden: 64\nn_heads: 4\nffn: 128\nvocab: {vocab}\n")
     out = tmp_path / "prof.json"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         code = profile.main(["--profile-out", str(out), "--active", "2", "--model", str(model),
-                             "--seq-len", "16", "--steps", "5", "--warmup", "1",
-                             "--synthetic", "--cpu", "--json"])
+                             "--seq-len", "16", "--warmup", "1", "--cpu", "--json", *flags])
     finally:
         torch.set_num_threads(threads)
     assert code == 0
-    got = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_cpu_run_writes_the_breakdown(tmp_path):
+    got = _profiled(tmp_path, 256, "--steps", "5", "--synthetic")
     assert got["active_steps"] == 2 and got["step_time_s"] > 0
     assert got["busy_s"] == pytest.approx(sum(got["buckets_s_per_step"].values()))
     assert got["model"] and got["gpus"] == 0 and got["seq_len"] == 16 and got["provenance"]
     from trainplan.compare import trace_split  # the page's reader accepts what the profiler writes
 
-    prof = trace_split.load(out)
+    prof = trace_split.load(tmp_path / "prof.json")
     assert prof["layout"] == got["layout"] and prof["card"] == "cpu"
     assert trace_split.measured_split(prof).step_s > 0
     from trainplan.bench.harness import step, train
@@ -55,19 +59,7 @@ def test_cpu_run_writes_the_breakdown(tmp_path):
 def test_cpu_trainer_run_writes_the_breakdown(tmp_path):
     """`--impl hf-trainer`: Trainer's step ends drive the schedule; the same file comes out."""
     pytest.importorskip("accelerate")
-    model = tmp_path / "tiny.yaml"
-    model.write_text("n_layers: 2\nhidden: 64\nn_heads: 4\nffn: 128\nvocab: 512\n")
-    out = tmp_path / "prof.json"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        code = profile.main(["--profile-out", str(out), "--impl", "hf-trainer", "--active", "2",
-                             "--model", str(model), "--seq-len", "16", "--steps", "6",
-                             "--warmup", "1", "--num-workers", "0", "--cpu", "--json"])
-    finally:
-        torch.set_num_threads(threads)
-    assert code == 0
-    got = json.loads(out.read_text())
+    got = _profiled(tmp_path, 512, "--impl", "hf-trainer", "--steps", "6", "--num-workers", "0")
     assert got["impl"] == "hf-trainer" and got["active_steps"] == 2
     assert len(got["step_times_s_profiled"]) == 2 and got["step_time_s"] > 0
     assert got["busy_s"] > 0  # the profiler recorded the Trainer's steps
