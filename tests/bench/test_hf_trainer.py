@@ -113,6 +113,7 @@ def test_trainer_gets_the_layouts_settings(flags, want):
     (("--impl", "hf-baseline"), "leave --impl out"),
     (("--tp", "2"), "tp = 2"),
     (("--loss", "fused"), "fused"),
+    (("--data", "instruct"), "--data instruct"),
 ])
 def test_what_it_cannot_run_is_one_line_and_exit_2(flags, word, tiny, capsys):
     argv = ["--model", tiny, "--seq-len", "16", "--steps", "3", "--warmup", "1", "--cpu", *flags]

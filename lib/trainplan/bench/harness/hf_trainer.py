@@ -53,7 +53,7 @@ class Rows(Dataset):
 
     The harness's labels are already the next tokens; Trainer's loss shifts `labels` by
     one itself, so position t's label goes to t + 1 (-100 at 0): the same targets, the
-    last one dropped, -100 kept where instruction data masks the prompt.
+    last one dropped, -100 kept where labels are masked.
     """
 
     def __init__(self, base: Dataset):
@@ -86,6 +86,9 @@ def check(args, spec, cfg, world: int) -> None:
     if cfg.dp > 1 and cfg.zero and (args.cpu or not torch.cuda.is_available()):
         raise LayoutError(f"--impl {IMPL} with --zero {cfg.zero} on CPU: accelerate shards "
                           "with FSDP on GPUs only (on CPU it runs DDP); use --zero 0 on CPU")
+    if args.data != "stdlib":
+        raise TrainplanError(f"--data {args.data} with --impl {IMPL}: the baseline's record "
+                             "cannot count which tokens carry loss; use --data stdlib")
     if args.ckpt_dir:
         raise TrainplanError(f"--ckpt-dir with --impl {IMPL}: the baseline is timed without "
                              "checkpoints; leave --ckpt-dir out")
@@ -192,8 +195,7 @@ def run(args, callbacks=()) -> dict:
     from trainplan.bench.harness import data
 
     rows = Rows(data.build_dataset(seq_len=args.seq_len, vocab=spec.vocab, seed=args.seed,
-                                   synthetic=args.synthetic, data=args.data,
-                                   pack=args.pack is not False, records=args.instruct_file))
+                                   synthetic=args.synthetic))  # the stdlib corpus (check)
     model = build_model(spec, args.seq_len, args.seed)
     holder: dict = {}
     clock = step_clock(device, holder)
