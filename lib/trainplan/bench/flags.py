@@ -11,14 +11,14 @@ from __future__ import annotations
 # --loss and --loss-chunk's default: the losses the planner prices (numpy only, no torch)
 from trainplan.cost.memory import FUSED_CHUNK as LOSS_CHUNK
 from trainplan.cost.memory import LOSSES
-from trainplan.records.schema import IMPLS  # noqa: F401 (the implementations, re-exported)
 
 HARNESS = "trainplan.bench.harness.train"
 ENTRIES = {"hf-trainer": "trainplan.bench.harness.hf_trainer"}  # its own loop: Trainer's
 
 
 def harness_entry(impl: str) -> tuple[str, list[str]]:
-    """The module torchrun runs for implementation `impl` and the flags that pick it there:
+    """The module torchrun runs for implementation `impl` (`records.schema.IMPLS`) and the
+    flags that pick it there:
     our model and transformers' model in our loop run train.py (`--impl hf-baseline`);
     transformers' Trainer runs its own module, which takes train.py's other flags."""
     if impl in ENTRIES:

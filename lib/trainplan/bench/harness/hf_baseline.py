@@ -107,10 +107,7 @@ class HFCausalLM(nn.Module):
         (parameters possibly sharded DTensors), where the rotary inverse
         frequencies are garbage and must be recomputed.
         """
-        init_normal(self, self.spec.n_layers, residual=("o_proj", "down_proj"))
-        for module in self.modules():
-            if type(module).__name__ == "LlamaRMSNorm":
-                nn.init.ones_(module.weight)
+        init_like_ours(self, self.spec)
         rotary = self.hf.model.rotary_emb
         hd = self.spec.head_dim
         device = buffer_device or rotary.inv_freq.device
@@ -118,6 +115,16 @@ class HFCausalLM(nn.Module):
         inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, device=device).float() / hd)
         rotary.inv_freq = inv_freq
         rotary.original_inv_freq = inv_freq.clone()
+
+
+@torch.no_grad()
+def init_like_ours(model: nn.Module, spec: ModelSpec) -> None:
+    """`model.Transformer.init_weights` on a LlamaForCausalLM (or a wrapper of one): GPT-2's
+    normal initialisation under HF's names (`init_normal`), RMSNorm weights one."""
+    init_normal(model, spec.n_layers, residual=("o_proj", "down_proj"))
+    for module in model.modules():
+        if type(module).__name__ == "LlamaRMSNorm":
+            nn.init.ones_(module.weight)
 
 
 def hf_state_from_trainplan(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -34,6 +34,8 @@ import os
 import sys
 import tempfile
 import time
+from importlib.metadata import version
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -41,7 +43,7 @@ from torch.utils.data import Dataset
 
 from trainplan.bench.harness import hf_baseline, host
 from trainplan.bench.harness import train as harness
-from trainplan.bench.harness.model import count_params, init_normal
+from trainplan.bench.harness.model import count_params
 from trainplan.errors import LayoutError, TrainplanError
 
 IMPL = "hf-trainer"
@@ -99,11 +101,7 @@ def build_model(spec, seq_len: int, seed: int):
     tf = hf_baseline.require_transformers()
     torch.manual_seed(seed)
     model = tf.LlamaForCausalLM(hf_baseline.hf_config(spec, seq_len))
-    with torch.no_grad():
-        init_normal(model, spec.n_layers, residual=("o_proj", "down_proj"))
-        for module in model.modules():
-            if type(module).__name__ == "LlamaRMSNorm":
-                torch.nn.init.ones_(module.weight)
+    hf_baseline.init_like_ours(model, spec)
     return model
 
 
@@ -172,11 +170,6 @@ def on_step_end(fn):
     return Each()
 
 
-class _Notes:
-    def __init__(self, notes: list[str]):
-        self.notes = notes
-
-
 def run(args, callbacks=()) -> dict:
     """Train `--steps` optimizer steps under Trainer and return the harness's summary;
     `callbacks` (TrainerCallbacks) run after the step clock's (a profiler's, say)."""
@@ -212,20 +205,14 @@ def run(args, callbacks=()) -> dict:
                                  f"--zero {cfg.zero} (FSDP {trainer.is_fsdp_enabled}); the "
                                  "record would name the wrong layout")
     notes = [f"{IMPL}: transformers {tf.__version__} Trainer, accelerate "
-             f"{_version('accelerate')}, LlamaForCausalLM, sdpa, use_cache=False, optim "
+             f"{version('accelerate')}, LlamaForCausalLM, sdpa, use_cache=False, optim "
              f"{getattr(targs.optim, 'value', targs.optim)}", f"{count_params(model)} parameters",
              f"wrapped as {wrapped}", "losses: Trainer's running loss per step"]
     summary = harness.summarise(args, spec, cfg, device, world, clock.times, clock.losses,
-                                _Notes(notes))
+                                SimpleNamespace(notes=notes))  # summarise reads .notes
     summary["grad_norms"] = []  # Trainer clips but does not hand its norm to a callback
     summary["setup_s"] = round(clock.started - began, 3)  # the first step holds the compile
     return summary
-
-
-def _version(name: str) -> str:
-    from importlib.metadata import version
-
-    return version(name)
 
 
 def main(argv=None, callbacks=()) -> int:

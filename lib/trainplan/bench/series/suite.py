@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainplan.bench.flags import IMPLS, LOSSES, harness_entry  # `impl:`, `loss:`, module
+from trainplan.bench.flags import LOSSES, harness_entry  # a config's `loss:`; its module
 from trainplan.calibrate.store import card_preset, load_gpu
 from trainplan.cost import memory_runtime as rt
 from trainplan.errors import SpecError, TrainplanError
@@ -81,9 +81,9 @@ def load_suite(path: str) -> dict:
         if loss_of(suite, c)["loss"] not in LOSSES:
             raise SpecError(f"suite {path}: config {tag} loss = {quote(loss_of(suite, c)['loss'])}"
                             f"; use one of {list(LOSSES)}")
-        if c.get("impl", "trainplan") not in IMPLS:
+        if c.get("impl", "trainplan") not in records.IMPLS:
             raise SpecError(f"suite {path}: config {tag} has impl = {quote(c['impl'])}; "
-                            f"use one of {list(IMPLS)}")
+                            f"use one of {list(records.IMPLS)}")
         if not isinstance(c.get("model", suite.get("model")), str):
             raise SpecError(f"suite {path}: config {tag} names no model; give the suite or "
                             "the config a 'model' (a preset or a YAML file)")
