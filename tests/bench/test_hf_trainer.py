@@ -146,6 +146,38 @@ def test_one_run_writes_the_harness_record(tiny, tmp_path, capsys):
     assert summary["tokens_per_step"] == 4 * 32 and summary["setup_s"] > 0
 
 
+def test_compile_scope_reads_the_module_tree():
+    model = hf_trainer.build_model(TINY, 16, seed=0)
+    assert hf_trainer.compile_scope(model) == "none"
+    assert hf_trainer.compile_scope(torch.compile(model)) == "whole model"
+    model.model.layers[0] = torch.compile(model.model.layers[0])
+    assert hf_trainer.compile_scope(model) == "regions"
+
+
+@pytest.mark.parametrize("switch, scope", [(None, "regions"), ("0", "whole model")])
+def test_compile_is_regional_unless_accelerate_is_told(switch, scope, tiny, monkeypatch,
+                                                       capsys):
+    """--compile runs accelerate's regional compilation by default (the whole-model compile
+    materialises the causal mask); accelerate's own switch set to 0 gives the whole model.
+    Dynamo's eager backend: the tracing is real, no C++ toolchain needed."""
+    monkeypatch.setenv(hf_trainer.REGIONAL, switch or "")  # undone after the test, so is
+    if switch is None:                                       # what the run sets
+        monkeypatch.delenv(hf_trainer.REGIONAL)
+    real = hf_trainer.trainer_arguments
+    monkeypatch.setattr(hf_trainer, "trainer_arguments",
+                        lambda *a, **kw: {**real(*a, **kw), "torch_compile_backend": "eager"})
+    argv = ["--model", tiny, "--seq-len", "16", "--micro-batch", "2", "--steps", "3",
+            "--warmup", "1", "--num-workers", "0", "--cpu", "--compile", "--json"]
+    threads = torch.get_num_threads()
+    try:
+        assert hf_trainer.main(argv) == 0, capsys.readouterr().err
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert f"compiled: {scope}" in summary["notes"]
+
+
 def test_two_gloo_ranks_run_ddp(tiny):
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")]))

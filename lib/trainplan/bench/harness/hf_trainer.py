@@ -9,8 +9,13 @@ rows of the same data (`data.build_dataset`), with what Trainer offers for speed
 - bf16 mixed precision (`bf16=True`: autocast, fp32 master weights), Trainer's default
   optimizer on torch >= 2.8 (fused AdamW) with the harness's betas (0.9, 0.95), weight
   decay 0.1, clipping at `--max-norm` and a constant learning rate;
-- `torch_compile=True` where the config compiles (accelerate compiles the whole model,
-  loss included); SDPA attention, no KV cache;
+- `torch_compile=True` where the config compiles, as accelerate's regional compilation
+  (each decoder layer, the embedding, the norm and the output layer apart: the regions the
+  harness compiles) unless accelerate's own switch `ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION`
+  is set. Whole-model compile traces transformers' mask builder, which then hands SDPA a
+  materialised causal mask instead of `is_causal`: on an H200 its attention kernels ran 3x
+  slower and the step 18% slower (data/measurements/sidebyside-h200x1-20261129/README.md);
+  SDPA attention, no KV cache;
 - DDP for zero 0; accelerate's FSDP2 for ZeRO-2 (`reshard_after_forward=False`) and ZeRO-3,
   wrapping each decoder layer; `gradient_checkpointing` for recompute full (Trainer has no
   selective recompute);
@@ -47,6 +52,7 @@ from trainplan.bench.harness.model import count_params
 from trainplan.errors import LayoutError, TrainplanError
 
 IMPL = "hf-trainer"
+REGIONAL = "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"  # accelerate's switch, read at Trainer()
 ZERO = (0, 2, 3)  # DDP, FSDP2 without and with resharding after forward
 
 
@@ -127,6 +133,16 @@ def trainer_arguments(args, cfg, out_dir: str, cuda: bool) -> dict:
     return kw
 
 
+def compile_scope(model) -> str:
+    """What torch.compile wrapped in the model Trainer trained: "whole model" (the model is
+    one compiled module), "regions" (compiled submodules under an eager top) or "none"."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(model, OptimizedModule):
+        return "whole model"
+    return "regions" if any(isinstance(m, OptimizedModule) for m in model.modules()) else "none"
+
+
 def step_clock(device, holder: dict):
     """A TrainerCallback timing whole optimizer steps (module docstring) and reading the loss.
 
@@ -192,6 +208,8 @@ def run(args, callbacks=()) -> dict:
     model = build_model(spec, args.seq_len, args.seed)
     holder: dict = {}
     clock = step_clock(device, holder)
+    if args.compile:
+        os.environ.setdefault(REGIONAL, "1")  # the faster of accelerate's two (docstring)
     with tempfile.TemporaryDirectory(prefix="hf-trainer-") as out_dir:
         targs = tf.TrainingArguments(**trainer_arguments(args, cfg, out_dir, cuda))
         trainer = tf.Trainer(model=model, args=targs, train_dataset=rows,
@@ -200,6 +218,10 @@ def run(args, callbacks=()) -> dict:
         holder["trainer"] = trainer
         trainer.train()
         wrapped = type(trainer.model_wrapped).__name__  # DistributedDataParallel, FSDP...
+        compiled = compile_scope(trainer.model_wrapped)
+        if bool(args.compile) != (compiled != "none"):
+            raise TrainplanError(f"Trainer compiled {compiled} for --compile "
+                                 f"{bool(args.compile)}; the record would say otherwise")
         if (cfg.dp > 1 and cfg.zero > 0) != trainer.is_fsdp_enabled:
             raise TrainplanError(f"Trainer ran {trainer.accelerator.distributed_type} for "
                                  f"--zero {cfg.zero} (FSDP {trainer.is_fsdp_enabled}); the "
@@ -207,7 +229,8 @@ def run(args, callbacks=()) -> dict:
     notes = [f"{IMPL}: transformers {tf.__version__} Trainer, accelerate "
              f"{version('accelerate')}, LlamaForCausalLM, sdpa, use_cache=False, optim "
              f"{getattr(targs.optim, 'value', targs.optim)}", f"{count_params(model)} parameters",
-             f"wrapped as {wrapped}", "losses: Trainer's running loss per step"]
+             f"wrapped as {wrapped}", f"compiled: {compiled}",
+             "losses: Trainer's running loss per step"]
     summary = harness.summarise(args, spec, cfg, device, world, clock.times, clock.losses,
                                 SimpleNamespace(notes=notes))  # summarise reads .notes
     summary["grad_norms"] = []  # Trainer clips but does not hand its norm to a callback
