@@ -178,18 +178,23 @@ def test_compile_is_regional_unless_accelerate_is_told(switch, scope, tiny, monk
     assert f"compiled: {scope}" in summary["notes"]
 
 
-def test_two_gloo_ranks_run_ddp(tiny):
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+def test_two_gloo_ranks_run_ddp_compiled_by_regions(tiny):
+    """accelerate wraps DDP first and compiles after: its regional compilation reaches the
+    decoder layers inside DDP (dynamo's eager backend: `eager_trainer.py`)."""
+    env = {k: v for k, v in os.environ.items() if k != hf_trainer.REGIONAL}
+    env.update(OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "lib"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", "-m", "trainplan.bench.harness.hf_trainer",
+                           "--nproc-per-node", "2", str(Path(__file__).with_name(
+                               "eager_trainer.py")),
                            "--model", tiny, "--seq-len", "32", "--micro-batch", "2", "--dp",
                            "2", "--steps", "4", "--warmup", "1", "--num-workers", "0", "--cpu",
-                           "--json"], env=env, capture_output=True, text=True, timeout=180)
+                           "--compile", "--json"],
+                          env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
     assert got["ranks"] == 2 and got["tokens_per_step"] == 2 * 2 * 32
-    assert "wrapped as DistributedDataParallel" in got["notes"]
+    assert {"wrapped as DistributedDataParallel", "compiled: regions"} <= set(got["notes"])
 
 
 def test_suite_launches_trainer_configs_in_their_own_module():
