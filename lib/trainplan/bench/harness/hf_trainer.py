@@ -9,13 +9,11 @@ rows of the same data (`data.build_dataset`), with what Trainer offers for speed
 - bf16 mixed precision (`bf16=True`: autocast, fp32 master weights), Trainer's default
   optimizer on torch >= 2.8 (fused AdamW) with the harness's betas (0.9, 0.95), weight
   decay 0.1, clipping at `--max-norm` and a constant learning rate;
-- `torch_compile=True` where the config compiles, as accelerate's regional compilation
-  (each decoder layer, the embedding, the norm and the output layer apart: the regions the
-  harness compiles) unless accelerate's own switch `ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION`
-  is set. Whole-model compile traces transformers' mask builder, which then hands SDPA a
-  materialised causal mask instead of `is_causal`: on an H200 its attention kernels ran 3x
-  slower and the step 18% slower (data/measurements/sidebyside-h200x1-20261129/README.md);
-  SDPA attention, no KV cache;
+- `torch_compile=True` where the config compiles, by accelerate's regional compilation (the
+  decoder layers and the other top modules apart, as the harness compiles) unless its switch
+  `ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION` says otherwise: a whole-model compile makes
+  transformers hand SDPA a materialised causal mask, a step 18% slower on an H200
+  (data/measurements/sidebyside-h200x1-20261129b/); SDPA attention, no KV cache;
 - DDP for zero 0; accelerate's FSDP2 for ZeRO-2 (`reshard_after_forward=False`) and ZeRO-3,
   wrapping each decoder layer; `gradient_checkpointing` for recompute full (Trainer has no
   selective recompute);
