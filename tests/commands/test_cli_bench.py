@@ -79,6 +79,17 @@ def _dry(argv, capsys) -> list[str]:
     return json.loads(capsys.readouterr().out)["command"]
 
 
+def test_a_suite_dry_run_prints_each_command_and_starts_nothing(tmp_path, capsys):
+    out = tmp_path / "o"
+    assert cli.main(["bench", "--suite", SUITE, "--out", str(out), "--only", "hft-z0-mb24-c",
+                     "tp-z2-mb16-c", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["tp-z2-mb16-c", "hft-z0-mb24-c"]  # suite order
+    assert "-m trainplan.bench.harness.hf_trainer" in lines[1] and "--zero 0" in lines[1]
+    assert "--run-id baseline-2gpu-" in lines[0] and f"{out}/measurements.jsonl" in lines[0]
+    assert not out.exists()  # no predictions, no launch
+
+
 def test_standalone_command(tiny, capsys):
     cmd = _dry(["--model", tiny, "--nproc-per-node", "2", "--dp", "2", "--zero", "3",
                 "--compile", "--impl", "hf-baseline", "--cpu"], capsys)

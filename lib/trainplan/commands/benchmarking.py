@@ -6,6 +6,7 @@
                                  | --rdzv-endpoint H:P --rdzv-id ID)]
                     [--dry-run] [-- any further train.py flags]
     trainplan bench --suite FILE --out DIR [--launches 3] [--only TAG ...] [--budget-s S]
+                    [--dry-run]
 
 One launch: every input is checked here first (flags, the model preset, the
 layout against the world size `nproc_per_node x nnodes`, the baseline's
@@ -92,7 +93,8 @@ def register(verbs) -> None:
     g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of a c10d rendezvous")
     g.add_argument("--rdzv-id", default=None, help="job id shared by the nodes (c10d)")
     g.add_argument("--records", default=None, help="append a measurement record (GPU runs)")
-    g.add_argument("--dry-run", action="store_true", help="print the command, start nothing")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the command (with --suite: each config's), start nothing")
     g.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     g.add_argument("harness", nargs="*", default=[], help="after --: more train.py flags")
     h = p.add_argument_group("harness (train.py)")
@@ -258,6 +260,9 @@ def _run_suite(args) -> dict:
     for tag in args.only or []:
         if tag not in tags:
             raise UsageError(f"--only {quote(tag)} is not a config of {args.suite}; tags: {tags}")
+    if args.dry_run:
+        return {"suite": args.suite, "out": args.out, "dry_run": True,
+                "commands": run.launch_commands(args.suite, Path(args.out), args.only or [])}
     with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
         rows = run.run_suite(args.suite, Path(args.out), args.launches, args.only or [],
                                args.budget_s)
@@ -269,6 +274,8 @@ def _run_suite(args) -> dict:
 
 
 def format_bench(out: dict) -> str:
+    if "suite" in out and out.get("dry_run"):
+        return "\n".join(f"{tag}: {' '.join(cmd)}" for tag, cmd in out["commands"])
     if "suite" in out:
         from trainplan.bench.series.sidebyside import format_comparison  # numpy: not for --help
 

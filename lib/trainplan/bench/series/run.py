@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from trainplan.bench.series import suite as suite_mod
 from trainplan.bench.series.suite import card_name, load_suite, measure, predict_all
 from trainplan.bench.series.suite_sweep import measure_sweep, sweep_only
 from trainplan.errors import TrainplanError
@@ -25,15 +26,33 @@ def run_suite(path: str, out: Path, launches: int, only: list[str], budget_s: fl
     """Predict every selected config of the suite at `path`, then measure them within the budget
     (in separate launches, or with `sweep` one launch per GPU count and repetition)."""
     suite = load_suite(path)
-    jobs = [(suite, c) for c in suite["configs"] if not only or c["tag"] in only]
+    jobs = selected(suite, only)
     if sweep:
         sweep_only(jobs)  # before the predictions: nothing half-written
     out.mkdir(parents=True, exist_ok=True)
     card = card_name()
-    run_id = f"{Path(path).stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    run_id = new_run_id(path)
     preds = predict_all(jobs, out, card, run_id)
     rows, _ = measurer(sweep)(jobs, preds, out, run_id, launches, time.monotonic() + budget_s)
     return rows
+
+
+def selected(suite: dict, only: list[str]) -> list[tuple[dict, dict]]:
+    """(suite, config) of the configs `only` names, in the suite's order (all if empty)."""
+    return [(suite, c) for c in suite["configs"] if not only or c["tag"] in only]
+
+
+def new_run_id(path: str) -> str:
+    """The series' run id: the suite file's stem and the UTC start time."""
+    return f"{Path(path).stem}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+
+
+def launch_commands(path: str, out: Path, only: list[str]) -> list[tuple[str, list[str]]]:
+    """(tag, command) of each selected config's first launch, as `run_suite` would start it;
+    nothing is predicted, written or started (`trainplan bench --suite ... --dry-run`)."""
+    suite, run_id = load_suite(path), new_run_id(path)
+    return [(c["tag"], suite_mod.train_command(s, c, out, run_id))
+            for s, c in selected(suite, only)]
 
 
 def measurer(sweep: bool):
