@@ -60,6 +60,18 @@ BAD = {  # id -> (arguments, a word the one-line message must name)
     "suite-with-model": (["--suite", SUITE, "--out", "{dir}", "--model", "x"], "--model"),
     "suite-unknown-tag": (["--suite", SUITE, "--out", "{dir}", "--only", "nope"], "nope"),
     "out-without-suite": (["--model", "{tiny}", "--out", "{dir}"], "--suite"),
+    "launches-without-suite": (["--model", "{tiny}", "--launches", "2"], "--launches"),
+    "budget-without-suite": (["--model", "{tiny}", "--budget-s", "9"], "--budget-s"),
+    # a suite's configs carry their own flags and GPU counts: a flag beside it is not used
+    "suite-with-layout": (["--suite", SUITE, "--out", "{dir}", "--micro-batch", "8"],
+                          "--micro-batch 8 is not used"),
+    "suite-with-switch": (["--suite", SUITE, "--out", "{dir}", "--compile"], "--compile"),
+    "suite-with-ranks": (["--suite", SUITE, "--out", "{dir}", "--nproc-per-node", "4"],
+                         "--nproc-per-node"),
+    "suite-with-port": (["--suite", SUITE, "--out", "{dir}", "--master-port", "29501"],
+                        "--master-port"),
+    "suite-with-passthrough": (["--suite", SUITE, "--out", "{dir}", "--", "--gc", "off"],
+                               "--gc off is not used"),
 }
 
 

@@ -85,11 +85,12 @@ def register(verbs) -> None:
     g.add_argument("--impl", choices=list(IMPLS), default="trainplan",
                    help="our model; transformers' LlamaForCausalLM in our loop; or trained "
                         "by transformers' Trainer")
-    g.add_argument("--nproc-per-node", type=positive_int, default=1, help="ranks per node")
+    g.add_argument("--nproc-per-node", type=positive_int, default=None,
+                   help="ranks per node (default 1)")
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes")
     g.add_argument("--node-rank", type=int, default=None, help="this node (static rendezvous)")
     g.add_argument("--master-addr", default=None, help="node 0's address (static rendezvous)")
-    g.add_argument("--master-port", type=positive_int, default=29500)
+    g.add_argument("--master-port", type=positive_int, default=None, help="default 29500")
     g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of a c10d rendezvous")
     g.add_argument("--rdzv-id", default=None, help="job id shared by the nodes (c10d)")
     g.add_argument("--records", default=None, help="append a measurement record (GPU runs)")
@@ -109,9 +110,10 @@ def register(verbs) -> None:
     s = p.add_argument_group("suite")
     s.add_argument("--suite", default=None, help="suite YAML (data/suites/...)")
     s.add_argument("--out", default=None, help="folder for the suite's record files")
-    s.add_argument("--launches", type=positive_int, default=3)
+    s.add_argument("--launches", type=positive_int, default=None, help="per config (default 3)")
     s.add_argument("--only", nargs="+", default=None, metavar="TAG")
-    s.add_argument("--budget-s", type=positive_float, default=540.0)
+    s.add_argument("--budget-s", type=positive_float, default=None,
+                   help="seconds for the launches (default 540)")
     p.set_defaults(run=cmd_bench, fmt=format_bench)
 
 
@@ -215,8 +217,11 @@ def torchrun_command(args, argv: list[str]) -> list[str]:
 def cmd_bench(args) -> dict:
     if args.suite is not None:
         return _run_suite(args)
-    if args.out or args.only:
-        raise UsageError("--out and --only belong to --suite; add --suite FILE")
+    for flag in ("out", "only", "launches", "budget_s"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} belongs to --suite; add --suite FILE")
+    args.nproc_per_node = args.nproc_per_node or 1
+    args.master_port = args.master_port or 29500
     if args.model is None:
         raise UsageError("bench needs --model M (a preset or YAML file), or --suite FILE")
     _check_rendezvous(args)
@@ -246,13 +251,17 @@ def cmd_bench(args) -> dict:
 def _run_suite(args) -> dict:
     from trainplan.bench.series import run, sidebyside, suite  # pandas: not loaded for --help
 
-    for flag in ("model", "records", "rdzv_endpoint", "master_addr", "node_rank"):
+    for flag in ("model", "records", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port",
+                 "node_rank", "nproc_per_node"):
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} does not go with --suite: the suite "
                              "names its own model and launches each config standalone")
-    if args.nnodes > 1 or args.impl != "trainplan" or args.harness:
-        raise UsageError("--suite runs standalone launches of its own configs (impl per "
-                         "config); leave out --nnodes, --impl and harness flags")
+    given = _harness_argv(args)  # the first flag given, with its value if it has one
+    first = " ".join(given[:2] if given[1:2] and not given[1].startswith("--") else given[:1])
+    if args.nnodes > 1 or args.impl != "trainplan" or given:
+        raise UsageError(f"--suite runs standalone launches of its own configs (flags, impl "
+                         f"and GPUs per config){f', so {first} is not used' if given else ''}"
+                         "; leave out --nnodes, --impl and harness flags")
     if not args.out:
         raise UsageError("--suite needs --out DIR (where its record files go)")
     loaded = suite.load_suite(args.suite)
@@ -264,8 +273,8 @@ def _run_suite(args) -> dict:
         return {"suite": args.suite, "out": args.out, "dry_run": True,
                 "commands": run.launch_commands(args.suite, Path(args.out), args.only or [])}
     with contextlib.redirect_stdout(sys.stderr):  # the runner's progress lines
-        rows = run.run_suite(args.suite, Path(args.out), args.launches, args.only or [],
-                               args.budget_s)
+        rows = run.run_suite(args.suite, Path(args.out), args.launches or 3, args.only or [],
+                             540.0 if args.budget_s is None else args.budget_s)
     table = io.StringIO()
     with contextlib.redirect_stdout(table):
         run.print_table(rows)
