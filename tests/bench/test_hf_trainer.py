@@ -160,8 +160,8 @@ def test_compile_is_regional_unless_accelerate_is_told(switch, scope, tiny, monk
     """--compile runs accelerate's regional compilation by default (the whole-model compile
     materialises the causal mask); accelerate's own switch set to 0 gives the whole model.
     Dynamo's eager backend: the tracing is real, no C++ toolchain needed."""
-    monkeypatch.setenv(hf_trainer.REGIONAL, switch or "")  # undone after the test, so is
-    if switch is None:                                       # what the run sets
+    monkeypatch.setenv(hf_trainer.REGIONAL, switch or "")  # restored after the test, and
+    if switch is None:  # so is the value the run sets where it was unset
         monkeypatch.delenv(hf_trainer.REGIONAL)
     real = hf_trainer.trainer_arguments
     monkeypatch.setattr(hf_trainer, "trainer_arguments",

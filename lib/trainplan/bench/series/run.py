@@ -15,8 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from trainplan.bench.series import suite as suite_mod
-from trainplan.bench.series.suite import card_name, load_suite, measure, predict_all
+from trainplan.bench.series.suite import (
+    card_name,
+    load_suite,
+    measure,
+    predict_all,
+    train_command,
+)
 from trainplan.bench.series.suite_sweep import measure_sweep, sweep_only
 from trainplan.errors import TrainplanError
 
@@ -51,7 +56,7 @@ def launch_commands(path: str, out: Path, only: list[str]) -> list[tuple[str, li
     """(tag, command) of each selected config's first launch, as `run_suite` would start it;
     nothing is predicted, written or started (`trainplan bench --suite ... --dry-run`)."""
     suite, run_id = load_suite(path), new_run_id(path)
-    return [(c["tag"], suite_mod.train_command(s, c, out, run_id))
+    return [(c["tag"], train_command(s, c, out, run_id))
             for s, c in selected(suite, only)]
 
 
