@@ -165,10 +165,11 @@ def case(draw):
                 *hw, "--study", "{d}/j.journal",
                 *numbers(draw, ["--gpus", "--dataset-tokens", "--seq-len"], 0.9)]
     elif verb == "launch":
-        argv = ["launch", "--model", model, *hw, "--target",
-                draw(st.sampled_from(["torchrun", "slurm", "k8s", "mpi"])),
+        target = draw(st.sampled_from(["torchrun", "slurm", "k8s", "mpi"]))
+        image = ["--image", draw(st.sampled_from(["trainplan:0.1.0", "a\nkind: Secret", "A B"]))]
+        argv = ["launch", "--model", model, *hw, "--target", target,
                 "--out", draw(st.sampled_from(["{d}/out", "/proc/x", "{d}/m.yaml"])),
-                "--image", draw(st.sampled_from(["trainplan:0.1.0", "a\nkind: Secret", "A B"])),
+                *(image if target == "k8s" else []),  # the only target that reads it
                 *numbers(draw, ["--gpus", "--steps", "--ckpt-every", "--ckpt-keep"], 0.8), *pins]
     elif verb == "tune":
         argv = draw(st.sampled_from([["tune", "--report", "--storage", "{d}/j.journal"],

@@ -28,7 +28,7 @@ TIMEOUT = 150
 def _generate(tmp: Path, steps: int, **extra) -> dict:
     args = ["--model", tiny_yaml(tmp), "--gpus", "2", "--gpus-per-node", "1", *TINY_LAYOUT,
             "--steps", str(steps), "--target", "torchrun", "--out", tmp / "artefacts",
-            "--join-timeout-s", "60", "--save-grace-s", "20", "--warn-s", "60"]
+            "--join-timeout-s", "60", "--save-grace-s", "20"]
     for k, v in extra.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
     return launch_json(args, tmp)

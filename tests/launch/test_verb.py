@@ -8,11 +8,14 @@ against the Kubeflow PyTorchJob (kubeflow.org/v1) API it uses
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 import pytest
 import yaml
 from tests.launch.helpers import TINY_LAYOUT, launch, launch_json, tiny_yaml
+
+from trainplan import cli
 
 SCENARIO = ["--scenario", "llama-13b-32xh100", "--data", "shards/team"]
 
@@ -210,6 +213,86 @@ def test_bad_request_is_one_line_exit_2_and_writes_nothing(args, needles, tmp_pa
     argv = [x for kv in base.items() for x in kv] + ["--out", tmp_path / "out"]
     _one_line_exit_2(launch(argv, tmp_path), needles)
     assert list(tmp_path.iterdir()) == [], "something was written"
+
+
+# ---------------------------------------------------------------- flags this run would not read
+
+LA = ["launch", "--model", "llama-1.3b", "--gpu", "h100-sxm", "--gpus", "8", "--cpu",
+      "--steps", "10"]
+UNUSED = {  # flags given where nothing reads them: refused, not dropped
+    "train-arg-without-data": (["--target", "torchrun", "--train-arg", "bogus=1"],
+                               "--train-arg 'bogus=1' is not used without --data"),
+    "warmup-with-data": (["--target", "slurm", "--data", "shards", "--warmup", "2"],
+                         "--warmup 2 is not used with --data"),
+    "warmup-default-with-data": (["--target", "slurm", "--data", "shards", "--warmup", "5"],
+                                 "--warmup 5 is not used with --data"),
+    "synthetic-with-data": (["--target", "k8s", "--data", "shards", "--synthetic"],
+                            "--synthetic is not used with --data"),
+    "image-torchrun": (["--target", "torchrun", "--image", "mine:1"],
+                       "--image 'mine:1' is not used with --target torchrun; only --target k8s"),
+    "image-slurm": (["--target", "slurm", "--image", "mine:1"], "only --target k8s reads"),
+    "rdzv-port-k8s": (["--target", "k8s", "--rdzv-port", "29501"],
+                      "--rdzv-port 29501 is not used with --target k8s; only --target "
+                      "torchrun or slurm"),
+    "warn-s-torchrun": (["--target", "torchrun", "--warn-s", "9999"],
+                        "--warn-s 9999 is not used with --target torchrun; only --target slurm"),
+    "warn-s-k8s": (["--target", "k8s", "--warn-s", "900"], "--warn-s 900 is not used"),
+    "time-limit-torchrun": (["--target", "torchrun", "--time-limit-min", "60"],
+                            "--time-limit-min 60 is not used with --target torchrun"),
+    "time-limit-k8s": (["--target", "k8s", "--time-limit-min", "60"],
+                       "--time-limit-min 60 is not used with --target k8s; only --target slurm"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNUSED), ids=list(UNUSED))
+def test_a_flag_this_run_does_not_read_is_one_line_exit_2(case, tmp_path, capsys):
+    argv, words = UNUSED[case]
+    assert cli.main([*LA, *argv, "--out", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("trainplan: error:"), err
+    assert "Traceback" not in err and words in err, err
+    assert list(tmp_path.iterdir()) == [], "something was written"
+
+
+@pytest.mark.parametrize("argv", [["--target", "torchrun", "--data", "shards", "--steps", "3"],
+                                  ["--target", "torchrun", "--save-grace-s", "700"],
+                                  ["--target", "k8s", "--save-grace-s", "700"]],
+                         ids=["data-few-steps", "grace-torchrun", "grace-k8s"])
+def test_checks_of_flags_not_read_do_not_refuse(argv, tmp_path, capsys):
+    """--warmup is not checked against --steps with --data (the trainer has no warm-up), nor
+    --warn-s against --save-grace-s on a target without a time limit."""
+    assert cli.main([*LA, *argv, "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
+    assert (tmp_path / "out" / "README.md").is_file()
+
+
+VARIED = {"--rdzv-port": ("rdzv_port", 29511), "--time-limit-min": ("time_limit_min", 60),
+          "--warn-s": ("warn_s", 900), "--image": ("image", "registry.example/mine:1.0")}
+
+
+@pytest.mark.parametrize("target", ["torchrun", "slurm", "k8s"])
+def test_target_flags_table_is_what_each_target_reads(target):
+    """`render.TARGET_FLAGS` against the artefacts: each flag listed for the target changes
+    them, and every other target flag changed at once leaves them byte-identical."""
+    from trainplan.calibrate.store import load_gpu
+    from trainplan.launch import artefacts
+    from trainplan.launch.render import TARGET_FLAGS
+    from trainplan.specs import cluster_for, load_cluster, load_model
+
+    assert set(VARIED) == {f for flags in TARGET_FLAGS.values() for f in flags}
+    gpu = load_gpu("h100-sxm", calibration=None)
+    cluster, m = load_cluster(cluster_for(gpu, None)[0]), load_model("llama-1.3b")
+    base = artefacts.LaunchSettings(target=target, steps=10, cpu=True)
+
+    def files(**changed):
+        return artefacts.plan_and_generate(
+            m, gpu, cluster, gpus=8, seq_len=4096, global_batch_tokens=4 * 2**20,
+            settings=dataclasses.replace(base, **changed), model_arg="llama-1.3b").files
+
+    before = files()
+    for flag in TARGET_FLAGS[target]:
+        assert files(**dict([VARIED[flag]])) != before, f"{target} does not read {flag}"
+    unread = dict(v for f, v in VARIED.items() if f not in TARGET_FLAGS[target])
+    assert files(**unread) == before, f"{target} reads one of {sorted(unread)}"
 
 
 def test_context_parallel_launches_on_gpus_and_is_refused_on_cpu(tmp_path):

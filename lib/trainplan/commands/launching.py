@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_int
@@ -13,8 +14,14 @@ from trainplan.launch.artefacts import (
     plan_and_generate,
     write,
 )
+from trainplan.launch.render import TARGET_FLAGS
 from trainplan.loader import quote
 from trainplan.specs import load_model
+
+# LaunchSettings' defaults, for the flags whose default is None here: a flag given is told
+# from one left out, and refused where this run would not read it (`_check_used`)
+DEFAULT = {f.name: f.default for f in dataclasses.fields(LaunchSettings)}
+DEFAULTED = ("warmup", "time_limit_min", "warn_s", "rdzv_port", "image")
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -61,14 +68,15 @@ def register(verbs) -> None:
     a("--data", default="", help="shards of `trainplan data prepare`: the job runs the "
                                  "trainer on them (without: the proxy harness)")
     a("--train-arg", action="append", default=[], metavar="FLAG=VALUE",
-      help="a further trainer flag, e.g. --train-arg lr=2e-4 (repeatable)")
+      help="a further trainer flag (with --data), e.g. --train-arg lr=2e-4 (repeatable)")
     a("--target", required=True, help="torchrun | slurm | k8s")
     a("--out", required=True, help="folder to write (must not exist, or be empty)")
     a("--force", action="store_true", help="replace a non-empty --out folder")
     a("--job-name", default="", help="default: MODEL-GPUSxGPU")
     a("--steps", type=_non_negative_int, default=0,
       help="optimizer steps (default: the scenario's token budget over the global batch)")
-    a("--warmup", type=_non_negative_int, default=5, help="steps not timed (harness)")
+    a("--warmup", type=_non_negative_int, default=None,
+      help=f"steps not timed (the harness: without --data; default {DEFAULT['warmup']})")
     a("--ckpt-every", type=_non_negative_int, default=0,
       help="steps between checkpoints (default: page 5's checkpoint plan)")
     a("--ckpt-keep", type=_non_negative_int, default=0,
@@ -76,11 +84,14 @@ def register(verbs) -> None:
     a("--max-restarts", type=_non_negative_int, default=3)
     a("--collective-timeout-s", type=positive_int, default=1800)
     a("--join-timeout-s", type=positive_int, default=900)
-    a("--time-limit-min", type=positive_int, default=24 * 60, help="Slurm --time")
-    a("--warn-s", type=positive_int, default=600, help="Slurm warning before the time limit")
+    a("--time-limit-min", type=positive_int, default=None,
+      help=f"Slurm --time (slurm; default {DEFAULT['time_limit_min']})")
+    a("--warn-s", type=positive_int, default=None,
+      help=f"Slurm warning before the time limit (slurm; default {DEFAULT['warn_s']})")
     a("--save-grace-s", type=positive_int, default=300, help="time for the emergency save")
-    a("--rdzv-port", type=positive_int, default=29500)
-    a("--image", default="trainplan:0.2.0", help="container image (k8s)")
+    a("--rdzv-port", type=positive_int, default=None,
+      help=f"rendezvous port (torchrun, slurm; default {DEFAULT['rdzv_port']})")
+    a("--image", default=None, help=f"container image (k8s; default {DEFAULT['image']})")
     a("--env", type=_env_pair, action="append", default=[], metavar="NAME=VALUE",
       help="extra environment for every rank (repeatable), e.g. the knob study's NCCL_ALGO")
     a("--cpu", action="store_true", help="CPU processes with gloo, no GPUs (tests, proxy)")
@@ -98,6 +109,24 @@ def _train_args(items: list[str]) -> tuple:
                              "dashes, e.g. lr=2e-4")
         out += [f"--{flag.replace('_', '-')}", value]
     return tuple(out)
+
+
+def _check_used(args) -> None:
+    """Refuse a flag this run would not read: trainer flags without --data, the harness's
+    with it, a flag of another --target (`render.TARGET_FLAGS`)."""
+    if args.train_arg and not args.data:
+        raise UsageError(f"--train-arg {quote(args.train_arg[0])} is not used without --data "
+                         "(the proxy harness runs); trainer flags need --data SHARDS")
+    if args.data and (args.warmup is not None or args.synthetic):
+        flag = f"--warmup {args.warmup}" if args.warmup is not None else "--synthetic"
+        raise UsageError(f"{flag} is not used with --data (the trainer runs); it is the proxy "
+                         "harness's, without --data")
+    for flag in dict.fromkeys(f for flags in TARGET_FLAGS.values() for f in flags):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        users = [t for t, flags in TARGET_FLAGS.items() if flag in flags]
+        if value is not None and args.target not in users:
+            raise UsageError(f"{flag} {quote(value)} is not used with --target {args.target}; "
+                             f"only --target {' or '.join(users)} reads it")
 
 
 def resolve(args) -> dict:
@@ -135,17 +164,18 @@ def resolve(args) -> dict:
 def cmd_launch(args) -> dict:
     if args.target not in TARGETS:  # before any planning: a typo answers at once
         raise UsageError(f"--target {quote(args.target)} is not valid; use one of {list(TARGETS)}")
+    _check_used(args)
     out = Path(args.out)
     check_out_dir(out, args.force)
     got = resolve(args)
+    given = {k: getattr(args, k) for k in DEFAULTED if getattr(args, k) is not None}
     settings = LaunchSettings(
-        target=args.target, steps=args.steps, warmup=args.warmup, ckpt_every=args.ckpt_every,
+        target=args.target, steps=args.steps, ckpt_every=args.ckpt_every,
         ckpt_keep=args.ckpt_keep, data=args.data, train_args=_train_args(args.train_arg),
         max_restarts=args.max_restarts, collective_timeout_s=args.collective_timeout_s,
-        join_timeout_s=args.join_timeout_s, time_limit_min=args.time_limit_min,
-        warn_s=args.warn_s, save_grace_s=args.save_grace_s, rdzv_port=args.rdzv_port,
-        cpu=args.cpu, synthetic=args.synthetic, compile=not args.no_compile, image=args.image,
-        job_name=args.job_name, env=dict(args.env))
+        join_timeout_s=args.join_timeout_s, save_grace_s=args.save_grace_s, cpu=args.cpu,
+        synthetic=args.synthetic, compile=not args.no_compile, job_name=args.job_name,
+        env=dict(args.env), **given)  # the rest: LaunchSettings' defaults
     m = load_model(got["model"])
     gpu, cluster = hardware(args, got["gpu"], got["cluster"])
     launch = plan_and_generate(m, gpu, cluster, gpus=got["gpus"], seq_len=got["seq_len"],

@@ -100,15 +100,16 @@ class LaunchSettings:
         if self.target not in TARGETS:
             raise LaunchError(f"--target {quote(self.target)} is not valid; use one of "
                               f"{list(TARGETS)}")
-        if self.steps and self.warmup >= self.steps:
+        if self.steps and not self.data and self.warmup >= self.steps:  # the harness's
             raise LaunchError(f"--warmup {self.warmup} must be < --steps {self.steps}")
         if self.ckpt_keep == 1:
             raise LaunchError("--ckpt-keep 1 is not valid: keep at least 2, so that one "
                               "complete checkpoint survives while the next is written")
-        if self.warn_s <= self.save_grace_s:
+        slurm = self.target == "slurm"  # the one target with a time limit (render.TARGET_FLAGS)
+        if slurm and self.warn_s <= self.save_grace_s:
             raise LaunchError(f"--warn-s {self.warn_s} must exceed --save-grace-s "
                               f"{self.save_grace_s}: the save must end before the limit")
-        if self.warn_s >= self.time_limit_min * 60:
+        if slurm and self.warn_s >= self.time_limit_min * 60:
             raise LaunchError(f"--warn-s {self.warn_s} must be shorter than --time-limit-min "
                               f"{self.time_limit_min} (in seconds)")
         if not 1024 <= self.rdzv_port <= 65535:
@@ -257,10 +258,7 @@ def generate(plan_out: dict, *, model_arg: str, gpus_per_node: int, settings: La
                           "choose one that fits (`trainplan plan`)")
     gpus = plan_out["gpus"]
     nnodes, nproc = mesh(gpus, gpus_per_node)
-    name = settings.job_name or job_name(plan_out["model"], gpus, plan_out["gpu"])
-    if not re.match(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", name):
-        raise LaunchError(f"--job-name {name!r} is not valid; use lowercase letters, digits "
-                          "and '-', at most 63, starting and ending with a letter or digit")
+    name = settings.job_name or job_name(plan_out["model"], gpus, plan_out["gpu"])  # JOB_NAME
     every = settings.ckpt_every or schedule.every_steps
     keep = settings.ckpt_keep or schedule.keep
     every_min = every * p["step_time_s"] / 60.0

@@ -18,6 +18,13 @@ import yaml
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 K8S_CKPT_MOUNT = "/checkpoints"
 K8S_RDZV_PORT = 29400  # the training operator's default rendezvous port
+# The `launch` flags that only some targets read (every target reads the others), as the
+# renderers below read them; `trainplan launch` refuses one given for another target.
+TARGET_FLAGS = {
+    "torchrun": ("--rdzv-port",),  # torchrun.sh: RDZV_PORT's default
+    "slurm": ("--rdzv-port", "--time-limit-min", "--warn-s"),  # train.sbatch, its README
+    "k8s": ("--image",),  # the manifest's container (its rendezvous port: K8S_RDZV_PORT)
+}
 
 
 def _render(name: str, values: dict) -> str:
