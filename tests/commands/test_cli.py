@@ -243,6 +243,10 @@ G8 = ["--gpu", "h100-sxm", "--gpus", "8"]
 
 # (id, argv with {d} for the input folder, a fragment of stderr that names the bad value)
 BAD_INPUTS = [
+    ("plan-recipe-in-bf16", ["plan", "--model", "llama-7b", *G8, "--fp8-recipe", "rowwise"],
+     "--fp8-recipe rowwise"),
+    ("calibrate-out-folder", ["calibrate", "--gpu", "h100-sxm", "--committed", "--out", "{d}"],
+     "is a folder"),
     ("unknown-model", ["plan", "--model", "llama-9000b", *G8], "'llama-9000b'"),
     ("unknown-gpu", ["plan", "--model", "llama-7b", "--gpu", "b200", "--gpus", "8"], "'b200'"),
     ("unknown-cluster", ["plan", "--model", "llama-7b", *G8, "--cluster", "dgx-z"], "'dgx-z'"),

@@ -60,6 +60,28 @@ BAD = {  # id -> (arguments, a word the one-line message must name)
     "suite-with-model": (["--suite", SUITE, "--out", "{dir}", "--model", "x"], "--model"),
     "suite-unknown-tag": (["--suite", SUITE, "--out", "{dir}", "--only", "nope"], "nope"),
     "out-without-suite": (["--model", "{tiny}", "--out", "{dir}"], "--suite"),
+    "port-one-node": (["--model", "{tiny}", "--master-port", "99999"], "--master-port"),
+    "port-with-c10d": (["--model", "{tiny}", "--nnodes", "2", "--dp", "2", "--rdzv-endpoint",
+                        "h:29400", "--rdzv-id", "j", "--master-port", "1234"], "--master-port"),
+    # harness flags that have no effect, or a value the run would crash on, refused up front
+    "timeout-nan": (["--model", "{tiny}", "--cpu", "--", "--collective-timeout-s", "nan"],
+                    "--collective-timeout-s = nan"),
+    "max-norm-nan": (["--model", "{tiny}", "--cpu", "--", "--max-norm", "nan"],
+                     "--max-norm = nan"),
+    "max-norm-negative": (["--model", "{tiny}", "--cpu", "--", "--max-norm", "-1"],
+                          "--max-norm = -1"),
+    "prefetch-no-workers": (["--model", "{tiny}", "--cpu", "--num-workers", "0",
+                             "--prefetch-factor", "4"], "--prefetch-factor 4"),
+    "recipe-in-bf16": (["--model", "{tiny}", "--cpu", "--fp8-recipe", "rowwise"],
+                       "--fp8-recipe rowwise"),
+    "chunk-standard-loss": (["--model", "{tiny}", "--cpu", "--loss-chunk", "64"],
+                            "--loss-chunk 64"),
+    "keep-without-dir": (["--model", "{tiny}", "--cpu", "--", "--ckpt-keep", "5"],
+                         "--ckpt-keep 5 needs --ckpt-dir"),
+    "hash-without-dir": (["--model", "{tiny}", "--cpu", "--", "--ckpt-hash", "after-writing"],
+                         "--ckpt-hash after-writing"),
+    "gc-every-python": (["--model", "{tiny}", "--cpu", "--", "--gc", "python", "--gc-every",
+                         "7"], "--gc-every 7"),
     "launches-without-suite": (["--model", "{tiny}", "--launches", "2"], "--launches"),
     "budget-without-suite": (["--model", "{tiny}", "--budget-s", "9"], "--budget-s"),
     # a suite's configs carry their own flags and GPU counts: a flag beside it is not used
@@ -79,7 +101,8 @@ BAD = {  # id -> (arguments, a word the one-line message must name)
 def test_bad_input_is_one_line_and_exit_2(case, tiny, tmp_path, capsys):
     argv, word = BAD[case]
     argv = [a.format(tiny=tiny, dir=tmp_path) for a in argv]
-    assert cli.main(["bench", *argv, "--dry-run"]) == 2
+    cut = argv.index("--") if "--" in argv else len(argv)  # bench's own flags before `--`
+    assert cli.main(["bench", *argv[:cut], "--dry-run", *argv[cut:]]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("trainplan: error:"), err
     assert word in err, err

@@ -102,6 +102,8 @@ BAD = [  # (id, argv, fragment of the one-line message)
     ("missing-mtbf", [a for a in DONE_WHEN if a not in ("--node-mtbf-hours", "2000")],
      "--node-mtbf-hours"),
     ("shard-gpus-too-many", _with("--shard-gpus", "64"), "--shard-gpus 64"),
+    ("copy-rate-with-sync", [*DONE_WHEN, "--sync", "--host-copy-gbps", "5"],
+     "--host-copy-gbps 5"),
 ]
 SUBPROCESS = {"mtbf-zero", "bandwidth-zero", "restart-zero", "limit-no-room", "keep-one"}
 

@@ -36,8 +36,10 @@ def _args(**kw) -> argparse.Namespace:
 @pytest.mark.parametrize("kw, words", [
     ({"ckpt_dir": "d", "ckpt_keep": 1}, "--ckpt-keep = 1"),
     ({"ckpt_dir": "d", "ckpt_every": -2}, "--ckpt-every = -2"),
-    ({"resume": True}, "need --ckpt-dir"),
+    ({"resume": True}, "--resume needs --ckpt-dir"),
+    ({"ckpt_threads": 4}, "--ckpt-threads 4 needs --ckpt-dir"),
     ({"ckpt_dir": "d", "collective_timeout_s": 0}, "--collective-timeout-s = 0"),
+    ({"ckpt_dir": "d", "collective_timeout_s": "nan"}, "--collective-timeout-s = nan"),
 ])
 def test_bad_checkpoint_flags_are_refused_in_one_line(kw, words):
     with pytest.raises(ckpt.CheckpointError) as err:

@@ -12,6 +12,11 @@ from __future__ import annotations
 from trainplan.cost.memory import FUSED_CHUNK as LOSS_CHUNK
 from trainplan.cost.memory import LOSSES
 
+# defaults a check compares with: a flag left at its default is not "given" where unused
+CKPT_DEFAULTS = {"ckpt_keep": 2, "ckpt_threads": 1, "ckpt_hash": "while-writing"}
+FP8_RECIPE = "tensorwise"
+GC_DEFAULTS = {"gc_every": 1, "gc_full_every": 1000}
+
 HARNESS = "trainplan.bench.harness.train"
 ENTRIES = {"hf-trainer": "trainplan.bench.harness.hf_trainer"}  # its own loop: Trainer's
 
@@ -32,14 +37,14 @@ def add_checkpoint_arguments(p) -> None:
     g.add_argument("--ckpt-dir", default=None, help="save checkpoints here (one folder per step)")
     g.add_argument("--ckpt-every", type=int, default=0,
                    help="save every N steps; 0 = only at the end and on SIGTERM/SIGUSR1")
-    g.add_argument("--ckpt-keep", type=int, default=2,
+    g.add_argument("--ckpt-keep", type=int, default=CKPT_DEFAULTS["ckpt_keep"],
                    help="keep the last K complete checkpoints (K >= 2)")
     g.add_argument("--ckpt-async", action="store_true",
                    help="dcp.async_save: stage a CPU copy, write it on a background thread")
-    g.add_argument("--ckpt-threads", type=int, default=1,
+    g.add_argument("--ckpt-threads", type=int, default=CKPT_DEFAULTS["ckpt_threads"],
                    help="DCP writer threads per rank (one shard file each), written in parallel")
     g.add_argument("--ckpt-hash", choices=("while-writing", "after-writing"),
-                   default="while-writing",
+                   default=CKPT_DEFAULTS["ckpt_hash"],
                    help="when each shard's sha256 for the manifest is taken: as its bytes are "
                         "written (default), or by reading it back after all writing (to compare)")
     g.add_argument("--resume", action="store_true",
@@ -74,7 +79,7 @@ def add_precision_arguments(p) -> None:
     g.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
                    help="fp8: the block linears in torchao float8 (a CUDA GPU of compute "
                         "capability >= 8.9: H100, H200); bf16 otherwise (fp32 on CPU)")
-    g.add_argument("--fp8-recipe", default="tensorwise", choices=("tensorwise", "rowwise"),
+    g.add_argument("--fp8-recipe", default=FP8_RECIPE, choices=("tensorwise", "rowwise"),
                    help="fp8 scaling: tensorwise (with FSDP2: weights all-gathered in fp8) or "
                         "rowwise (a scale per row)")
 
@@ -99,7 +104,7 @@ def add_gc_arguments(p) -> None:
     g.add_argument("--gc", default="step", choices=GC_MODES,
                    help="step: freeze after set-up, collect the young generations at step "
                         "starts on every rank (default); python: CPython's automatic collector")
-    g.add_argument("--gc-every", type=int, default=1,
+    g.add_argument("--gc-every", type=int, default=GC_DEFAULTS["gc_every"],
                    help="with --gc step, collect the young generations every Nth step")
-    g.add_argument("--gc-full-every", type=int, default=1000,
+    g.add_argument("--gc-full-every", type=int, default=GC_DEFAULTS["gc_full_every"],
                    help="with --gc step, a full collection every Nth step instead (long runs)")

@@ -31,12 +31,18 @@ import contextlib
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-from trainplan.commands.args import UsageError, non_negative_int, positive_float, positive_int
+from trainplan.commands.args import (
+    UsageError,
+    check_endpoint,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    single_node_flags,
+)
 from trainplan.commands.planning import LAYOUT_FLAGS
 from trainplan.loader import quote
 from trainplan.records.schema import IMPLS  # ours, transformers' model in our loop, Trainer
@@ -75,7 +81,6 @@ SWITCHES = ("compile", "synthetic", "cpu", "pin_memory", "no_sequence_parallel",
             "pad")
 
 
-ENDPOINT = re.compile(r"^[A-Za-z0-9_.:\[\]-]+:(\d{1,5})$")
 
 
 def register(verbs) -> None:
@@ -132,29 +137,28 @@ def _harness_argv(args) -> list[str]:
 
 
 def _check_rendezvous(args) -> None:
+    """Refuse (one line) rendezvous flags the node count or the rendezvous kind does not use,
+    and a malformed endpoint or port; `master_port` None means not given (default 29500)."""
     if args.nnodes == 1:
-        for flag in ("node_rank", "master_addr", "rdzv_endpoint", "rdzv_id"):
-            if getattr(args, flag) is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} = {quote(getattr(args, flag))} "
-                                 "is for multi-node runs; add --nnodes N > 1 or leave it out")
+        single_node_flags(args, ("node_rank", "master_addr", "master_port", "rdzv_endpoint",
+                                 "rdzv_id"))
         return
     if args.rdzv_endpoint is not None:
-        m = ENDPOINT.match(args.rdzv_endpoint)
-        if not m or not 1 <= int(m.group(1)) <= 65535:
-            raise UsageError(f"--rdzv-endpoint = {quote(args.rdzv_endpoint)} is not HOST:PORT "
-                             "with a port in 1..65535")
+        check_endpoint(args.rdzv_endpoint)
         if not args.rdzv_id:
             raise UsageError("--rdzv-endpoint needs --rdzv-id (the same job id on every node)")
-        if args.node_rank is not None or args.master_addr is not None:
-            raise UsageError("--node-rank/--master-addr are for a static rendezvous; with "
-                             "--rdzv-endpoint (c10d) the ranks are assigned: leave them out")
+        if (args.node_rank is not None or args.master_addr is not None
+                or getattr(args, "master_port", None) is not None):
+            raise UsageError("--node-rank/--master-addr/--master-port are for a static "
+                             "rendezvous; with --rdzv-endpoint (c10d) the ranks are assigned: "
+                             "leave them out")
         return
     if args.master_addr is None or args.node_rank is None:
         raise UsageError(f"--nnodes = {args.nnodes} needs --master-addr and --node-rank "
                          "(static), or --rdzv-endpoint and --rdzv-id (c10d)")
     if not 0 <= args.node_rank < args.nnodes:
         raise UsageError(f"--node-rank = {args.node_rank} must be in 0..{args.nnodes - 1}")
-    if args.master_port > 65535:
+    if args.master_port is not None and args.master_port > 65535:
         raise UsageError(f"--master-port = {args.master_port} must be in 1..65535")
 
 
@@ -221,10 +225,10 @@ def cmd_bench(args) -> dict:
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag.replace('_', '-')} belongs to --suite; add --suite FILE")
     args.nproc_per_node = args.nproc_per_node or 1
-    args.master_port = args.master_port or 29500
     if args.model is None:
         raise UsageError("bench needs --model M (a preset or YAML file), or --suite FILE")
     _check_rendezvous(args)
+    args.master_port = args.master_port or 29500
     if args.records and Path(args.records).is_dir():
         raise UsageError(f"--records = {quote(args.records)} is a folder; name a .jsonl file")
     argv = _harness_argv(args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainplan.commands.args import positive_int
+from trainplan.commands.args import UsageError, positive_int
 from trainplan.cost.memory_runtime import ALLOCATORS, EXPANDABLE
 from trainplan.specs import ParallelConfig, cluster_for, load_cluster, load_model
 
@@ -71,8 +71,9 @@ def register(verbs) -> None:
     p.add_argument("--top", type=positive_int, default=5)
     p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
                    help="fp8: the block linears in torchao float8 (cost.fp8); H100/H200 only")
-    p.add_argument("--fp8-recipe", choices=("tensorwise", "rowwise"), default="tensorwise",
-                   help="fp8 scaling: tensorwise (fp8 FSDP2 all-gather) or rowwise")
+    p.add_argument("--fp8-recipe", choices=("tensorwise", "rowwise"), default=None,
+                   help="with --precision fp8, its scaling: tensorwise (fp8 FSDP2 all-gather; "
+                        "default) or rowwise")
     p.add_argument("--loss", choices=("standard", "fused"), default="standard",
                    help="fused: the output layer and loss chunk by chunk (the harness's --loss "
                         "fused); plans with tp, pp or cp > 1 are priced standard (each says)")
@@ -105,6 +106,9 @@ def _specs(args):
 
 
 def cmd_plan(args) -> dict:
+    if args.fp8_recipe is not None and args.precision != "fp8":
+        raise UsageError(f"--fp8-recipe {args.fp8_recipe} prices fp8 scaling; add --precision "
+                         "fp8 or leave the recipe out")
     m, gpu, cluster = _specs(args)  # before importing pandas: a bad preset answers at once
     from trainplan.compare.trust import validation  # pandas: not loaded for --help
     from trainplan.launch.choice import decided
@@ -112,7 +116,8 @@ def cmd_plan(args) -> dict:
     out = decided(m, gpu, cluster, gpus=args.gpus, seq_len=args.seq_len,
                   global_batch_tokens=args.global_batch_tokens, pins=layout_pins(args),
                   top=args.top, gpus_per_node=args.gpus_per_node, precision=args.precision,
-                  fp8_recipe=args.fp8_recipe, loss=args.loss, allocator=args.allocator)
+                  fp8_recipe=args.fp8_recipe or "tensorwise", loss=args.loss,
+                  allocator=args.allocator)
     for p in out["plans"]:  # what `trainplan train` and `launch` can run (train.support)
         why = not_runnable({**p["parallel"], "precision": args.precision}, m)
         p["runnable"] = why is None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainplan.commands.args import positive_float, positive_int
+from trainplan.commands.args import UsageError, positive_float, positive_int
 from trainplan.resilience.checkpoint import plan_checkpoints
 from trainplan.specs import load_model
 
@@ -29,8 +29,9 @@ def register(verbs) -> None:
     mode.add_argument("--sync", dest="mode", action="store_const", const="sync",
                       help="synchronous saves: stall for the whole write")
     p.add_argument("--keep", type=positive_int, default=2, help="checkpoints retained (>= 2)")
-    p.add_argument("--host-copy-gbps", type=positive_float, default=25.0,
-                   help="assumed GPU-to-host copy rate per GPU, GB/s (async stall)")
+    p.add_argument("--host-copy-gbps", type=positive_float, default=None,
+                   help="assumed GPU-to-host copy rate per GPU, GB/s (the async stall; "
+                        "default 25)")
     p.add_argument("--shard-gpus", type=positive_int, default=None,
                    help="GPUs one copy of the state is split over (default: all; HSDP: a node)")
     p.add_argument("--bf16-weights", action="store_true",
@@ -40,12 +41,16 @@ def register(verbs) -> None:
 
 
 def cmd_checkpoint(args) -> dict:
+    if args.mode == "sync" and args.host_copy_gbps is not None:
+        raise UsageError(f"--host-copy-gbps {args.host_copy_gbps} prices the async copy to "
+                         "host; --sync saves stall for the whole write: leave one out")
+    copy = {} if args.host_copy_gbps is None else {"host_copy_gbps": args.host_copy_gbps}
     model = load_model(args.model)
     from trainplan.cost.params import total_params  # numpy: not loaded for --help
     plan = plan_checkpoints(
         total_params(model), args.gpus, args.node_mtbf_hours, args.write_gbps_per_node,
         args.restart_minutes, args.max_lost_minutes, gpus_per_node=args.gpus_per_node,
-        mode=args.mode, keep=args.keep, host_copy_gbps=args.host_copy_gbps,
+        mode=args.mode, keep=args.keep, **copy,
         bf16_weights=args.bf16_weights, shard_gpus=args.shard_gpus)
     return {"model": model.name, "gpus": args.gpus, **plan.as_dict()}
 

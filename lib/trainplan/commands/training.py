@@ -29,9 +29,15 @@ import os
 import subprocess
 import sys
 
-from trainplan.commands.args import UsageError, positive_int
+from trainplan.commands.args import (
+    UsageError,
+    check_endpoint,
+    positive_int,
+    single_node_flags,
+)
 
 LAUNCH = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "dry_run")
+RDZV_ID = "trainplan"  # --rdzv-id of a multi-node run that names none
 
 
 def register(verbs) -> None:
@@ -42,7 +48,8 @@ def register(verbs) -> None:
     g.add_argument("--nproc-per-node", type=positive_int, default=1, help="ranks on this node")
     g.add_argument("--nnodes", type=positive_int, default=1)
     g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the c10d rendezvous")
-    g.add_argument("--rdzv-id", default="trainplan", help="the job's rendezvous id")
+    g.add_argument("--rdzv-id", default=None,
+                   help=f"the job's rendezvous id (with --nnodes N > 1; default {RDZV_ID})")
     g.add_argument("--dry-run", action="store_true", help="check and print the command only")
     add_arguments(p)
     p.set_defaults(run=cmd_train, fmt=format_train)
@@ -89,6 +96,7 @@ def check(args) -> None:
     from trainplan.specs.bounds import check_run
     from trainplan.train import batches, loop
 
+    check_rendezvous(args)
     loop.check_args(args)
     check_run(seq_len=args.seq_len, micro_batch=args.micro_batch)
     spec = load_model(args.model)
@@ -108,9 +116,22 @@ def check(args) -> None:
         choice = resume_choice(Path(args.ckpt_dir), args.resume, args.fresh, contents=False)
         if choice[0] == "error":
             raise UsageError(choice[1])
-    if args.nnodes > 1 and not args.rdzv_endpoint:
+
+
+def check_rendezvous(args) -> None:
+    """`trainplan bench`'s rule for a c10d rendezvous, with its endpoint pattern: rendezvous
+    flags need --nnodes N > 1, and then HOST:PORT with a port in 1..65535 and a non-empty id
+    (default RDZV_ID); one line, exit 2."""
+    if args.nnodes == 1:
+        single_node_flags(args, ("rdzv_endpoint", "rdzv_id"))
+        return
+    if not args.rdzv_endpoint:
         raise UsageError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the node "
                          "that hosts the rendezvous, the same on every node)")
+    check_endpoint(args.rdzv_endpoint)
+    if args.rdzv_id is not None and not args.rdzv_id.strip():
+        raise UsageError("--rdzv-id is empty; name the job (the same id on every node), or "
+                         f"leave it out for {RDZV_ID!r}")
 
 
 def command(args) -> list[str]:
@@ -120,7 +141,8 @@ def command(args) -> list[str]:
         cmd.append("--standalone")
     else:
         cmd += ["--nnodes", str(args.nnodes), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id]
+                "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id",
+                args.rdzv_id if args.rdzv_id is not None else RDZV_ID]
     argv = [a for a in trainer_argv(args) if a != "--json"]
     return cmd + ["-m", "trainplan.train", *argv, "--json"]
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from trainplan.commands.args import positive_float, positive_int
 from trainplan.compare.scaling import format_scaling, weak_scaling
 from trainplan.errors import UsageError
+from trainplan.loader import quote
 
 
 def register(verbs) -> None:
@@ -122,6 +123,9 @@ def cmd_calibrate(args) -> dict:
     gpu = load_gpu(args.gpu, calibrated=False)
     if not args.records and not args.committed:
         raise UsageError("calibrate: give --records FILE ..., --committed, or both")
+    if args.out and Path(args.out).is_dir():
+        raise UsageError(f"--out = {quote(args.out)} is a folder; name the calibration file "
+                         "(.json) to write")
     paths = [*(calibration.committed_sources(gpu.name) if args.committed else []), *args.records]
     cal = calibrate.build(paths, gpu, args.host_records)  # raises before writing
     path = calibrate.write(cal, args.out or calibration.path_for(gpu.name))

@@ -223,7 +223,12 @@ def open_shards(folder: str | Path, split: str = "train", tokenizer: str | Path 
     if not ok:
         raise SpecError(f"{str(folder)!r} is not a {FORMAT} folder of version {VERSION} with a "
                         f"{split!r} split; make one with `trainplan data prepare`")
-    if tokenizer is not None and tokenize.sha256(Path(tokenizer)) != index["tokenizer"]["sha256"]:
+    try:
+        digest = None if tokenizer is None else tokenize.sha256(Path(tokenizer))
+    except OSError as err:  # missing, a folder, unreadable
+        raise SpecError(f"--tokenizer = {str(tokenizer)!r} cannot be read ({err.strerror}); "
+                        "name the tokenizer.json the shards were made with") from None
+    if digest is not None and digest != index["tokenizer"]["sha256"]:
         raise SpecError(f"the shards in {str(folder)!r} were made with another tokenizer than "
                         f"{str(tokenizer)!r}; prepare them again with it")
     if vocab_size is not None and index["vocab_size"] > vocab_size:

@@ -6,6 +6,10 @@ from __future__ import annotations
 from trainplan.bench import flags as bench_flags
 
 SCHEDULES = ("cosine", "linear", "constant")  # learning-rate decay after warm-up (train.optim)
+# defaults a check compares with (`train.loop.check_args`): a flag left at its default is not
+# "given" where it has no effect (--eval-batches without --eval-every, --lr-floor of constant)
+EVAL_BATCHES = 8
+LR_FLOOR = 0.1
 
 
 def add_arguments(p) -> None:
@@ -36,12 +40,14 @@ def add_arguments(p) -> None:
     a("--lr", type=float, default=3e-4, help="peak learning rate")
     a("--lr-schedule", default="cosine", choices=SCHEDULES)
     a("--lr-warmup", type=int, default=0, help="steps of linear warm-up from 0")
-    a("--lr-floor", type=float, default=0.1, help="final learning rate as a fraction of the peak")
+    a("--lr-floor", type=float, default=LR_FLOOR,
+      help="final learning rate as a fraction of the peak (cosine, linear)")
     a("--weight-decay", type=float, default=0.1, help="AdamW decay of the matrices")
     a("--max-norm", type=float, default=1.0, help="clip the gradient norm; 0 = off")
-    a("--seed", type=int, default=0)
+    a("--seed", type=int, default=0, help="weights and data order (>= 0)")
     a("--eval-every", type=int, default=0, help="held-out loss every N steps; 0 = off")
-    a("--eval-batches", type=int, default=8, help="micro-batches per rank per evaluation")
+    a("--eval-batches", type=int, default=EVAL_BATCHES,
+      help="with --eval-every: micro-batches per rank per evaluation")
     a("--log-dir", default=None, help="training.jsonl and TensorBoard events (tb/) go here")
     a("--log-every", type=int, default=10, help="progress line and metrics every N steps")
     a("--export", default=None, help="after training: safetensors + config.json for "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import sys
 import time
@@ -37,7 +38,7 @@ from trainplan.errors import TrainplanError
 from trainplan.specs import load_model
 from trainplan.train import batches as batches_mod
 from trainplan.train import logs, optim
-from trainplan.train.flags import add_arguments
+from trainplan.train.flags import EVAL_BATCHES, LR_FLOOR, add_arguments
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,6 +63,17 @@ def check_args(args) -> None:
             raise TrainplanError(f"--{name.replace('_', '-')} = {getattr(args, name)} must be >= 1")
     if args.eval_every < 0:
         raise TrainplanError(f"--eval-every = {args.eval_every} must be >= 0 (0 = off)")
+    if not args.eval_every and args.eval_batches != EVAL_BATCHES:
+        raise TrainplanError(f"--eval-batches {args.eval_batches} needs --eval-every N (a "
+                             "held-out loss every N steps); without it nothing is evaluated")
+    if args.lr_schedule == "constant" and args.lr_floor != LR_FLOOR:
+        raise TrainplanError(f"--lr-floor {args.lr_floor} is where a decay ends; with "
+                             "--lr-schedule constant leave it out, or use cosine or linear")
+    if args.seed < 0:
+        raise TrainplanError(f"--seed = {args.seed} must be >= 0")
+    if not (math.isfinite(args.max_norm) and args.max_norm >= 0):
+        raise TrainplanError(f"--max-norm = {args.max_norm} must be a finite number >= 0 "
+                             "(0: no clipping)")
     if args.export and not args.ckpt_dir:
         raise TrainplanError(f"--export {args.export} needs --ckpt-dir: the export is made "
                              "from the final checkpoint")

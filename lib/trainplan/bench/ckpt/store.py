@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -39,6 +40,7 @@ from trainplan.bench.ckpt.dcp_io import (
 )
 from trainplan.bench.ckpt.faults import Faults, Signals, digest_steps
 from trainplan.bench.ckpt.save import FORMAT, SaveMixin  # noqa: F401 (FORMAT: re-exported)
+from trainplan.bench.flags import CKPT_DEFAULTS
 from trainplan.bench.flags import add_checkpoint_arguments as add_arguments  # noqa: F401
 
 EVENTS = "events.jsonl"
@@ -54,15 +56,22 @@ def check_args(args) -> None:
                               "good checkpoint is deleted before the next is known good)")
     if args.ckpt_every < 0:
         raise CheckpointError(f"--ckpt-every = {args.ckpt_every} must be >= 0 (0 = at the end)")
-    if not args.ckpt_dir and (args.resume or args.ckpt_async or args.ckpt_every):
-        raise CheckpointError("--resume, --ckpt-async and --ckpt-every need --ckpt-dir DIR")
+    if not args.ckpt_dir:
+        given = [f"--{k.replace('_', '-')}" for k in ("resume", "ckpt_async", "ckpt_every")
+                 if getattr(args, k)]
+        given += [f"--{k.replace('_', '-')} {getattr(args, k)}"
+                  for k, default in CKPT_DEFAULTS.items() if getattr(args, k) != default]
+        if given:
+            raise CheckpointError(f"{given[0]} needs --ckpt-dir DIR (without it nothing is "
+                                  "saved or resumed)")
     if args.fresh and not args.resume:
         raise CheckpointError("--fresh qualifies --resume (start at step 0 where no checkpoint "
                               "verifies); pass both, or neither")
     if args.ckpt_threads < 1:
         raise CheckpointError(f"--ckpt-threads = {args.ckpt_threads} must be >= 1")
-    if args.collective_timeout_s is not None and args.collective_timeout_s <= 0:
-        raise CheckpointError(f"--collective-timeout-s = {args.collective_timeout_s} must be > 0")
+    t = args.collective_timeout_s
+    if t is not None and not (math.isfinite(t) and t > 0):
+        raise CheckpointError(f"--collective-timeout-s = {t} must be a number of seconds > 0")
 
 
 def resume_choice(root: Path, resume: bool, fresh: bool, contents: bool = True) -> tuple:

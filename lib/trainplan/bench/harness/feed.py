@@ -123,6 +123,9 @@ def add_arguments(p) -> None:
 
 def check_args(args) -> None:
     """One line for data flags that do not go together."""
+    if args.prefetch_factor is not None and args.num_workers == 0:
+        raise TrainplanError(f"--prefetch-factor {args.prefetch_factor} needs --num-workers >= "
+                             "1 (the main process prefetches nothing); leave it out")
     if args.data != "instruct" and (args.pack is not None or args.instruct_file):
         raise TrainplanError("--pack, --pad and --instruct-file need --data instruct")
     if args.instruct_file:  # read here, so a bad file stops a run before the model is built

@@ -25,6 +25,7 @@ import logging
 import torch
 from torch import nn
 
+from trainplan.bench.flags import FP8_RECIPE
 from trainplan.bench.flags import add_precision_arguments as add_arguments  # noqa: F401
 from trainplan.bench.harness.model import Transformer
 from trainplan.cost import fp8 as fp8_cost
@@ -49,6 +50,9 @@ def check(args, cpu: bool) -> None:
     """Refuse `--precision fp8` (one line) where it cannot run: no GPU of compute capability
     >= 8.9, tensor parallel, the `transformers` baseline, or torchao missing."""
     if getattr(args, "precision", "bf16") != "fp8":
+        if getattr(args, "fp8_recipe", FP8_RECIPE) != FP8_RECIPE:
+            raise TrainplanError(f"--fp8-recipe {args.fp8_recipe} needs --precision fp8 (bf16 "
+                                 "has no scaling recipe); add it or leave the recipe out")
         return
     fp8_cost.check_precision(args.precision, args.fp8_recipe)
     why = device_problem(cpu)

@@ -32,7 +32,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from trainplan.bench.flags import add_gc_arguments
+from trainplan.bench.flags import GC_DEFAULTS, add_gc_arguments
 from trainplan.cost import memory_runtime as rt
 from trainplan.errors import TrainplanError
 
@@ -97,6 +97,11 @@ def add_arguments(p) -> None:
 
 
 def check_args(args) -> None:
+    if args.gc != "step":  # the schedule is --gc step's
+        for name, default in GC_DEFAULTS.items():
+            if getattr(args, name) != default:
+                raise TrainplanError(f"--{name.replace('_', '-')} {getattr(args, name)} is "
+                                     f"--gc step's schedule; with --gc {args.gc} leave it out")
     for name in ("gc_every", "gc_full_every"):
         if getattr(args, name) < 1:
             flag = "--" + name.replace("_", "-")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainplan.bench.flags import LOSS_CHUNK as DEFAULT_CHUNK  # noqa: F401
+from trainplan.bench.flags import LOSS_CHUNK as DEFAULT_CHUNK
 from trainplan.bench.flags import LOSSES  # noqa: F401
 from trainplan.bench.flags import add_loss_arguments as add_arguments  # noqa: F401
 from trainplan.errors import SpecError, TrainplanError
@@ -139,9 +139,12 @@ class LinearCrossEntropy(nn.Linear):
 def check(args) -> None:
     """Refuse (one line) `--loss fused` where it is not built: tensor parallel (its output
     is vocab-sharded), pipeline stages, context parallel, the `transformers` baseline."""
-    if getattr(args, "loss", "standard") != "fused":
-        return
     chunk = args.loss_chunk
+    if getattr(args, "loss", "standard") != "fused":
+        if chunk != DEFAULT_CHUNK:
+            raise TrainplanError(f"--loss-chunk {chunk} is --loss fused's chunk; add --loss "
+                                 "fused or leave the chunk out")
+        return
     if chunk < 1:
         raise TrainplanError(f"--loss-chunk = {chunk} must be a whole number >= 1")
     supported = "it runs on one process, DDP and FSDP2 (ZeRO 1-3, HSDP)"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -104,6 +105,9 @@ def check_args(args) -> None:
         raise TrainplanError(f"--warmup = {args.warmup} must be >= 0 and < --steps = {args.steps}")
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise TrainplanError(f"--peak-tflops = {args.peak_tflops} must be > 0")
+    if not (math.isfinite(args.max_norm) and args.max_norm >= 0):
+        raise TrainplanError(f"--max-norm = {args.max_norm} must be a number >= 0 (0: no "
+                             "clipping)")
     cpu = args.cpu or not torch.cuda.is_available()
     if args.records and cpu and args.peak_tflops is None:
         raise TrainplanError(f"--records {args.records}: measurement records are for GPU runs "
