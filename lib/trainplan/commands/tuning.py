@@ -42,53 +42,60 @@ def knob_list(text: str) -> list[str]:
 
 
 def register(verbs) -> None:
+    # Flags whose default is None: "given" is told from "left out" (`_refuse_unused`); the
+    # default is applied where the flag is used (`cmd_tune`, `run_effects`'s own defaults).
     p = verbs.add_parser("tune", help="tune throughput knobs with Optuna under a GPU-hour budget")
     p.add_argument("--suite", help="tune suite YAML (data/suites/tune-*.yaml)")
     p.add_argument("--model", help="model preset or YAML file (instead of --suite)")
-    p.add_argument("--gpus", type=positive_int, default=1, help="with --model: GPUs (ranks)")
+    p.add_argument("--gpus", type=positive_int, default=None,
+                   help="with --model: GPUs (ranks; default 1); a suite names its own")
     p.add_argument("--seq-len", type=positive_int, default=None)
     p.add_argument("--storage", default=None,
                    help="journal file (PATH or journal:PATH) or sqlite:///PATH; with --report "
                         "the default is the committed study "
                         "(data/measurements/tune-proxy-h200x4-20261128/)")
-    p.add_argument("--study-name", default=None, help="default: the suite's or model's name")
+    p.add_argument("--study-name", default=None,
+                   help="default: the suite's file name or the model's name, as given")
     p.add_argument("--gpu-hours", type=positive_float, default=None,
                    help="the study's total budget: wall time x GPUs of every launch")
-    p.add_argument("--trials", type=positive_int, default=30,
-                   help="configurations to measure in all (resumes count earlier ones)")
+    p.add_argument("--trials", type=positive_int, default=None,
+                   help="search: configurations to measure in all (default 30; resumes count "
+                        "earlier ones)")
     p.add_argument("--cpu", action="store_true", help="the tiny gloo proxy on CPU ranks")
     p.add_argument("--synthetic", action="store_true", help="synthetic tokens in the harness")
-    p.add_argument("--records", default=None, help="measurement records (GPU); default: "
+    p.add_argument("--records", default=None, help="measurement records (GPU only); default: "
                    "STORAGE-measurements.jsonl beside the storage")
     p.add_argument("--stop-after-s", type=positive_float, default=None,
                    help="start no launch that would end after this many seconds of this run")
-    p.add_argument("--workers", type=positive_int, default=1,
-                   help="launches at once, each on its own --suite gpus of the machine's GPUs")
-    p.add_argument("--search-batch", type=positive_int, default=1,
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="search: launches at once, each on its own --suite gpus of the "
+                        "machine's GPUs (default 1)")
+    p.add_argument("--search-batch", type=positive_int, default=None,
                    help="search: up to this many trials run one after another in one launch "
-                        "(a sweep: the start is paid once; configs of one NCCL setting a "
-                        "launch; with --workers 1)")
-    p.add_argument("--effects-share", type=share, default=0.0,
+                        "(default 1; a sweep: the start is paid once; configs of one NCCL "
+                        "setting a launch; with --workers 1)")
+    p.add_argument("--effects-share", type=share, default=None,
                    help="share of --gpu-hours for the paired effects stage after the search "
-                        "(0: search only; 1: effects only)")
-    p.add_argument("--base", type=base_spec, default="best",
-                   help="effects stage: vary knobs around 'best' (the search's best trial), "
-                        "'plan' (the planner's fastest config of the space) or a trial number")
-    p.add_argument("--effects-halfwidth", type=positive_float, default=3.0,
+                        "(default 0: search only; 1: effects only)")
+    p.add_argument("--base", type=base_spec, default=None,
+                   help="effects stage: vary knobs around 'best' (the search's best trial; "
+                        "the default), 'plan' (the planner's fastest config of the space) or "
+                        "a trial number")
+    p.add_argument("--effects-halfwidth", type=positive_float, default=None,
                    help="effects stage: pair until each effect's 95%% interval is within "
-                        "+- this many percent")
+                        "+- this many percent (default 3)")
     p.add_argument("--effects-knobs", type=knob_list, default=None,
                    help="effects stage: comma-separated knobs to vary (default: all of "
                         "nccl_algo, nccl_proto, num_workers, prefetch_factor, grad_accum, "
                         "micro_batch, pack)")
-    p.add_argument("--effects-max-pairs", type=positive_int, default=20,
-                   help="effects stage: at most this many pairs per variant")
+    p.add_argument("--effects-max-pairs", type=positive_int, default=None,
+                   help="effects stage: at most this many pairs per variant (default 20)")
     p.add_argument("--effects-pairing", choices=("sweep", "sweep-nccl", "launches"),
-                   default="sweep",
-                   help="effects stage: 'sweep' runs the open variants of the knobs one "
-                        "process can switch (not NCCL's) one pair each in one launch; "
-                        "'sweep-nccl' NCCL's too, each run making its process groups under "
-                        "its own NCCL_* (check the machine first: torchrun ... -m "
+                   default=None,
+                   help="effects stage: 'sweep' (the default) runs the open variants of the "
+                        "knobs one process can switch (not NCCL's) one pair each in one "
+                        "launch; 'sweep-nccl' NCCL's too, each run making its process groups "
+                        "under its own NCCL_* (check the machine first: torchrun ... -m "
                         "trainplan.bench.micro.nccl_env; with tensor parallel it runs as "
                         "'sweep'); 'launches' a launch a run")
     p.add_argument("--no-progress", action="store_true")
@@ -112,7 +119,71 @@ def register(verbs) -> None:
     p.set_defaults(run=cmd_suggest, fmt=format_suggest)
 
 
+# Flags (dest names, parser order) that only running a study reads, and of those the ones
+# only the search (share < 1) or only the effects stage (share > 0) reads.
+RUN_FLAGS = ("suite", "model", "gpus", "seq_len", "gpu_hours", "trials", "cpu", "synthetic",
+             "records", "stop_after_s", "workers", "search_batch", "effects_share", "base",
+             "effects_halfwidth", "effects_knobs", "effects_max_pairs", "effects_pairing",
+             "no_progress")
+SEARCH_FLAGS = ("trials", "workers", "search_batch")
+EFFECTS_FLAGS = ("base", "effects_halfwidth", "effects_knobs", "effects_max_pairs",
+                 "effects_pairing")
+
+
+def _given(args, dest: str) -> str | None:
+    """The flag as the user gave it ("--workers 4", "--cpu"); None where it was left out."""
+    value = getattr(args, dest)
+    if value is None or value is False:
+        return None
+    flag = f"--{dest.replace('_', '-')}"
+    if value is True:
+        return flag
+    if isinstance(value, list):
+        value = ",".join(value)
+    return f"{flag} {f'{value:g}' if isinstance(value, float) else quote(value)}"
+
+
+def _refuse_unused(args) -> None:
+    """Refuse (one line, before anything is read or written) a flag the run would ignore."""
+    if args.report:
+        given = next(filter(None, (_given(args, d) for d in RUN_FLAGS)), None)
+        if given:
+            raise UsageError(f"{given} is for running a study; --report only reads one "
+                             "(--storage, --study-name, --json): leave it out")
+        if args.storage is None and args.study_name is not None:
+            raise UsageError(f"--study-name {quote(args.study_name)} needs --storage: without "
+                             "it --report reads the committed studies whole")
+        return
+    if args.suite and args.gpus is not None:
+        raise UsageError(f"--gpus {args.gpus} is not used with --suite (the suite names its "
+                         "own gpus); leave it out or edit the suite")
+    if args.cpu and args.records is not None:
+        raise UsageError(f"--records {quote(args.records)} is not used with --cpu (CPU "
+                         "launches write no measurement records); leave it out")
+    share = args.effects_share or 0.0
+    if share == 0.0:
+        flags, why = EFFECTS_FLAGS, "--effects-share 0 (the default) runs no effects stage"
+    elif share == 1.0:
+        flags, why = SEARCH_FLAGS, "--effects-share 1 runs no search"
+    else:
+        flags, why = (), ""  # both stages run: every flag is read
+    given = next(filter(None, (_given(args, d) for d in flags)), None)
+    if given:
+        raise UsageError(f"{given} is not used: {why}; change --effects-share or leave it out")
+
+
+def study_name(suite_path: str | None, model: str | None) -> str:
+    """The default --study-name: the file name of the suite or model, less .yaml/.yml; a
+    preset's name whole (llama-1.3b is not a path: no suffix is cut)."""
+    name = Path(suite_path or model or "").name
+    for suffix in (".yaml", ".yml"):
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
 def cmd_tune(args) -> dict:
+    _refuse_unused(args)
     if args.report:
         from trainplan.tune.report import COMMITTED, committed, report  # pandas: not for --help
         if args.storage is not None:
@@ -127,11 +198,12 @@ def cmd_tune(args) -> dict:
         raise UsageError("--gpu-hours is required to run a study (or pass --report)")
     if bool(args.suite) == bool(args.model):
         raise UsageError("give exactly one of --suite FILE or --model M")
-    if args.search_batch > 1 and args.workers > 1:
-        raise UsageError(f"--search-batch {args.search_batch} runs on one group of GPUs; "
+    workers, batch = args.workers or 1, args.search_batch or 1
+    if batch > 1 and workers > 1:
+        raise UsageError(f"--search-batch {batch} runs on one group of GPUs; "
                          f"use --workers 1 with it (or --search-batch 1)")
     from trainplan.tune.loop import run_stages  # numpy: not loaded for --help
-    suite = make_suite(suite_path=args.suite, model=args.model, gpus=args.gpus,
+    suite = make_suite(suite_path=args.suite, model=args.model, gpus=args.gpus or 1,
                        seq_len=args.seq_len)
     if args.cpu and "compile" not in suite["space"]:
         suite["space"] = {**suite["space"], "compile": [False]}  # no C++ toolchain assumed
@@ -140,15 +212,16 @@ def cmd_tune(args) -> dict:
                          f"{suite['data']!r} (leave out --synthetic)")
     if args.synthetic and "--synthetic" not in suite["extra_args"]:
         suite["extra_args"] = [*suite["extra_args"], "--synthetic"]
-    name = args.study_name or Path(args.suite or args.model).stem
-    effects = {"base": args.base, "halfwidth": args.effects_halfwidth,
-               "knob_names": args.effects_knobs or EFFECT_KNOBS,
-               "max_pairs": args.effects_max_pairs, "pairing": args.effects_pairing}
+    name = args.study_name or study_name(args.suite, args.model)
+    effects = {key: value for key, value in (  # left out: `run_effects`'s defaults
+        ("base", args.base), ("halfwidth", args.effects_halfwidth),
+        ("knob_names", args.effects_knobs), ("max_pairs", args.effects_max_pairs),
+        ("pairing", args.effects_pairing)) if value is not None}
     return run_stages(suite, storage=args.storage, name=name, gpu_hours=args.gpu_hours,
-                      trials=args.trials, effects_share=args.effects_share, effects=effects,
-                      cpu=args.cpu, records_path=args.records, stop_after_s=args.stop_after_s,
-                      progress=not args.no_progress, workers=args.workers,
-                      batch=args.search_batch)
+                      trials=args.trials or 30, effects_share=args.effects_share or 0.0,
+                      effects=effects, cpu=args.cpu, records_path=args.records,
+                      stop_after_s=args.stop_after_s, progress=not args.no_progress,
+                      workers=workers, batch=batch)
 
 
 def format_tune(out: dict) -> str:

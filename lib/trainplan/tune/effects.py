@@ -133,7 +133,7 @@ def choose_base(spec: str, study, suite: dict, sp: dict, gpu) -> tuple[str, dict
     """(design name, base config, where it comes from) of --base best | plan | N."""
     if spec == "plan":
         return "plan", plan_base(suite, sp, gpu), "the planner's fastest config of the space"
-    done = tn.measured(study)
+    done = tn.measured(study) if study is not None else []  # None: no study stored yet
     if spec == "best":
         if not done:
             raise tn.StudyError("--base best: the search has measured no configuration yet; "
@@ -162,6 +162,7 @@ def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base:
     card = tl.card_name(cpu)
     gpu = tl.gpu_for(card, suite)
     devices = tl.device_groups(1, suite["gpus"], cpu)[0]
+    _check_base(storage, name, base, suite, gpu)  # before the storage is made or written
     store, path = tn.open_storage(storage, must_exist=False)
     rec, live = paths(path)
     with tn.exclusive(path):
@@ -207,6 +208,22 @@ def run_effects(suite: dict, *, storage: str, name: str, gpu_hours: float, base:
             "budget_gpu_hours": gpu_hours, "halfwidth_pct": halfwidth,
             "variants": variant_rows(records, head), "left_out": head["left_out"],
             "pairing": pairing}
+
+
+def _check_base(storage: str, name: str, spec: str, suite: dict, gpu) -> None:
+    """Refuse (one StudyError line) a --base that cannot be had, reading only: a stored design
+    of it resumes; else `choose_base` on the study as stored (none: no measured trial)."""
+    path = tn.storage_path(storage)[1]
+    wanted = {"best": "best", "plan": "plan"}.get(spec, f"trial-{spec}")
+    if any(r["record"] == "design" and r["study"] == name and r["design"] == wanted
+           for r in read_records(paths(path)[0])):
+        return
+    study = None
+    if spec != "plan" and path.is_file():
+        store, _ = tn.open_storage(storage, must_exist=True)
+        if name in [s.study_name for s in store.get_all_studies()]:
+            study = tn.load_study(store, name, None, create=False)
+    choose_base(spec, study, suite, knobs.space(suite["space"]), gpu)
 
 
 def _design_head(records, rec, name, spec, study, suite, gpu, knob_names, halfwidth,
