@@ -245,6 +245,10 @@ G8 = ["--gpu", "h100-sxm", "--gpus", "8"]
 BAD_INPUTS = [
     ("plan-recipe-in-bf16", ["plan", "--model", "llama-7b", *G8, "--fp8-recipe", "rowwise"],
      "--fp8-recipe rowwise"),
+    ("validate-two-calibrations", ["validate", "--suite", "data/suites/baseline-1gpu.yaml",
+                                   "--out", "{d}/v", "--gpus", "1", "--skip-micro",
+                                   "--calibration", "c.yaml"],
+     "name two calibrations"),
     ("calibrate-out-folder", ["calibrate", "--gpu", "h100-sxm", "--committed", "--out", "{d}"],
      "is a folder"),
     ("unknown-model", ["plan", "--model", "llama-9000b", *G8], "'llama-9000b'"),

@@ -220,6 +220,8 @@ def test_bad_request_is_one_line_exit_2_and_writes_nothing(args, needles, tmp_pa
 LA = ["launch", "--model", "llama-1.3b", "--gpu", "h100-sxm", "--gpus", "8", "--cpu",
       "--steps", "10"]
 UNUSED = {  # flags given where nothing reads them: refused, not dropped
+    "no-compile-on-cpu": (["--target", "torchrun", "--no-compile"],
+                          "--no-compile is not used with --cpu"),
     "train-arg-without-data": (["--target", "torchrun", "--train-arg", "bogus=1"],
                                "--train-arg 'bogus=1' is not used without --data"),
     "warmup-with-data": (["--target", "slurm", "--data", "shards", "--warmup", "2"],

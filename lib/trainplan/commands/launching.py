@@ -121,6 +121,9 @@ def _check_used(args) -> None:
         flag = f"--warmup {args.warmup}" if args.warmup is not None else "--synthetic"
         raise UsageError(f"{flag} is not used with --data (the trainer runs); it is the proxy "
                          "harness's, without --data")
+    if args.cpu and args.no_compile:
+        raise UsageError("--no-compile is not used with --cpu (CPU runs are never compiled); "
+                         "leave one out")
     for flag in dict.fromkeys(f for flags in TARGET_FLAGS.values() for f in flags):
         value = getattr(args, flag[2:].replace("-", "_"))
         users = [t for t, flags in TARGET_FLAGS.items() if flag in flags]

@@ -97,6 +97,9 @@ def cmd_compare(args) -> dict:
 
 
 def cmd_validate(args) -> dict:
+    if args.skip_micro and args.calibration:  # calibration_file refuses another card's FILE
+        raise UsageError(f"--skip-micro (the committed calibration) and --calibration "
+                         f"{quote(args.calibration)} name two calibrations; give one")
     from trainplan.validate import validate  # numpy: not loaded for --help
     return validate(args)
 
