@@ -35,6 +35,8 @@ BAD = {  # case -> (flags, words the one line holds)
                          "--ckpt-hash after-writing needs --ckpt-dir"),
     "ckpt-every-no-dir": (["--ckpt-every", "5"], "--ckpt-every needs --ckpt-dir"),
     "eval-batches-no-eval": (["--eval-batches", "3"], "--eval-batches 3 needs --eval-every"),
+    "eval-too-little-held-out": (["--eval-every", "2", "--micro-batch", "64", "--seq-len",
+                                  "4096"], "--eval-every 2: the held-out split"),
     "lr-floor-constant": (["--lr-schedule", "constant", "--lr-floor", "0.2"],
                           "--lr-floor 0.2 is where a decay ends; with --lr-schedule constant"),
     "gc-every-python": (["--gc", "python", "--gc-every", "2"],

@@ -108,6 +108,9 @@ def check(args) -> None:
                          device_type=device)
     for folder, _ in batches.parse_mixture(args.data):
         open_shards(folder, "train", args.tokenizer, spec.vocab)
+    if args.eval_every:  # rank 0's held-out batches, read as the run reads them
+        cfg = harness.layout(args)
+        loop.eval_groups(args, cfg, spec, 0, cfg.dp, torch.device("cpu"))
     if args.ckpt_dir:
         from pathlib import Path
 
