@@ -123,6 +123,7 @@ def test_large_vocabularies_take_32_bits():
     ("ok", ["DIR", "--vocab-size", "300", "--tokenizer", "t.json"], "not both or neither"),
     ("ok", ["DIR", "--vocab-size", "300", "--val-fraction", "1.5"], "not a fraction"),
     ("ok", ["DIR", "--tokenizer", "DIR/a.txt"], "not a tokenizers tokenizer.json"),
+    ("ok", ["DIR", "--text-field", "body"], "--text-field 'body' names a JSONL key"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys, setup, args, match):
     src = tmp_path / "src"

@@ -125,6 +125,9 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str | Path 
     if out.exists():
         raise SpecError(f"--out {str(out)!r} exists; give a new folder (nothing is overwritten)")
     files = corpus.expand(inputs)
+    if text_field != "text" and not any(f.suffix in (".jsonl", ".parquet") for f in files):
+        raise SpecError(f"--text-field {text_field!r} names a JSONL key or parquet column; "
+                        "this corpus is plain text only: leave it out")
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
