@@ -63,15 +63,17 @@ N_BOOT = 2000
 RIDGE = 1e-3
 
 
-def load(storage: str, name: str | None = None):
-    """The study (the only one in the storage unless `name` says which)."""
-    store, path = open_storage(storage, must_exist=True)
+def load(storage: str, name: str | None = None, *, flag: str = "--storage"):
+    """The study (the only one in the storage unless `name` says which); errors name `flag`,
+    the option that gave `storage` (`tune --storage`, `suggest --study`)."""
+    store, path = open_storage(storage, must_exist=True, flag=flag)
     names = [s.study_name for s in store.get_all_studies()]
     if not names:
-        raise StudyError(f"--storage {storage}: holds no study")
+        raise StudyError(f"{flag} {shown(storage)}: holds no study")
     if name is None and len(names) > 1:
-        raise StudyError(f"--storage {storage} holds {len(names)} studies {names}; "
-                         "pick one with --study-name")
+        fix = ("pick one with --study-name" if flag == "--storage" else
+               f"{flag} reads a storage holding one study")
+        raise StudyError(f"{flag} {shown(storage)} holds {len(names)} studies {names}; {fix}")
     return load_study(store, name or names[0], None, create=False)
 
 
@@ -223,14 +225,15 @@ def analyse(study) -> dict:
     }
 
 
-def report(storage: str, name: str | None = None) -> dict:
-    """The analysis of the study in `storage`; one StudyError line for a study whose trials
-    lack what `trainplan tune` writes (config, interval, figure) or hold the wrong types."""
-    study = load(storage, name)
+def report(storage: str, name: str | None = None, *, flag: str = "--storage") -> dict:
+    """The analysis of the study in `storage`; one StudyError line (naming `flag`) for a study
+    whose trials lack what `trainplan tune` writes (config, interval, figure) or hold the
+    wrong types."""
+    study = load(storage, name, flag=flag)
     try:
         return {**analyse(study), "effects": study_effects(study, storage)}
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
-        raise StudyError(f"--storage {shown(storage)}: its trials are not a `trainplan tune` "
+        raise StudyError(f"{flag} {shown(storage)}: its trials are not a `trainplan tune` "
                          f"study's ({type(err).__name__}: {quote(str(err), 60)})") from None
 
 

@@ -106,34 +106,38 @@ JOURNAL_KEYS = {0: ("study_name", "directions"), 1: ("study_id",), 2: ("study_id
                 8: ("trial_id", "user_attr"), 9: ("trial_id", "system_attr"), 10: ()}
 
 
-def check_journal(spec: str, path: Path) -> None:
-    """Raise StudyError (one line) unless `path` is an Optuna journal: UTF-8, one JSON object
-    a line, each a known operation with the fields it needs. A last line cut short by a kill
-    (no newline) is left for Optuna, which skips it."""
+def check_journal(spec: str, path: Path, *, flag: str = "--storage") -> None:
+    """Raise StudyError (one line, naming `flag` and `spec`) unless `path` is an Optuna
+    journal: UTF-8, one JSON object a line, each a known operation with the fields it needs.
+    A last line cut short by a kill (no newline) is left for Optuna, which skips it."""
     if not path.exists():
         return
-    for number, op in json_lines(path, error=StudyError, what="study journal", constants=True,
-                                 max_bytes=MAX_LOG_BYTES):
+    try:
+        ops = json_lines(path, error=StudyError, what="study journal", constants=True,
+                         max_bytes=MAX_LOG_BYTES)
+    except StudyError as err:  # names the file and line: PATH:N: what is wrong
+        raise StudyError(f"{flag} {err}") from None
+    for number, op in ops:
         need = JOURNAL_KEYS.get(op.get("op_code")) if isinstance(op, dict) else None
         if need is None or "worker_id" not in op or any(k not in op for k in need):
-            raise StudyError(f"--storage {shown(spec)}: line {number} is not an Optuna journal "
+            raise StudyError(f"{flag} {shown(spec)}: line {number} is not an Optuna journal "
                              f"operation ({quote(op, 60)}); give a study's journal file")
 
 
-def open_storage(spec: str, *, must_exist: bool):
-    """(Optuna storage, file path) of a --storage value, checked (`check_journal`, the SQLite
-    signature) and replayed once here, so that a malformed file is one StudyError line; the
-    journal needs no SQLAlchemy."""
+def open_storage(spec: str, *, must_exist: bool, flag: str = "--storage"):
+    """(Optuna storage, file path) of a storage value, checked (`check_journal`, the SQLite
+    signature) and replayed once here, so that a malformed file is one StudyError line naming
+    the command's `flag`; the journal needs no SQLAlchemy."""
     kind, path = storage_path(spec)
     if must_exist and not path.is_file():
-        raise StudyError(f"--storage {shown(spec)}: no study there (no file {shown(path)})")
+        raise StudyError(f"{flag} {shown(spec)}: no study there (no file {shown(path)})")
     if not path.parent.is_dir():
-        raise StudyError(f"--storage {shown(spec)}: folder {shown(path.parent)} does not exist")
+        raise StudyError(f"{flag} {shown(spec)}: folder {shown(path.parent)} does not exist")
     if path.exists() and (not path.is_file() or (kind == "sqlite" and path.stat().st_size
                                                   and not is_file_of(path, SQLITE))):
-        raise StudyError(f"--storage {shown(spec)}: not a {kind} study file")
+        raise StudyError(f"{flag} {shown(spec)}: not a {kind} study file")
     if kind == "journal":
-        check_journal(spec, path)
+        check_journal(spec, path, flag=flag)
     optuna = import_optuna()
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -151,7 +155,7 @@ def open_storage(spec: str, *, must_exist: bool):
         store.get_all_studies()  # replays a journal: its errors surface here, as one line
     except errors as err:
         err = getattr(err, "orig", None) or err  # SQLAlchemy's wraps the driver's
-        raise StudyError(f"--storage {shown(spec)}: Optuna cannot read it "
+        raise StudyError(f"{flag} {shown(spec)}: Optuna cannot read it "
                          f"({type(err).__name__}: {quote(str(err), 60)})") from None
     return store, path
 

@@ -37,13 +37,12 @@ import re
 
 from trainplan.cost import params
 from trainplan.errors import LayoutError, SpecError, TrainplanError
-from trainplan.loader import quote, shown
+from trainplan.loader import quote
 from trainplan.specs import ModelSpec, load_cluster, load_model
 from trainplan.specs.layouts import strategy_family
 from trainplan.tune.effect_stats import family_advice
 from trainplan.tune.effect_stats import where as ran_on
 from trainplan.tune.knobs import NCCL_ALGO_ENV, NCCL_PROTO_ENV
-from trainplan.tune.study import StudyError, storage_path
 
 PRESETS = ("llama-1.3b", "llama-7b", "llama-13b", "llama-70b")
 PRESET_TOLERANCE = 0.15  # a size within 15% of a preset's count means that preset
@@ -240,25 +239,8 @@ def study_report(study: str | None) -> dict | None:
     from trainplan.tune import report as tune_report  # pandas: not loaded at import
 
     if study is not None:
-        try:
-            return tune_report.report(study)
-        except StudyError as err:
-            raise StudyError(_under_study(str(err), study)) from None
+        return tune_report.report(study, flag="--study")
     return tune_report.committed() if Path(tune_report.COMMITTED).is_file() else None
-
-
-def _under_study(message: str, study: str) -> str:
-    """A storage's error line as `suggest` names it: under --study and its value (`tune`'s
-    reader says --storage; suggest has no --study-name to pick one of several studies)."""
-    message = message.replace("; pick one with --study-name",
-                              "; suggest reads a storage holding one study")
-    for named in (f"--storage {shown(study)}", f"--storage {study}"):
-        if message.startswith(named):
-            return f"--study {shown(study)}{message[len(named):]}"
-    path = str(storage_path(study)[1])
-    if message.startswith((path, shown(path))):  # a line of the file: PATH:N: what is wrong
-        return f"--study {message}"
-    return f"--study {shown(study)}: {message}"
 
 
 def knob_effects(rep: dict | None, family: str, knob_cfg: dict) -> tuple[dict, str]:
