@@ -90,7 +90,7 @@ def test_a_launch_holds_configs_of_one_nccl_setting(tmp_path, monkeypatch):
 
 def test_rounds_stop_before_the_budget_is_overrun(tmp_path, monkeypatch):
     rounds = []
-    out, study = _study(tmp_path, monkeypatch, rounds, gpu_hours=60 / 3600)
+    out, study = _study(tmp_path, monkeypatch, rounds, gpu_hours=60 / 3600, trials=40)
     assert out["stopped"] == "budget"
     assert tune.gpu_seconds(study) <= 60.0 and len(rounds) >= 2
     assert out["gpu_hours"] * 3600 == pytest.approx(sum(START + EACH * len(e)

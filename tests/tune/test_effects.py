@@ -109,7 +109,7 @@ def _records(storage):
 
 
 def _run(tmp_path, gpus: int = 1, layout: dict | None = None, **kw):
-    path = _suite(tmp_path, gpus=gpus)
+    path = _suite(tmp_path, gpus=gpus, synthetic=False)  # stand-in launches: loader knobs vary
     if layout:
         path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "layout": layout}))
     suite = tune.make_suite(suite_path=str(path))
@@ -225,7 +225,7 @@ def test_a_variant_that_keeps_failing_is_given_up_and_a_failing_base_stops(tmp_p
 
 def test_search_and_effects_share_one_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(tune_launch, "run_launch", truth_launch(seconds=10.0))
-    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1)))
+    suite = tune.make_suite(suite_path=str(_suite(tmp_path, gpus=1, synthetic=False)))
     out = loop.run_stages(suite, storage=str(tmp_path / "s.journal"), name="s",
                           gpu_hours=200 / 3600, trials=40, effects_share=0.5,
                           effects={"base": "best", "pairing": "launches"}, cpu=True,
@@ -695,3 +695,24 @@ def test_the_committed_effects_bound_every_knob_on_both_families():
         assert knob["nccl_proto"]["ci_pct"][1] < 0  # LL measurably slower
         assert knob["grad_accum"]["verdict"] == "set"
     assert tp["pairs"] == 36 and not any("void" in v for k in tp["knobs"] for v in k["variants"])
+
+
+def test_synthetic_tokens_leave_the_loader_knobs_out_of_search_and_design():
+    """With `--synthetic` no DataLoader feeds the run: its knobs are neither sampled nor paired,
+    and no loader flag reaches the harness (which refuses them there)."""
+    import optuna
+
+    suite = tune.make_suite(suite_path=str(ROOT / "data" / "suites" / "tune-exposed-4gpu.yaml"))
+    suite["extra_args"] = [*suite["extra_args"], "--synthetic"]
+    assert knobs.data_source(suite) == "synthetic"
+    gpu = tune_launch.gpu_for("NVIDIA H200", suite)
+    sp = knobs.space(suite["space"])
+    trial = optuna.create_study().ask()
+    cfg = knobs.suggest(trial, sp, world=4, dp=4, data="synthetic")
+    assert not {"num_workers", "prefetch_factor"} & set(trial.params) and trial.params
+    assert cfg["prefetch_factor"] is None and "--prefetch-factor" not in knobs.harness_args(cfg)
+    variants, left_out = effects.design(effects.plan_base(suite, sp, gpu), suite, sp, gpu)
+    assert {v["knob"] for v in variants} == {"nccl_algo", "nccl_proto", "grad_accum",
+                                             "micro_batch"}
+    why = {r["knob"]: r["why"] for r in left_out}
+    assert why["num_workers"] == why["prefetch_factor"] == "synthetic tokens: no data loader"

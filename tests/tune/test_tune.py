@@ -37,11 +37,14 @@ SPACE = {"micro_batch": [1, 2], "grad_accum": [1, 2], "recompute": ["none", "ful
          "compile": [False]}
 
 
-def _suite(tmp_path, gpus: int) -> Path:
+def _suite(tmp_path, gpus: int, synthetic: bool = True) -> Path:
+    """A tiny study suite; `synthetic=False` for stand-in launches that vary loader knobs
+    (the tiny vocabulary needs synthetic tokens where the harness really runs)."""
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     suite = {"model": str(tmp_path / "tiny.yaml"), "gpus": gpus, "seq_len": 32, "warmup": 1,
              "windows": 3, "target_sequences": 1, "max_launches": 1, "n_startup": 2,
-             "launch_timeout_s": 120, "extra_args": ["--synthetic"], "space": SPACE}
+             "launch_timeout_s": 120, "extra_args": ["--synthetic"] if synthetic else [],
+             "space": SPACE}
     path = tmp_path / "suite.yaml"
     path.write_text(yaml.safe_dump(suite))
     return path

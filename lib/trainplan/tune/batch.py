@@ -91,7 +91,7 @@ def run_batches(run, devices: str | None, k: int) -> None:
             run["proposals"] += 1
             trial = study.ask()
             cfg = knobs.suggest(trial, run["space"], world=suite["gpus"],
-                                dp=suite["layout"].get("dp", 1), data=suite.get("data", "stdlib"))
+                                dp=suite["layout"].get("dp", 1), data=knobs.data_source(suite))
             trial.set_user_attr("config", cfg)
             trial.set_user_attr("devices", devices or "cpu")
             if run["settle"](run, trial, cfg, TrialState) is None:

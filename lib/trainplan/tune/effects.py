@@ -82,7 +82,7 @@ def alternatives(name: str, value, knob: knobs.Knob) -> list:
 
 def _world(suite: dict) -> dict:
     return {"world": suite["gpus"], "dp": suite["layout"].get("dp", 1),
-            "data": suite.get("data", "stdlib")}
+            "data": knobs.data_source(suite)}
 
 
 def design(base: dict, suite: dict, sp: dict, gpu, names=EFFECT_KNOBS) -> tuple[list, list]:
@@ -90,8 +90,7 @@ def design(base: dict, suite: dict, sp: dict, gpu, names=EFFECT_KNOBS) -> tuple[
     candidates, left_out = [], []
     for name in names:
         if not knobs.active(name, **_world(suite)):
-            left_out.append({"knob": name, "why": "one rank: no collective to tune"
-                             if name in knobs.NCCL_KNOBS else "not instruction data"})
+            left_out.append({"knob": name, "why": knobs.inactive_why(name)})
             continue
         if name == "prefetch_factor" and not base["num_workers"]:
             left_out.append({"knob": name, "why": "the base has no loader workers"})

@@ -6,8 +6,8 @@ Knobs and how each reaches the harness (`trainplan.bench.harness.train`):
 |---|---|---|
 | nccl_algo | default, Ring, Tree | env NCCL_ALGO (unset for default) |
 | nccl_proto | default, LL, LL128, Simple | env NCCL_PROTO (unset for default) |
-| num_workers | 0-8 | --num-workers |
-| prefetch_factor | 1-8, only with num_workers > 0 | --prefetch-factor |
+| num_workers | 0-8; not with synthetic tokens | --num-workers |
+| prefetch_factor | 1-8, only with num_workers > 0; not with synthetic tokens | --prefetch-factor |
 | grad_accum | 1-8 | --grad-accum |
 | micro_batch | 1-16 | --micro-batch |
 | zero | 2 (keep gathered weights), 3 (reshard after forward) | --zero |
@@ -75,10 +75,12 @@ SPACE: dict[str, Knob] = {k.name: k for k in (
          help="instruction records packed into full rows (else one padded record a row)"),
 )}
 NCCL_KNOBS = ("nccl_algo", "nccl_proto")
+LOADER_KNOBS = ("num_workers", "prefetch_factor")  # act only where a DataLoader feeds the run
 # The knobs the effects stage varies one at a time (`trainplan.tune.effects`)
 EFFECT_KNOBS = ("nccl_algo", "nccl_proto", "num_workers", "prefetch_factor", "grad_accum",
                 "micro_batch", "pack")
-INACTIVE = {"zero": 0, "pack": None}  # what an inactive knob is set to, where not its default
+# What an inactive knob is set to, where not its default
+INACTIVE = {"zero": 0, "pack": None, "prefetch_factor": None}
 # Levels the analysis groups integer knobs into (few trials per exact value): upper bounds.
 BINS = {"num_workers": (0, 2, 8), "prefetch_factor": (2, 8), "grad_accum": (1, 3, 8),
         "micro_batch": (2, 6, 16)}
@@ -104,18 +106,36 @@ def space(overrides: dict | None = None) -> dict[str, Knob]:
     return out
 
 
+def data_source(suite: dict) -> str:
+    """What feeds a suite's runs: "synthetic" when its harness flags ask for synthetic tokens
+    (no DataLoader), else its `data` (the harness's --data: stdlib or instruct)."""
+    return "synthetic" if "--synthetic" in suite.get("extra_args", ()) else \
+        suite.get("data", "stdlib")
+
+
 def active(name: str, world: int, dp: int, data: str = "stdlib") -> bool:
     """Whether a knob can matter for a run of `world` ranks with data-parallel degree `dp`
-    on the suite's `data` (the harness's --data). `pack` (packed rows or one padded record a
-    row) only on instruction records; its trials compare by the tokens that train, which
-    the study's objective counts (`trial.pooled`)."""
+    fed by `data` (`data_source`). `pack` (packed rows or one padded record a row) only on
+    instruction records, its trials compared by the tokens that train (`trial.pooled`); the
+    loader's knobs not with synthetic tokens, which no DataLoader carries."""
     if name in NCCL_KNOBS:
         return world > 1
     if name == "zero":
         return dp > 1
     if name == "pack":
         return data == "instruct"
+    if name in LOADER_KNOBS:
+        return data != "synthetic"
     return True
+
+
+def inactive_why(name: str) -> str:
+    """Why `active` says a knob cannot matter, as the effects stage lists it (one phrase)."""
+    if name in NCCL_KNOBS:
+        return "one rank: no collective to tune"
+    if name in LOADER_KNOBS:
+        return "synthetic tokens: no data loader"
+    return "not instruction data"
 
 
 def suggest(trial, sp: dict[str, Knob], *, world: int, dp: int, data: str = "stdlib") -> dict:

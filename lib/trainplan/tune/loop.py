@@ -164,7 +164,7 @@ def _worker(run, devices: str | None) -> None:
                 trial = study.ask()
                 cfg = knobs.suggest(trial, run["space"], world=run["suite"]["gpus"],
                                     dp=run["suite"]["layout"].get("dp", 1),
-                                    data=run["suite"].get("data", "stdlib"))
+                                    data=knobs.data_source(run["suite"]))
                 trial.set_user_attr("config", cfg)
                 trial = _settle(run, trial, cfg, TrialState)
                 if trial is not None:

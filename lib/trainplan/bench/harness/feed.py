@@ -101,6 +101,9 @@ def trained_share(group: list[Batch]) -> float:
     return sum(int((y != -100).sum()) for _, y in group) / sum(y.numel() for _, y in group)
 
 
+NUM_WORKERS = 2  # the loader's worker processes unless --num-workers says otherwise
+
+
 def add_arguments(p) -> None:
     """The harness's data flags."""
     a = p.add_argument
@@ -116,13 +119,14 @@ def add_arguments(p) -> None:
                    help="(--data instruct) one record a row, padded to --seq-len")
     a("--instruct-file", default=None, help="(--data instruct) JSON-lines records "
       '{"prompt", "response"}; default: made from the stdlib with --seed')
-    a("--num-workers", type=int, default=2)
+    a("--num-workers", type=int, default=NUM_WORKERS)
     a("--prefetch-factor", type=int, default=None)
     a("--pin-memory", action="store_true")
 
 
-def check_args(args) -> None:
-    """One line for data flags that do not go together."""
+def check_args(args, *, synthetic_loader: bool = False) -> None:
+    """One line for data flags that do not go together. `synthetic_loader`: the run feeds
+    even synthetic tokens through a DataLoader (Trainer does), so its flags act there."""
     if args.prefetch_factor is not None and args.num_workers == 0:
         raise TrainplanError(f"--prefetch-factor {args.prefetch_factor} needs --num-workers >= "
                              "1 (the main process prefetches nothing); leave it out")
@@ -134,6 +138,14 @@ def check_args(args) -> None:
         read_records(args.instruct_file)
     if args.data == "instruct" and args.synthetic:
         raise TrainplanError("--synthetic makes its own tokens; leave out --data instruct")
+    if args.synthetic and not synthetic_loader:  # no DataLoader: its flags would not act
+        for flag, value, default in (("--num-workers", args.num_workers, NUM_WORKERS),
+                                     ("--prefetch-factor", args.prefetch_factor, None),
+                                     ("--pin-memory", args.pin_memory, False)):
+            if value != default:
+                shown = flag if value is True else f"{flag} {value}"
+                raise TrainplanError(f"{shown} has no effect with --synthetic (its tokens need "
+                                     "no data loader); leave it out")
     if args.data == "instruct" and args.cp > 1:
         raise TrainplanError(f"--cp {args.cp}: context parallel is not wired for instruction "
                              "data (a rank's slice of a padded row may hold no loss)")

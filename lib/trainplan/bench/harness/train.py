@@ -39,6 +39,7 @@ from trainplan.errors import TrainplanError
 from trainplan.records import schema as records
 from trainplan.specs import ModelSpec, ParallelConfig, load_model, slice_name
 
+LOOP_IMPLS = ("trainplan", "hf-baseline")  # the models this loop trains (Trainer: hf_trainer)
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, vendor datasheets
 
 
@@ -47,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "Train the proxy model under one parallel layout and measure it (run under torchrun)."))
     a = p.add_argument
     a("--model", default="llama-1.3b", help="model preset or YAML file")
-    a("--impl", default="trainplan", choices=["trainplan", "hf-baseline"],
+    a("--impl", default="trainplan", choices=list(LOOP_IMPLS),
       help="our plain model, or transformers' LlamaForCausalLM as the baseline")
     a("--layers", type=int, default=0, help="keep only this many blocks (a layer slice); 0 = all")
     a("--seq-len", type=int, default=2048)
@@ -116,7 +117,7 @@ def check_args(args) -> None:
     loss_mod.check(args)  # before cp's device check: one line names --loss fused
     context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
     float8.check(args, cpu)
-    feed.check_args(args)
+    feed.check_args(args, synthetic_loader=args.impl not in LOOP_IMPLS)  # Trainer: its own
     ckpt.check_args(args)
     monitor.check_args(args)
     host.check_args(args)
@@ -326,10 +327,10 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
         "losses": losses,
         "notes": par.notes,
         "tag": args.tag,
-        "loader": {"synthetic": args.synthetic, "num_workers": args.num_workers,
-                   "prefetch_factor": args.prefetch_factor, "pin_memory": args.pin_memory,
-                   "data": args.data,
-                   "pack": args.pack is not False if args.data == "instruct" else None},
+        "loader": {"synthetic": True} if args.synthetic else {
+            "synthetic": False, "num_workers": args.num_workers,
+            "prefetch_factor": args.prefetch_factor, "pin_memory": args.pin_memory,
+            "data": args.data, "pack": args.pack is not False if args.data == "instruct" else None},
     }
 
 
