@@ -6,7 +6,7 @@ Times forward + backward (autocast bf16, fp32 weights, each block compiled with
 separate `wq/wk/wv` and `w1/w3` matmuls ("none"), and the weights of one or both groups
 concatenated into one wider matmul per step ("qkv", "ffn", "qkv+ffn": Megatron's fused
 layout, at the cost of one weight copy). Seconds per forward + backward, per variant and
-compile mode, two repeats each, as JSON lines in `--out`.
+compile mode, two repeats each, as JSON lines in `--out` (each with the card and provenance).
 Run: python tools/fused_projections.py --micro-batch 24 --blocks 6 --out FILE
 """
 
@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainplan.bench.harness.model import TransformerBlock, apply_rope, rope_tables
+from trainplan.records.provenance import provenance, utc_now
 from trainplan.specs import load_model
 
 VARIANTS = ("none", "qkv", "ffn", "qkv+ffn")
@@ -89,8 +90,11 @@ def main() -> None:
                 for variant in VARIANTS:
                     s = time_variant(variant, None if mode == "default" else mode, spec,
                                      a.blocks, a.micro_batch, 2048)
-                    row = {"mode": mode, "variant": variant, "repeat": repeat, "s": s,
-                           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+                    row = {"kind": "fused_projections", "recorded_at": utc_now(),
+                           "card": torch.cuda.get_device_name(), "model": a.model,
+                           "blocks": a.blocks, "micro_batch": a.micro_batch, "seq_len": 2048,
+                           "mode": mode, "variant": variant, "repeat": repeat, "s": s,
+                           "provenance": provenance()}
                     print(json.dumps(row), flush=True)
                     out.write(json.dumps(row) + "\n")
 
