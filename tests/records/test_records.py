@@ -57,7 +57,11 @@ def test_provenance_hashes_the_host_and_redacts_secrets(monkeypatch):
     monkeypatch.setenv("TORCH_HUB_TOKEN", "hunter2")
     monkeypatch.setenv("CUDA_API_KEY", "hunter3")
     monkeypatch.setenv("UNRELATED_THING", "x")
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")  # changes kernels: recorded
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "1")
     p = records.provenance()
+    assert p["env"]["TORCHINDUCTOR_MAX_AUTOTUNE"] == "1"
+    assert p["env"]["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] == "1"
     assert p["host_sha256"] == hashlib.sha256(socket.gethostname().encode()).hexdigest()
     assert socket.gethostname() not in json.dumps(p)
     assert p["env"]["NCCL_DEBUG"] == "INFO" and "UNRELATED_THING" not in p["env"]

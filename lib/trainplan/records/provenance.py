@@ -21,7 +21,8 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_", "OMP_NUM_THREADS")
+ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_",
+                "ACCELERATE_", "OMP_NUM_THREADS")
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 _REPO = Path(__file__).resolve().parents[3]
 COMMIT_ENV = "TRAINPLAN_GIT_COMMIT"
@@ -54,7 +55,8 @@ def nvidia_smi() -> tuple[list[str], str | None]:
 
 
 def env_knobs(environ=None) -> dict[str, str]:
-    """The NCCL_*, TORCH_*, CUDA_*, PYTORCH_* variables (and OMP_NUM_THREADS) that are set.
+    """The variables of `ENV_PREFIXES` that are set: NCCL, torch, CUDA, the compiler's
+    (TORCHINDUCTOR_*, TORCHDYNAMO_*: max-autotune changes kernels), accelerate's, threads.
 
     Values of names containing TOKEN, KEY, SECRET or PASSWORD are never
     recorded: such a name appears with the value "<redacted>".
