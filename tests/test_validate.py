@@ -187,21 +187,22 @@ def test_failure_reasons_and_the_deadline_kill():
     import time
 
     from trainplan.bench.series import suite
+    from trainplan.proctree import failure_reason
 
     oom = ("Traceback (most recent call last):\n  ...\ntorch.OutOfMemoryError: CUDA out of "
            "memory. Tried to allocate 2.00 GiB\nChildFailedError: ...")
-    assert suite.failure_reason(1, oom).startswith("out of memory (rc=1): torch.OutOfMemoryError")
-    assert suite.failure_reason(1, "W warn\nerror: tp = 3 does not divide\nChildFailedError: x") \
+    assert failure_reason(1, oom).startswith("out of memory (rc=1): torch.OutOfMemoryError")
+    assert failure_reason(1, "W warn\nerror: tp = 3 does not divide\nChildFailedError: x") \
         == "rc=1: error: tp = 3 does not divide"
     rank_died = ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\"\n"
                  "[rank0]: torch._inductor.exc.InductorError: LoweringException: RuntimeError: "
                  "matmul precision\nE1129 api.py:986] failed (exitcode: 1)\nTraceback (most "
                  "recent call last):\ntorch.distributed.elastic.multiprocessing.errors."
                  "ChildFailedError: \n")
-    assert suite.failure_reason(1, rank_died) == ("rc=1: torch._inductor.exc.InductorError: "
+    assert failure_reason(1, rank_died) == ("rc=1: torch._inductor.exc.InductorError: "
                                                   "LoweringException: RuntimeError: matmul "
                                                   "precision")
-    assert suite.failure_reason(1, "Traceback\nChildFailedError: x") == "rc=1: ChildFailedError: x"
+    assert failure_reason(1, "Traceback\nChildFailedError: x") == "rc=1: ChildFailedError: x"
     t0 = time.monotonic()
     summary, why = suite.launch_once(
         [sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"],

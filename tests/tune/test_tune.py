@@ -463,3 +463,16 @@ def test_report_defaults_to_the_committed_study_and_running_needs_a_storage(caps
     rc = cli.main(["tune", "--model", "llama-1.3b", "--gpu-hours", "1", "--cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--storage is required" in err[0]
+
+
+def test_a_failed_launch_names_the_exception_a_rank_raised(tmp_path):
+    """A trial's failure is the rank's own exception, not torchrun's ChildFailedError."""
+    script = ("import sys; sys.stderr.write('[rank0]: Traceback (most recent call last):\\n"
+              "[rank0]: ValueError: micro-batch 7 does not divide\\nTraceback:\\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \\n'); "
+              "sys.exit(1)")
+    summary, why, seconds = tune_launch.run_launch([sys.executable, "-c", script],
+                                                   dict(os.environ), tick=lambda _: None,
+                                                   deadline_s=60)
+    assert summary is None and why == "rc=1: ValueError: micro-batch 7 does not divide"
+    assert seconds > 0

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from trainplan.errors import TrainplanError
-from trainplan.proctree import stop_tree
+from trainplan.proctree import failure_reason, stop_tree
 from trainplan.records.provenance import nvidia_smi
 from trainplan.records.stats import rate_ci
 from trainplan.tune import knobs
@@ -107,8 +107,7 @@ def _watch(cmd, env, tick, deadline_s: float) -> tuple[list[dict], str, float]:
         if stop:
             return lines, f"stopped: {stop}", seconds
         if proc.returncode or not lines:
-            tail = " | ".join(err.read().strip().splitlines()[-3:])[-400:]
-            return lines, f"rc={proc.returncode}: {tail}", seconds
+            return lines, failure_reason(proc.returncode, err.read()), seconds
         return lines, "", seconds
 
 

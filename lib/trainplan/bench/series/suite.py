@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from trainplan.cost import memory_runtime as rt
 from trainplan.errors import SpecError, TrainplanError
 from trainplan.loader import load_yaml, quote, shown
 from trainplan.plan.planner import plan
-from trainplan.proctree import stop_tree
+from trainplan.proctree import failure_reason, stop_tree
 from trainplan.records import schema as records
 from trainplan.specs import LAYOUT_FIELDS, load_cluster, load_model, slice_name
 from trainplan.specs.bounds import MAX_GPUS, MAX_SEQ_LEN
@@ -330,26 +329,6 @@ def _stderr_fd() -> int | None:
         return sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):  # replaced by a test's capture: inherit
         return None
-
-
-RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s*")  # torchrun's per-rank line tag
-LAUNCHER_ERRORS = ("ChildFailedError",)  # torchrun's own: says a rank failed, never why
-
-
-def failure_reason(returncode: int, text: str) -> str:
-    """One line: out of memory where the run says so, else the run's own error line, else
-    the last exception a rank raised (torchrun's ChildFailedError names none), else the
-    first line of output."""
-    low = text.lower()
-    if "out of memory" in low or "outofmemoryerror" in low:
-        line = next((ln.strip() for ln in text.splitlines() if "out of memory" in ln.lower()), "")
-        return f"out of memory (rc={returncode}): {RANK_PREFIX.sub('', line)[:200]}"
-    lines = [RANK_PREFIX.sub("", ln.strip()) for ln in text.splitlines() if ln.strip()]
-    ours = [ln for ln in lines if ln.lower().startswith("error:")]  # train.py's one line
-    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln)]
-    by_ranks = [ln for ln in raised if not any(w in ln.split(":")[0] for w in LAUNCHER_ERRORS)]
-    why = ours[:1] or by_ranks[-1:] or raised[:1] or lines[:1] or ["no output"]
-    return f"rc={returncode}: {why[0][:240]}"
 
 
 def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
