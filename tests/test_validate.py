@@ -203,6 +203,13 @@ def test_failure_reasons_and_the_deadline_kill():
                                                   "LoweringException: RuntimeError: matmul "
                                                   "precision")
     assert failure_reason(1, "Traceback\nChildFailedError: x") == "rc=1: ChildFailedError: x"
+    teed = ("[default0]:[rank0]: ValueError: micro-batch 7\n[default1]:[rank1]: RuntimeError: "
+            "gloo: Connection closed by peer\n[default1]:Exception ignored in: <x>\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    assert failure_reason(1, teed) == "rc=1: ValueError: micro-batch 7"  # the first rank's
+    killed = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+              "  traceback : Signal 9 (SIGKILL) received by PID 4242\n")
+    assert failure_reason(-9, killed) == "rc=-9: Signal 9 (SIGKILL) received by PID 4242"
     t0 = time.monotonic()
     summary, why = suite.launch_once(
         [sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"],

@@ -47,21 +47,31 @@ def _quiet():
                                subprocess.TimeoutExpired)
 
 
-RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s*")  # torchrun's per-rank line tag
-LAUNCHER_ERRORS = ("ChildFailedError",)  # torchrun's own: says a rank failed, never why
+RANK_TAGS = re.compile(r"^((?:\[[A-Za-z_]*\d+\]:\s*)+)")  # [rank0]:, [default0]: (--tee), stacked
+RAISED = re.compile(r"^[\w.]*(Error|Exception)\b")
+LAUNCHER_ERRORS = ("ChildFailedError", "SignalException")  # torchrun's: a rank died, not why
+SIGNALLED = re.compile(r"Signal \d+ \(SIG\w+\) received by PID \d+")  # torchrun's root cause
 
 
 def failure_reason(returncode: int, text: str) -> str:
-    """One line: out of memory where the run says so, else the run's own error line, else
-    the last exception a rank raised (torchrun's ChildFailedError names none), else the
-    first line of output."""
+    """One line of why a launch failed, from its output `text`: out of memory where it says
+    so; else the run's own `error:` line; else the last exception of the first rank that
+    raised one (a rank that dies takes others down with errors of their own); else the signal
+    torchrun saw kill a rank; else the first exception or line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     low = text.lower()
     if "out of memory" in low or "outofmemoryerror" in low:
-        line = next((ln.strip() for ln in text.splitlines() if "out of memory" in ln.lower()), "")
-        return f"out of memory (rc={returncode}): {RANK_PREFIX.sub('', line)[:200]}"
-    lines = [RANK_PREFIX.sub("", ln.strip()) for ln in text.splitlines() if ln.strip()]
-    ours = [ln for ln in lines if ln.lower().startswith("error:")]  # train.py's one line
-    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b", ln)]
-    by_ranks = [ln for ln in raised if not any(w in ln.split(":")[0] for w in LAUNCHER_ERRORS)]
-    why = ours[:1] or by_ranks[-1:] or raised[:1] or lines[:1] or ["no output"]
+        line = next((ln for ln in lines if "out of memory" in ln.lower()), "")
+        return f"out of memory (rc={returncode}): {RANK_TAGS.sub('', line)[:200]}"
+    tagged = [(m.group(1).replace(" ", "") if (m := RANK_TAGS.match(ln)) else "",
+               RANK_TAGS.sub("", ln)) for ln in lines]
+    ours = [ln for _, ln in tagged if ln.lower().startswith("error:")]  # train.py's one line
+    raised = [(tag, ln) for tag, ln in tagged if RAISED.match(ln)]
+    by_ranks = [(tag, ln) for tag, ln in raised
+                if not any(w in ln.split(":")[0] for w in LAUNCHER_ERRORS)
+                and not ln.startswith("Exception ignored")]  # interpreter shutdown noise
+    first = by_ranks[0][0] if by_ranks else None
+    signalled = [m.group(0) for _, ln in tagged if (m := SIGNALLED.search(ln))]
+    why = (ours[:1] or [ln for tag, ln in by_ranks if tag == first][-1:] or signalled[:1]
+           or [ln for _, ln in raised][:1] or [ln for _, ln in tagged][:1] or ["no output"])
     return f"rc={returncode}: {why[0][:240]}"

@@ -60,6 +60,11 @@ def test_provenance_hashes_the_host_and_redacts_secrets(monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")  # changes kernels: recorded
     monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "1")
     p = records.provenance()
+    monkeypatch.setenv("TORCHINDUCTOR_REDIS_URL", "redis://:hunter4@cache:6379")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_HOST", "https://me:hunter5@cache.example")
+    p = records.provenance()
+    assert p["env"]["TORCHINDUCTOR_REDIS_URL"] == p["env"]["TORCHINDUCTOR_CACHE_HOST"] == \
+        "<redacted>"
     assert p["env"]["TORCHINDUCTOR_MAX_AUTOTUNE"] == "1"
     assert p["env"]["ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"] == "1"
     assert p["host_sha256"] == hashlib.sha256(socket.gethostname().encode()).hexdigest()

@@ -328,7 +328,7 @@ effects.run_effects(suite, storage={storage!r}, name="s", gpu_hours=1.0, base="p
 
 
 def test_a_killed_stage_resumes_with_no_pair_lost_or_repeated(tmp_path, monkeypatch):
-    suite, storage = _suite(tmp_path, gpus=1), tmp_path / "s.journal"
+    suite, storage = _suite(tmp_path, gpus=1, synthetic=False), tmp_path / "s.journal"
     rec, live = effect_stats.paths(storage)
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'lib'}{os.pathsep}{ROOT / 'tests'}")
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(
@@ -702,8 +702,14 @@ def test_synthetic_tokens_leave_the_loader_knobs_out_of_search_and_design():
     and no loader flag reaches the harness (which refuses them there)."""
     import optuna
 
+    from trainplan.bench.harness import train as harness
+
     suite = tune.make_suite(suite_path=str(ROOT / "data" / "suites" / "tune-exposed-4gpu.yaml"))
-    suite["extra_args"] = [*suite["extra_args"], "--synthetic"]
+    extra, dropped = knobs.without_loader_flags(suite["extra_args"])
+    assert dropped == ["--pin-memory"] and extra == []  # what `tune --synthetic` leaves out
+    assert knobs.without_loader_flags(["--num-workers", "4", "--no-progress", "--pin-memory"]) \
+        == (["--no-progress"], ["--num-workers", "4", "--pin-memory"])
+    suite["extra_args"] = [*extra, "--synthetic"]
     assert knobs.data_source(suite) == "synthetic"
     gpu = tune_launch.gpu_for("NVIDIA H200", suite)
     sp = knobs.space(suite["space"])
@@ -716,3 +722,9 @@ def test_synthetic_tokens_leave_the_loader_knobs_out_of_search_and_design():
                                              "micro_batch"}
     why = {r["knob"]: r["why"] for r in left_out}
     assert why["num_workers"] == why["prefetch_factor"] == "synthetic tokens: no data loader"
+    best = {**cfg, "num_workers": 6, "prefetch_factor": 4}  # a base from a real-data search
+    for c in [cfg, knobs.settled(best, sp, world=4, dp=4, data="synthetic"),
+              *(v["config"] for v in variants)]:
+        argv = tune_launch.train_args(suite, c, cpu=True)
+        assert not {"--num-workers", "--prefetch-factor", "--pin-memory"} & set(argv), argv
+        harness.check_args(harness.parse_args(argv))  # what each launch's ranks check first

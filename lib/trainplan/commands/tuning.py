@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_float, positive_int
 from trainplan.commands.planning import add_hardware_extras, hardware
 from trainplan.loader import quote
-from trainplan.tune.knobs import EFFECT_KNOBS
+from trainplan.tune.knobs import EFFECT_KNOBS, without_loader_flags
 from trainplan.tune.study import make_suite
 
 
@@ -211,7 +212,11 @@ def cmd_tune(args) -> dict:
         raise UsageError(f"--synthetic makes its own tokens; the suite's data is "
                          f"{suite['data']!r} (leave out --synthetic)")
     if args.synthetic and "--synthetic" not in suite["extra_args"]:
-        suite["extra_args"] = [*suite["extra_args"], "--synthetic"]
+        suite["extra_args"], dropped = without_loader_flags(suite["extra_args"])
+        suite["extra_args"].append("--synthetic")
+        if dropped:  # the suite's, for its real data: the harness refuses them beside --synthetic
+            print(f"tune --synthetic: the suite's {' '.join(dropped)} left out (synthetic "
+                  "tokens need no data loader)", file=sys.stderr)
     name = args.study_name or study_name(args.suite, args.model)
     effects = {key: value for key, value in (  # left out: `run_effects`'s defaults
         ("base", args.base), ("halfwidth", args.effects_halfwidth),

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -23,7 +24,8 @@ def utc_now() -> str:
 
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_",
                 "ACCELERATE_", "OMP_NUM_THREADS")
-_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASS", "AUTH", "CRED", "URL")
+_URL_USERINFO = re.compile(r"://[^/@\s]*@")  # scheme://user:password@host
 _REPO = Path(__file__).resolve().parents[3]
 COMMIT_ENV = "TRAINPLAN_GIT_COMMIT"
 
@@ -58,11 +60,13 @@ def env_knobs(environ=None) -> dict[str, str]:
     """The variables of `ENV_PREFIXES` that are set: NCCL, torch, CUDA, the compiler's
     (TORCHINDUCTOR_*, TORCHDYNAMO_*: max-autotune changes kernels), accelerate's, threads.
 
-    Values of names containing TOKEN, KEY, SECRET or PASSWORD are never
-    recorded: such a name appears with the value "<redacted>".
+    Values of names containing TOKEN, KEY, SECRET, PASS, AUTH, CRED or URL, and values that
+    carry a user or password in a URL (`scheme://user:pw@host`, a remote cache's, say), are
+    never recorded: such a name appears with the value "<redacted>".
     """
     environ = os.environ if environ is None else environ
-    return {name: "<redacted>" if any(w in name.upper() for w in _SECRET_WORDS) else value
+    return {name: "<redacted>" if any(w in name.upper() for w in _SECRET_WORDS)
+            or _URL_USERINFO.search(value) else value
             for name, value in sorted(environ.items()) if name.startswith(ENV_PREFIXES)}
 
 

@@ -138,12 +138,18 @@ def choose_base(spec: str, study, suite: dict, sp: dict, gpu) -> tuple[str, dict
             raise tn.StudyError("--base best: the search has measured no configuration yet; "
                                 "run it first (--effects-share below 1) or pass --base plan")
         t = max(done, key=lambda t: t.value)
-        return "best", dict(t.user_attrs["config"]), f"the search's best, trial {t.number}"
+        return "best", _settled(t.user_attrs["config"], suite, sp), \
+            f"the search's best, trial {t.number}"
     t = next((t for t in done if t.number == int(spec)), None)
     if t is None:
         raise tn.StudyError(f"--base {spec}: trial {spec} has no measurement; measured trials: "
                             f"{sorted(t.number for t in done)[:20]}")
-    return f"trial-{t.number}", dict(t.user_attrs["config"]), f"trial {t.number} of the search"
+    return f"trial-{t.number}", _settled(t.user_attrs["config"], suite, sp), \
+        f"trial {t.number} of the search"
+
+
+def _settled(cfg: dict, suite: dict, sp: dict) -> dict:
+    return knobs.settled(cfg, sp, **_world(suite))
 
 
 # ---------------------------------------------------------------- the stage

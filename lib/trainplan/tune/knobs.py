@@ -80,7 +80,7 @@ LOADER_KNOBS = ("num_workers", "prefetch_factor")  # act only where a DataLoader
 EFFECT_KNOBS = ("nccl_algo", "nccl_proto", "num_workers", "prefetch_factor", "grad_accum",
                 "micro_batch", "pack")
 # What an inactive knob is set to, where not its default
-INACTIVE = {"zero": 0, "pack": None, "prefetch_factor": None}
+INACTIVE = {"zero": 0, "pack": None, "num_workers": None, "prefetch_factor": None}
 # Levels the analysis groups integer knobs into (few trials per exact value): upper bounds.
 BINS = {"num_workers": (0, 2, 8), "prefetch_factor": (2, 8), "grad_accum": (1, 3, 8),
         "micro_batch": (2, 6, 16)}
@@ -127,6 +127,34 @@ def active(name: str, world: int, dp: int, data: str = "stdlib") -> bool:
     if name in LOADER_KNOBS:
         return data != "synthetic"
     return True
+
+
+LOADER_FLAGS = {"--pin-memory": 0, "--num-workers": 1, "--prefetch-factor": 1}  # values taken
+
+
+def without_loader_flags(extra: list) -> tuple[list, list]:
+    """(a suite's extra harness arguments without the data loader's flags, those flags): what
+    a study on synthetic tokens passes, since the harness refuses them beside --synthetic."""
+    kept, dropped, i = [], [], 0
+    while i < len(extra):
+        n = LOADER_FLAGS.get(str(extra[i]))
+        if n is None:
+            kept.append(extra[i])
+            i += 1
+        else:
+            dropped += [str(a) for a in extra[i:i + 1 + n]]
+            i += 1 + n
+    return kept, dropped
+
+
+def settled(cfg: dict, sp: dict[str, Knob], *, world: int, dp: int, data: str) -> dict:
+    """`cfg` with every knob `active` says cannot matter here set as `suggest` sets it (a base
+    taken from trials of another run, say one that read real data)."""
+    out = {k: v if active(k, world, dp, data) else INACTIVE.get(k, sp[k].default)
+           for k, v in cfg.items()}
+    if not out.get("num_workers") and "prefetch_factor" in out:
+        out["prefetch_factor"] = None
+    return out
 
 
 def inactive_why(name: str) -> str:
@@ -186,8 +214,9 @@ def env(cfg: dict) -> dict[str, str | None]:
 def harness_args(cfg: dict) -> list[str]:
     """Flags of `trainplan.bench.harness.train` for the non-environment knobs."""
     args = ["--zero", str(cfg["zero"]), "--micro-batch", str(cfg["micro_batch"]),
-            "--grad-accum", str(cfg["grad_accum"]), "--recompute", cfg["recompute"],
-            "--num-workers", str(cfg["num_workers"])]
+            "--grad-accum", str(cfg["grad_accum"]), "--recompute", cfg["recompute"]]
+    if cfg.get("num_workers") is not None:  # None: no loader (synthetic tokens)
+        args += ["--num-workers", str(cfg["num_workers"])]
     if cfg.get("prefetch_factor") is not None:
         args += ["--prefetch-factor", str(cfg["prefetch_factor"])]
     if cfg.get("pack") is not None:

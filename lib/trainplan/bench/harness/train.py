@@ -327,8 +327,9 @@ def summarise(args, spec, cfg, device, world, times, losses, par, shares=()) -> 
         "losses": losses,
         "notes": par.notes,
         "tag": args.tag,
-        "loader": {"synthetic": True} if args.synthetic else {
-            "synthetic": False, "num_workers": args.num_workers,
+        "loader": {"synthetic": True} if args.synthetic and args.impl in LOOP_IMPLS else {
+            # no DataLoader in this loop's synthetic runs; Trainer feeds its rows through one
+            "synthetic": args.synthetic, "num_workers": args.num_workers,
             "prefetch_factor": args.prefetch_factor, "pin_memory": args.pin_memory,
             "data": args.data, "pack": args.pack is not False if args.data == "instruct" else None},
     }
