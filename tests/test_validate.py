@@ -93,6 +93,8 @@ def test_the_failed_config_is_recorded_and_the_series_goes_on(first_run):
     assert status == {"fsdp-z2": ("measured", 2), "broken": ("failed", 0)}
     failed = [json.loads(ln) for ln in (out / "failed.jsonl").read_text().splitlines()]
     assert [f["tag"] for f in failed] == ["broken"] and "--steps" in failed[0]["reason"]
+    assert failed[0]["log"] == "logs/broken-launch1.log"  # the end of the launch's output
+    assert "--steps" in (out / failed[0]["log"]).read_text()
 
 
 def test_compare_json_matches_the_records(first_run):

@@ -142,6 +142,8 @@ def test_a_crash_fails_the_running_config_and_relaunches_the_rest(tmp_path, monk
     assert status == {"c0": ("measured", 2), "c1": ("failed", 0), "c2": ("measured", 2)}
     failed = [json.loads(ln) for ln in (tmp_path / "failed.jsonl").read_text().splitlines()]
     assert [f["tag"] for f in failed] == ["c1"] and "out of memory" in failed[0]["reason"]
+    assert failed[0]["log"] == "logs/c1-launch1.log"  # the launch's output, kept beside it
+    assert "torch.OutOfMemoryError" in (tmp_path / failed[0]["log"]).read_text()
 
 
 def test_a_stopped_launch_without_time_left_fails_what_it_did_not_reach(tmp_path, monkeypatch):
@@ -163,6 +165,7 @@ def test_a_stopped_launch_without_time_left_fails_what_it_did_not_reach(tmp_path
     failed = [json.loads(ln) for ln in (tmp_path / "failed.jsonl").read_text().splitlines()]
     assert [f["tag"] for f in failed] == ["c0", "c1"]
     assert "time limit" in failed[0]["reason"] and failed[1]["reason"].startswith("not reached")
+    assert not any("log" in f for f in failed)  # stopped: no traceback to keep
     assert [o["status"] for o in outcomes] == ["failed", "not run"] and len(limits) == 1
 
 

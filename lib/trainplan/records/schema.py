@@ -8,7 +8,7 @@ never rewritten. Kinds: `prediction`, `measurement`, `microbenchmark`,
 suite's config that ended without a measurement, with the reason).
 Every record carries `recorded_at` (UTC, ISO 8601) and `provenance` (git
 commit, hashed hostname, GPU, driver, torch / CUDA / NCCL versions and the
-NCCL_ / TORCH_ / CUDA_ / PYTORCH_ knobs that were set). A prediction that a
+environment knobs that were set: `provenance.env_knobs`). A prediction that a
 measurement is compared with must carry the earlier `recorded_at`.
 
 `append` validates before writing, so nothing half-valid lands in a file;

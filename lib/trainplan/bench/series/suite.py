@@ -11,7 +11,8 @@
    DIR/measurements.jsonl; configs run in the suite's order, all launches of
    one before the next, so that a budget cut leaves whole configs. A launch
    that fails (out of memory, say) is written to DIR/failed.jsonl with its
-   reason, and the series goes on with the next config.
+   reason (the end of its output in DIR/logs/TAG-launchN.log), and the series
+   goes on with the next config.
 3. A short table (predicted vs measured step time, tokens/s/GPU, MFU, memory).
 
 `--sweep` (off by default) measures differently in step 2: each of the
@@ -246,14 +247,18 @@ def measure(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: 
                     reason = f"time budget spent after {len(done)} launch(es)"
                 break
             t0 = time.monotonic()
-            summary, failure = launch_once(train_command(suite, cfg, out, run_id), env, left)
+            log = failure_log(out, cfg["tag"], launch + 1)
+            log.unlink(missing_ok=True)  # a log left by an earlier series in DIR is not this one's
+            summary, failure = launch_once(train_command(suite, cfg, out, run_id), env, left,
+                                           log=log)
             took = time.monotonic() - t0
             took_all.append(took)
             if failure:
                 status, reason = ("measured" if done else "failed"), failure
-                print(f"[{i}/{len(jobs)}] {cfg['tag']} launch {launch + 1}: FAILED ({failure})",
-                      flush=True)
-                record_failure(out, suite, cfg, launch + 1, failure, run_id)
+                kept = f"; its output: {log}" if log.is_file() else ""
+                print(f"[{i}/{len(jobs)}] {cfg['tag']} launch {launch + 1}: FAILED ({failure}"
+                      f"{kept})", flush=True)
+                record_failure(out, suite, cfg, launch + 1, failure, run_id, log=log)
                 break
             done.append(summary)
             status, reason = "measured", None
@@ -267,15 +272,36 @@ def measure(jobs, preds: dict, out: Path, run_id: str, launches: int, deadline: 
     return rows, outcomes
 
 
-def launch_once(cmd: list[str], env: dict, timeout_s: float) -> tuple[dict | None, str | None]:
-    """One torchrun launch: (rank 0's summary, None), or (None, why it failed)."""
+def launch_once(cmd: list[str], env: dict, timeout_s: float,
+                log: Path | None = None) -> tuple[dict | None, str | None]:
+    """One torchrun launch: (rank 0's summary, None), or (None, why it failed), the end of
+    its output then kept in `log` (`write_log`)."""
     rc, stdout, stderr = run_group(cmd, env, timeout_s)
     if rc is None:
         return None, f"stopped at the time budget after {timeout_s:.0f} s"
     lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     if rc == 0 and lines:
         return json.loads(lines[-1]), None
+    if log is not None:
+        write_log(log, stderr or stdout)
     return None, failure_reason(rc, stderr or stdout)
+
+
+LOG_LINES = 400  # the end of a failed launch's output kept beside its record
+
+
+def write_log(path: Path, text: str) -> None:
+    """The last LOG_LINES lines of a failed launch's output in `path` (whole, or not at all):
+    the record keeps one line of why, this keeps the traceback behind it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(text.splitlines()[-LOG_LINES:]) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def failure_log(out: Path, tag: str, launch: int) -> Path:
+    """Where a config's failed launch keeps its output: DIR/logs/TAG-launchN.log."""
+    return out / "logs" / f"{tag}-launch{launch}.log"
 
 
 def run_group(cmd: list[str], env: dict, timeout_s: float, capture: bool = True):
@@ -332,10 +358,12 @@ def _stderr_fd() -> int | None:
 
 
 def record_failure(out: Path, suite: dict, cfg: dict, launch: int, reason: str,
-                   run_id: str) -> None:
+                   run_id: str, log: Path | None = None) -> None:
     """A failed launch, as a `failed_launch` record in DIR/failed.jsonl (no measurement):
-    `trainplan compare` lists it beside the configs it compares, with its prediction."""
+    `trainplan compare` lists it beside the configs it compares, with its prediction. `log`:
+    the end of its output, just written (`write_log`), named relative to DIR."""
     records.append(out / "failed.jsonl", {
+        **({"log": str(log.relative_to(out))} if log is not None and log.is_file() else {}),
         "kind": "failed_launch", "recorded_at": records.utc_now(),
         "provenance": records.provenance(), "run_id": run_id, "tag": cfg["tag"],
         "model": base_model(suite, cfg), "gpus": cfg["gpus"], "card": card_name(),

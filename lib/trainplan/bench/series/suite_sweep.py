@@ -196,7 +196,11 @@ class Sweep:
         why = (f"sweep launch stopped at its time limit after {limit:.0f} s" if rc is None
                else "sweep launch " + suite_mod.failure_reason(rc, stderr or stdout))
         running, rest = missing[0], missing[1:]
-        self.fail(running, rep, f"{why}, while this config ran")
+        log = None
+        if rc is not None:  # the traceback behind `why`, beside the running config's record
+            log = suite_mod.failure_log(self.out, running, rep + 1)
+            suite_mod.write_log(log, stderr or stdout)
+        self.fail(running, rep, f"{why}, while this config ran", log=log)
         if rest and self.budget.launch(rest) <= self.left():
             return rest
         for tag in rest:
@@ -207,15 +211,15 @@ class Sweep:
             self.stop(tag)
         return []
 
-    def fail(self, tag: str, rep: int, reason: str) -> None:
-        """A config failed in a sweep: a line in failed.jsonl, and it runs no more (as with
-        separate launches)."""
+    def fail(self, tag: str, rep: int, reason: str, log: Path | None = None) -> None:
+        """A config failed in a sweep: a line in failed.jsonl (naming `log`, the launch's
+        output, where one was written), and it runs no more (as with separate launches)."""
         print(f"{self.name(tag, rep)}: FAILED ({reason})", flush=True)
         st = self.state[tag]
         st["status"] = "measured" if st["done"] else "failed"
         st["reason"], st["live"] = reason, False
         s, cfg = self.jobs[tag]
-        suite_mod.record_failure(self.out, s, cfg, rep + 1, reason, self.run_id)
+        suite_mod.record_failure(self.out, s, cfg, rep + 1, reason, self.run_id, log=log)
 
     def name(self, tag: str, rep: int) -> str:
         number = f"[{self.order.index(tag) + 1}/{len(self.order)}]"
