@@ -12,6 +12,7 @@ stop at the time limit) run against a stand-in for `run_group`.
 from __future__ import annotations
 
 import json
+import socket
 from datetime import datetime
 
 import pytest
@@ -125,7 +126,8 @@ def test_a_crash_fails_the_running_config_and_relaunches_the_rest(tmp_path, monk
         lines = []
         for pos, r in enumerate(runs, 1):
             if r["tag"] == "c1":
-                return 1, "\n".join(lines), "torch.OutOfMemoryError: CUDA out of memory."
+                return 1, "\n".join(lines), ("torch.OutOfMemoryError: CUDA out of memory.\n"
+                                              f"  host : {socket.gethostname()}")
             lines.append(json.dumps({"tag": r["tag"], "position": pos, "elapsed_s": 1.0,
                                      "summary": _summary(r["tag"])}))
         return 0, "\n".join(lines), ""
@@ -143,7 +145,8 @@ def test_a_crash_fails_the_running_config_and_relaunches_the_rest(tmp_path, monk
     failed = [json.loads(ln) for ln in (tmp_path / "failed.jsonl").read_text().splitlines()]
     assert [f["tag"] for f in failed] == ["c1"] and "out of memory" in failed[0]["reason"]
     assert failed[0]["log"] == "logs/c1-launch1.log"  # the launch's output, kept beside it
-    assert "torch.OutOfMemoryError" in (tmp_path / failed[0]["log"]).read_text()
+    kept = (tmp_path / failed[0]["log"]).read_text()
+    assert "torch.OutOfMemoryError" in kept and socket.gethostname() not in kept  # hashed only
 
 
 def test_a_stopped_launch_without_time_left_fails_what_it_did_not_reach(tmp_path, monkeypatch):

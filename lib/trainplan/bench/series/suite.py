@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -292,10 +294,15 @@ LOG_LINES = 400  # the end of a failed launch's output kept beside its record
 
 def write_log(path: Path, text: str) -> None:
     """The last LOG_LINES lines of a failed launch's output in `path` (whole, or not at all):
-    the record keeps one line of why, this keeps the traceback behind it."""
+    the record keeps one line of why, this keeps the traceback behind it. The host's name
+    (torchrun prints it) reads `<host>`: records name hosts by hash only."""
+    host = socket.gethostname()
+    tail = "\n".join(text.splitlines()[-LOG_LINES:]) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(text.splitlines()[-LOG_LINES:]) + "\n", encoding="utf-8")
+    if host:  # as a whole word only: a short name could be part of other words
+        tail = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", "<host>", tail)
+    tmp.write_text(tail, encoding="utf-8")
     os.replace(tmp, path)
 
 
