@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from pathlib import Path
 
 import pytest
 import yaml
@@ -369,3 +370,25 @@ def test_the_plan_is_priced_for_the_allocator_the_scripts_set(artefacts, tmp_pat
     same = summary["plan"]["parallel"] == mine["plan"]["parallel"]
     more = mine["plan"]["memory_gib"]["total"] > summary["plan"]["memory_gib"]["total"]
     assert more or not same  # the default allocator holds more, or another layout was chosen
+
+
+@pytest.mark.parametrize("field", ["name", "title"])
+def test_a_spec_string_with_a_newline_cannot_reach_a_job_script(field, tmp_path):
+    """A model's name and a scenario's title head every generated script: a newline there
+    would end the comment and run what follows (shell injection), so the spec is refused."""
+    evil = f"x\n$(touch {tmp_path / 'PWNED'})\necho"
+    if field == "name":
+        spec = tmp_path / "m.yaml"
+        spec.write_text(yaml.safe_dump({"name": evil, "n_layers": 2, "hidden": 32, "n_heads": 2,
+                                        "ffn": 64, "vocab": 256}))
+        argv = ["--model", spec, "--gpu", "h100-sxm", "--gpus", "8"]
+    else:
+        root = Path(__file__).resolve().parents[2]
+        scenario = yaml.safe_load((root / "data/scenarios/llama-13b-32xh100.yaml").read_text())
+        spec = tmp_path / "s.yaml"
+        spec.write_text(yaml.safe_dump({**scenario, "title": evil}))
+        argv = ["--scenario", spec]
+    out = tmp_path / "out"
+    _one_line_exit_2(launch([*argv, "--target", "slurm", "--steps", "10", "--out", out],
+                            tmp_path), [f"{field} = ", "control characters"])
+    assert not out.exists() and not (tmp_path / "PWNED").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from typing import Literal
 
@@ -15,6 +16,7 @@ from trainplan.errors import SpecError
 from trainplan.loader import quote
 from trainplan.specs.bounds import MAX_NAME, field_range
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")  # newlines, tabs, escapes, line separators
 MAX_INT = 2**40  # any size field above this is a typo, and would overflow int64 arithmetic
 
 
@@ -46,6 +48,9 @@ def _check_field(spec: str, name: str, value, hint) -> None:
         raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a list of rows")
     if hint is str and not isinstance(value, str):
         raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use a string")
+    if isinstance(value, str) and CONTROL.search(value):  # names reach job scripts' lines
+        raise SpecError(f"{spec}.{name} = {quote(value)} is not valid; use one line without "
+                        "control characters")
     if name == "name" and len(value) > MAX_NAME:
         raise SpecError(f"{spec}.name = {quote(value)} is {len(value):,} characters; use at "
                         f"most {MAX_NAME}")
