@@ -189,3 +189,46 @@ def test_retention_counts_only_verified_checkpoints(saved, tmp_path):
     left = [d.name for _, d in mf.step_dirs(tmp_path)]
     assert left == ["step-000009", "step-000008", "step-000006", "step-000004", "step-000002"]
     assert mf.choose(tmp_path)[0].name == "step-000004"
+
+
+class _Opens:
+    """Unpickled, opens (creates) a file: what a crafted `.metadata` could run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (str(self.path), "w")
+
+
+def _stack_global(module: str, name: str, arg: str) -> bytes:
+    """A protocol-4 pickle calling `module`.`name`(arg), the name resolved by find_class."""
+    def text(s: str) -> bytes:
+        return b"\x8c" + bytes([len(s.encode())]) + s.encode()  # SHORT_BINUNICODE
+    return b"\x80\x04" + text(module) + text(name) + b"\x93" + text(arg) + b"\x85R."
+
+
+def test_a_resealed_metadata_that_calls_code_is_refused_before_it_runs(saved, tmp_path):
+    """DCP's index is a pickle and a manifest can be resealed by anyone: verify unpickles it
+    with DCP's own types only, so a crafted one is refused and what it names never runs."""
+    import hashlib
+    import pickle
+
+    from trainplan.bench.ckpt import safe_index
+
+    folder = _copy(saved, tmp_path / "ck")
+    safe_index.check(folder / ".metadata")  # the real index reads
+    pwned = tmp_path / "PWNED"
+    evil = pickle.dumps(_Opens(pwned))
+    (folder / ".metadata").write_bytes(evil)
+    _reseal(folder, lambda m: m["files"][".metadata"].update(
+        bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest()))
+    manifest, why = mf.verify(folder)
+    assert manifest is None and ".metadata names io.open" in why, why
+    assert not pwned.exists()
+    dotted = tmp_path / "dotted.pkl"  # through a module of DCP's, by a dotted name
+    dotted.write_bytes(_stack_global("torch.distributed.checkpoint.metadata", "os.system",
+                                     f"touch {pwned}"))
+    with pytest.raises(safe_index.Refused, match="os.system"):
+        safe_index.check(dotted)
+    assert not pwned.exists()

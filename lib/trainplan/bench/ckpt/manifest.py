@@ -227,6 +227,15 @@ def _check_contents(directory: Path, manifest: dict) -> None:
             raise Unverified(f"rank-{r:05d}.json is not of rank {r} of {world} at step {step}")
     from torch.distributed.checkpoint import FileSystemReader
 
+    from trainplan.bench.ckpt import safe_index
+
+    try:
+        safe_index.check(directory / ".metadata")  # before DCP's own pickle.load
+    except safe_index.Refused as err:
+        raise Unverified(f".metadata names {str(err)[:80]}, not one of DCP's types: "
+                         "not read") from None
+    except Exception as err:  # noqa: BLE001 (whatever unpickling a bad file raises)
+        raise Unverified(f".metadata unreadable ({type(err).__name__})") from None
     try:
         index = FileSystemReader(str(directory)).read_metadata().storage_data
         ends = [(info.relative_path, info.offset + info.length) for info in index.values()]
