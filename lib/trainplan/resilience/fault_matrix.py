@@ -87,6 +87,11 @@ SCENARIOS = {
     "test_every_file_of_the_folder_must_be_listed_and_every_listed_file_there": (
         "manifest and folder disagree: {param}",
         "the checkpoint does not verify; the reason names the file or field"),
+    "test_a_resealed_metadata_that_calls_code_is_refused_before_it_runs": (
+        "a checkpoint's DCP index (.metadata) replaced by a pickle that calls code, and "
+        "the manifest resealed",
+        "verify unpickles the index with DCP's own types only: refused, nothing it names "
+        "runs, and no resume or export reads it"),
     "test_retention_counts_only_verified_checkpoints": (
         "retention with the newest checkpoints corrupt",
         "only verified checkpoints count: the newest verified one is never deleted"),
