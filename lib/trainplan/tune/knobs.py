@@ -147,11 +147,15 @@ def without_loader_flags(extra: list) -> tuple[list, list]:
     return kept, dropped
 
 
+def inactive_value(knob: Knob):
+    """What a knob that cannot matter is set to: `INACTIVE`'s value, else its default."""
+    return INACTIVE.get(knob.name, knob.default)
+
+
 def settled(cfg: dict, sp: dict[str, Knob], *, world: int, dp: int, data: str) -> dict:
     """`cfg` with every knob `active` says cannot matter here set as `suggest` sets it (a base
     taken from trials of another run, say one that read real data)."""
-    out = {k: v if active(k, world, dp, data) else INACTIVE.get(k, sp[k].default)
-           for k, v in cfg.items()}
+    out = {k: v if active(k, world, dp, data) else inactive_value(sp[k]) for k, v in cfg.items()}
     if not out.get("num_workers") and "prefetch_factor" in out:
         out["prefetch_factor"] = None
     return out
@@ -177,7 +181,7 @@ def suggest(trial, sp: dict[str, Knob], *, world: int, dp: int, data: str = "std
         if name == "prefetch_factor" and cfg.get("num_workers", 1) == 0:
             cfg[name] = None
         elif not active(name, world, dp, data):
-            cfg[name] = INACTIVE.get(name, knob.default)
+            cfg[name] = inactive_value(knob)
         elif knob.choices:
             cfg[name] = knob.choices[0] if len(knob.choices) == 1 else \
                 trial.suggest_categorical(name, list(knob.choices))
