@@ -7,6 +7,7 @@ import pytest
 from conftest import tiny_model
 from trainplan.calibrate.store import load_gpu
 from trainplan.errors import PresetNotFound, SpecError, TrainplanError
+from trainplan.loader import quote
 from trainplan.specs import (
     ClusterSpec,
     GPUSpec,
@@ -219,3 +220,17 @@ def test_layer_slice_keeps_the_width_and_names_itself():
 def test_layer_slice_out_of_range_is_refused(name):
     with pytest.raises(SpecError, match="has 40 layers; slice 1..40"):
         load_model(name)
+
+
+@pytest.mark.parametrize("given", ["x" * 5000, "{tmp}/" + "y" * 300 + ".yaml",
+                                   "{tmp}/" + "z" * 300 + ".json", "a\0b"])
+@pytest.mark.parametrize("loader", ["model", "gpu", "cluster"])
+def test_a_name_the_os_will_not_look_up_is_one_line(tmp_path, given, loader):
+    given = given.format(tmp=tmp_path)
+    read = {"model": load_model, "gpu": lambda n: load(GPUSpec, n),
+            "cluster": lambda n: load(ClusterSpec, n)}[loader]
+    with pytest.raises(PresetNotFound) as err:
+        read(given)
+    message = str(err.value)
+    assert "\n" not in message and len(message) < 300
+    assert quote(given)[:20] in message

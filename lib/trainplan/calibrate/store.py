@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import math
 import os
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.errors import SpecError
 from trainplan.loader import load_yaml, quote, shown
 from trainplan.specs import DATA_DIR, GPUSpec, load_gpu_preset, preset_of
+from trainplan.specs.bounds import LATENCY_US, LINK_GBPS
+from trainplan.specs.checks import allowed_text, check_value, number
 
 CALIBRATION_DIR = DATA_DIR / "hardware" / "calibration"
 RECORDS_DIR = DATA_DIR / "measurements"  # a calibration's `sources` paths are relative to it
@@ -57,23 +58,39 @@ def check(cal, path: Path) -> dict:
     if not isinstance(cards, list) or not cards or not all(isinstance(c, str) for c in cards):
         raise CalibrationError(f"{path}: card = {quote(cards)} is not valid; list the card "
                                "names (nvidia-smi's) it was measured on")
-    for key in ("matmul_efficiency", "attention_efficiency"):
-        v = cal[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-            raise CalibrationError(f"{path}: {key} = {quote(v)} is not valid; use a number in "
-                                   "(0, 1]")
+    for key in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
+        if key in REQUIRED or cal.get(key) is not None:  # None: not measured, the preset's
+            check_value(f"{path}: {key}", "GPUSpec", key, cal[key], CalibrationError)
     if not isinstance(cal["collectives"], dict):
         raise CalibrationError(f"{path}: collectives = {quote(cal['collectives'])} is not a "
                                "mapping")
     for op, fit in cal["collectives"].items():
-        ok = op in COLLECTIVES and isinstance(fit, dict) and all(
-            isinstance(fit.get(k), (int, float)) and not isinstance(fit.get(k), bool)
-            and math.isfinite(fit[k]) and fit[k] >= 0 for k in ("latency_us", "busbw_gbps"))
-        if not ok or fit["busbw_gbps"] <= 0:
+        if op not in COLLECTIVES or not isinstance(fit, dict):
             raise CalibrationError(f"{path}: collectives.{str(op)[:40]} = {quote(fit)} is not "
-                                   f"valid; use {list(COLLECTIVES)} with latency_us >= 0, "
-                                   "busbw_gbps > 0")
+                                   f"valid; use {list(COLLECTIVES)}, each a mapping of "
+                                   "latency_us and busbw_gbps")
+        for key, allowed in (("latency_us", LATENCY_US), ("busbw_gbps", LINK_GBPS)):
+            if not allowed[0] <= number(fit.get(key)) <= allowed[1]:
+                raise CalibrationError(f"{path}: collectives.{op}.{key} = {quote(fit.get(key))} "
+                                       f"is not valid; use a number from {allowed_text(allowed)}")
+    check_pieces(cal.get("pieces"), path)
     return cal
+
+
+def check_pieces(pieces, path: str) -> None:
+    """Raise one CalibrationError naming file `path`, the piece and what is valid unless each
+    of a calibration's `pieces` is in range (`specs.bounds`): a GPUSpec field's scale or
+    table rows as the spec checks them, or a piece no field holds (`bounds` "pieces")."""
+    if not pieces:  # none measured (apply reads it as {})
+        return
+    if not isinstance(pieces, dict):
+        raise CalibrationError(f"{path}: pieces = {quote(pieces)} is not a mapping of scales "
+                               "and tables")
+    fields = {f.name for f in dataclasses.fields(GPUSpec)}
+    for key, value in pieces.items():
+        if value is not None:  # not measured: apply passes it over
+            check_value(f"{path}: pieces.{str(key)[:40]}",
+                        "GPUSpec" if key in fields else "pieces", key, value, CalibrationError)
 
 
 def path_for(gpu_name: str) -> Path:

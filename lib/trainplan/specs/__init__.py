@@ -27,12 +27,7 @@ from trainplan.loader import load_yaml, quote, shown
 from trainplan.specs.bounds import MAX_NAME
 from trainplan.specs.checks import (  # noqa: F401 (MAX_INT: re-exported)
     MAX_INT,
-    check_curve,
     check_fields,
-    check_rows,
-    check_seq_curve,
-    is_row,
-    number,
     yaml11_float,
 )
 from trainplan.specs.model import ModelSpec  # its own module, so specs.hf can build one
@@ -79,15 +74,13 @@ def from_mapping(cls, mapping, source: str):
 # ---------------------------------------------------------------- hardware
 
 
-def check_collectives(spec: str, rows) -> None:
-    check_rows(spec, "collectives", rows, "(op, latency_us >= 0, busbw_gbps > 0)",
-               lambda r: is_row(r, 3) and isinstance(r[0], str) and number(r[1]) >= 0
-               and number(r[2]) > 0)
-
-
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator: datasheet peaks plus the fractions of them that real kernels reach."""
+    """One accelerator: datasheet peaks plus the fractions of them that real kernels reach.
+
+    Every number is checked against `specs.bounds.FIELDS`, every row of a measured table
+    column by column against `specs.bounds.TABLES` or `CURVES` (`specs.checks.check_fields`).
+    """
 
     name: str
     bf16_tflops: float  # dense bf16 peak, TFLOP/s (MFU is quoted against this)
@@ -147,26 +140,6 @@ class GPUSpec:
                   non_negative=("fp8_tflops", "fp8_matmul_efficiency", "overlap_exposed",
                                 "autocast_elementwise_scale", "eager_autocast_elementwise_scale",
                                 "compiled_head_scale", "host_overlap_k"))
-        for name in ("matmul_curve", "head_matmul_curve", "fp8_matmul_curve",
-                     "fp8_rowwise_matmul_curve"):
-            check_curve(f"GPUSpec.{name}", getattr(self, name))
-        check_seq_curve("GPUSpec.attention_curve", self.attention_curve)
-        for name in ("host_block_s", "host_step_s", "host_step_layer_s", "fragmentation_scales"):
-            for row in getattr(self, name):
-                if not (is_row(row, 2) and isinstance(row[0], str) and number(row[1]) >= 0):
-                    unit = "seconds" if name.startswith("host") else "scale"
-                    raise SpecError(f"GPUSpec.{name} row {quote(row)} is not (wrapper, "
-                                    f"{unit} >= 0)")
-        check_rows("GPUSpec", "ring_host_s", self.ring_host_s, "(cp >= 2, compiled, seconds >= 0)",
-                   lambda r: is_row(r, 3) and number(r[0]) >= 2 and number(r[2]) >= 0)
-        check_collectives("GPUSpec", self.collectives)
-        check_rows("GPUSpec", "activation_scales", self.activation_scales,
-                   "(compiled, recompute none|selective|full, scale > 0)",
-                   lambda r: is_row(r, 3) and r[1] in ("none", "selective", "full")
-                   and number(r[2]) > 0)
-        check_rows("GPUSpec", "tp_block_scales", self.tp_block_scales,
-                   "(tp >= 1, with FSDP2 0|1, scale > 0)",
-                   lambda r: is_row(r, 3) and number(r[0]) >= 1 and number(r[2]) > 0)
 
 
 @dataclass(frozen=True)
@@ -191,7 +164,6 @@ class ClusterSpec:
         check_fields(self, positive=("gpus_per_node", "intra_node_gbps", "inter_node_gbps",
                                   "intra_node_efficiency", "inter_node_efficiency"),
                   non_negative=("intra_node_latency_us", "inter_node_latency_us"))
-        check_collectives("ClusterSpec", self.collectives)
 
 
 # ---------------------------------------------------------------- layout
@@ -295,20 +267,36 @@ def preset_of(cls, name_or_path: str) -> str | None:
     return path.stem if same else None
 
 
+def _file_type(path: Path, given) -> str | None:
+    """"file", "dir", "other" or None (nothing there); a name the OS will not look up
+    (too long, a NUL byte) is a `PresetNotFound` naming what was given."""
+    try:
+        if path.is_dir():
+            return "dir"
+        if path.is_file():
+            return "file"
+        return "other" if path.exists() else None
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else "not a valid name"
+        raise PresetNotFound(f"{quote(str(given))}: {reason.lower()}; use a preset name or "
+                             "the path of a .yaml file") from None
+
+
 def load(cls, name_or_path: str):
     """Load a preset by name, or a YAML file by path, as spec `cls`."""
     kind = _KINDS[cls]
     path = Path(name_or_path)
     if _is_name(name_or_path):
         path = DATA_DIR / kind / f"{name_or_path}.yaml"
-        if not path.is_file():
+        if _file_type(path, name_or_path) != "file":
             raise PresetNotFound(
                 f"unknown {kind[:-1] if kind != 'hardware' else 'gpu'} {quote(name_or_path)}; "
                 f"presets: {preset_names(cls)} (or a path to a .yaml file)"
             )
-    if path.is_dir():
+    found = _file_type(path, name_or_path)
+    if found == "dir":
         raise PresetNotFound(f"{quote(str(name_or_path))} is a directory, not a YAML file")
-    if not path.is_file() and not path.exists():
+    if found is None:
         raise PresetNotFound(f"no such file {quote(str(name_or_path))}")
     mapping = load_yaml(path, what=f"{kind[:-1] if kind != 'hardware' else 'gpu'} YAML file")
     if isinstance(mapping, dict) and "name" in cls.__dataclass_fields__:
@@ -337,8 +325,9 @@ def _load_model(name) -> ModelSpec:
     """A preset name wins over a folder of that name; a .json file or a folder is read as
     a Hugging Face config (`specs.hf.model_from_hf`), anything else as preset or YAML."""
     path = Path(name)
-    preset = os.sep not in str(name) and (DATA_DIR / "models" / f"{name}.yaml").is_file()
-    if not preset and (path.suffix == ".json" or path.is_dir()):
+    preset = (os.sep not in str(name)
+              and _file_type(DATA_DIR / "models" / f"{name}.yaml", name) == "file")
+    if not preset and (_file_type(path, name) == "dir" or path.suffix == ".json"):
         from trainplan.specs.hf import model_from_hf  # it imports ModelSpec from here
 
         return model_from_hf(path)
