@@ -42,10 +42,11 @@ import yaml
 from trainplan.calibrate import fp8 as calibrate_fp8
 from trainplan.calibrate import host as calibrate_host
 from trainplan.calibrate import pieces as calibrate_pieces
+from trainplan.calibrate.inputs import check_record
 from trainplan.calibrate.store import COLLECTIVES, CalibrationError, card_preset, source_path
 from trainplan.cost import comms
 from trainplan.errors import SpecError
-from trainplan.loader import quote
+from trainplan.loader import quote, shown
 from trainplan.records import schema as records
 from trainplan.specs import GPUSpec, load_model
 
@@ -169,8 +170,10 @@ def _source(path: Path, recs: list[dict]) -> dict:
 
 
 def _micro(path: Path, gpu: GPUSpec) -> list[dict]:
-    """The microbenchmark records of `path`, each measured on a card of preset `gpu`."""
-    recs = [r for r in records.load(path) if r["kind"] == "microbenchmark"]
+    """The microbenchmark records of `path`, each holding what the fits read (`check_record`)
+    and measured on a card of preset `gpu`."""
+    recs = [check_record(r, f"{shown(path)}:{n}") for n, r in enumerate(records.load(path), 1)
+            if r["kind"] == "microbenchmark"]
     for r in recs:
         preset = card_preset(r["card"])
         if preset is not None and preset != gpu.name:
@@ -261,6 +264,8 @@ def build(paths, gpu: GPUSpec, host_paths=None) -> dict:
     scales.update(calibrate_fp8.cast_scales(by_bench["fp8-linear"],
                                             calibrate_pieces.apply(base, scales)))
     scales.update(calibrate_fp8.activation_ratios(by_bench["block-fp8"]))
+    shares = [r["results"]["exposed_fraction"] for r in by_bench["overlap"]]
+    exposed = float(np.median(shares)) if shares else 0.0  # pieces.fit: at most 1
     if curve:  # set before the pieces are fitted: block_terms prices attention with it
         scales = {"attention_curve": curve, **scales}
     return {
@@ -291,6 +296,9 @@ def build(paths, gpu: GPUSpec, host_paths=None) -> dict:
             "the planner uses them for groups inside a node, the cluster's figures across",
             *([f"host terms: the host-bench records of {[str(p) for p in host_paths]} only; "
                f"{set_aside} of the other files' set aside"] if host_paths else []),
+            *([f"overlap: the measured exposed share, {exposed:.2f}, is above 1 (the GEMMs and "
+               "the all-reduce ran slower together than apart); priced as 1"]
+              if exposed > 1 else []),
         ],
     }
 

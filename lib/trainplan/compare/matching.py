@@ -17,7 +17,7 @@ from pathlib import Path
 
 from trainplan.cost.memory_runtime import CACHING, allocator_of
 from trainplan.errors import RecordError
-from trainplan.loader import quote
+from trainplan.loader import quote, shown
 from trainplan.records import schema as records
 from trainplan.specs import DATA_DIR, LAYOUT_FIELDS
 
@@ -50,21 +50,65 @@ def record_paths(paths=None) -> list[Path]:
 
 
 def read(paths) -> dict[str, list[dict]]:
-    """Records of every file by kind; each keeps `_where` (file:line). Bad files raise."""
-    kinds = defaultdict(list)
+    """Records of every file by kind; each keeps `_where` (file:line). A bad file raises
+    RecordError, and so do files that are all empty (an empty one beside others is skipped:
+    a run that failed before its first record leaves one)."""
+    kinds, empty = defaultdict(list), []
     for path in paths:
-        for line, rec in enumerate(records.load(path), start=1):
-            kinds[rec["kind"]].append({**rec, "_where": f"{path}:{line}"})
+        recs = records.load(path)
+        if not recs:
+            empty.append(path)
+        for line, rec in enumerate(recs, start=1):
+            kinds[rec["kind"]].append(plain_keys({**rec, "_where": f"{path}:{line}"}))
+    if empty and not kinds:
+        raise RecordError(f"{shown(empty[0])}: the file is empty, no record to compare; give "
+                          "record files of one JSON record a line")
     return kinds
 
 
+PLAIN = (str, int, float, bool, type(None))  # a JSON value that is neither a list nor a mapping
+
+
+def plain_keys(rec: dict) -> dict:
+    """`rec` if the fields that tell configs apart are plain: every layout field (and a
+    prediction's `config.full_layout` field) a string, number, true/false or null, the suite
+    tag, implementation and allocator mode strings or null, and the sequence length a whole
+    number from 1 to 1e9; else RecordError naming the record (file:line) and the field."""
+    pred, where = rec["kind"] == "prediction", rec["_where"]
+    cfg, at = (rec.get("config"), "config.") if pred else (rec, "")
+    full = (cfg or {}).get("full_layout") if isinstance(cfg, dict) else None
+    for name, value in (("config", cfg), ("config.full_layout", full)):
+        if not isinstance(value, (dict, type(None))):
+            raise RecordError(f"{where}: field {quote(name)} = {quote(value)} is not a mapping")
+    cfg = cfg or {}
+    text = ((str, type(None)), "a string or null")
+    fields = [(f"{at}{k}", cfg.get(k), text) for k in ("tag", "impl", "allocator")]
+    fields += [(f"{part}.{k}", v, (PLAIN, "a string, number, true/false or null"))
+               for part, lay in (("layout", rec.get("layout")), ("config.full_layout", full))
+               for k, v in (lay or {}).items()]
+    for name, value, (types, valid) in fields:
+        if not isinstance(value, types):
+            raise RecordError(f"{where}: field {quote(name)} = {quote(value)} is not valid; use "
+                              f"{valid}")
+    seq = cfg.get("seq_len")
+    if seq is not None and not (type(seq) is int and 1 <= seq <= 10**9):
+        raise RecordError(f"{where}: field '{at}seq_len' = {quote(seq)} is not valid; use a "
+                          "whole number from 1 to 1e9 (tokens)")
+    return rec
+
+
 def stamp(rec: dict) -> datetime:
-    """`recorded_at` as a time; a record without a readable one is refused (RecordError)."""
+    """`recorded_at` as a time with its zone; a record without a readable one is refused
+    (RecordError): records are stamped in UTC, and times with and without a zone do not
+    compare."""
     try:
-        return datetime.fromisoformat(rec["recorded_at"])
+        when = datetime.fromisoformat(rec["recorded_at"])
     except ValueError:
+        when = None
+    if when is None or when.tzinfo is None:
         raise RecordError(f"{rec['_where']}: recorded_at = {quote(rec['recorded_at'])} is not an "
-                          "ISO 8601 time") from None
+                          "ISO 8601 time with its zone (e.g. 2026-11-26T01:00:00+00:00)")
+    return when
 
 
 # ---------------------------------------------------------------- matching

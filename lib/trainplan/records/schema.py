@@ -78,6 +78,16 @@ RESULTS = {"matmul": ("time_s", "tflops"), "attention": ("time_s", "tflops"),
            "fp8-linear": ("time_s", "tflops"),
            "block-fp8": ("time_s", "tokens_per_s", "activation_bytes")}
 
+# Physical ranges (low, high, unit) of the figures compare divides by or sets errors against:
+# finite, above a floor where a zero would divide, below a generous ceiling.
+SECONDS = (1e-9, 1e6, " s")  # a step, or a term of a predicted step
+GIB = (1e-6, 1e6, " GiB")  # one GPU's peak memory, about 1 KiB to 1 PiB
+RATE = (1e-6, 1e9, " tokens/s")  # per GPU
+MAX_COUNT = 10**12  # GPUs, tokens a step, a layout's degrees
+MEASURED = {"step_time_s": SECONDS, "tokens_per_s_per_gpu": RATE, "mfu": (0.0, 10.0, ""),
+            "peak_mem_reserved_gib": GIB, "peak_mem_allocated_gib": GIB,
+            "tokens_per_step": (1, MAX_COUNT, " tokens")}
+
 
 # ---------------------------------------------------------------- validation
 
@@ -112,11 +122,21 @@ def _check_type(where: str, value, expected: str | tuple[str, ...]) -> None:
         raise RecordError(f"field {quote(where)} = {quote(value)} is not a finite number")
 
 
-def _check_numbers(where: str, values: list, length: int | None = None) -> None:
+def _check_numbers(where: str, values: list, length: int | None = None, bounds=None) -> None:
     if length is not None and len(values) != length:
         raise RecordError(f"field {quote(where)} has {len(values)} items; expected {length}")
     for i, v in enumerate(values):
         _check_type(f"{where}[{i}]", v, _NUM)
+        if bounds:
+            _check_in(f"{where}[{i}]", v, bounds)
+
+
+def _check_in(where: str, value, bounds: tuple) -> None:
+    """`value`, a finite number (or None: not given), within `bounds` = (low, high, unit)."""
+    low, high, unit = bounds
+    if value is not None and not low <= value <= high:
+        raise RecordError(f"field {quote(where)} = {quote(value)} is out of range; valid: "
+                          f"{low:g} to {high:g}{unit}")
 
 
 def plain(value):
@@ -148,17 +168,25 @@ def validate(record) -> dict:
             if name not in record["layout"]:
                 raise RecordError(f"field 'layout' is missing {quote(name)} (needs {list(LAYOUT)})")
             _check_type(f"layout.{name}", record["layout"][name], expected)
+            if expected == _INT:
+                _check_in(f"layout.{name}", record["layout"][name],
+                          (0, 3, "") if name == "zero" else (1, MAX_COUNT, ""))
         recompute = record["layout"]["recompute"]
         if recompute not in RECOMPUTE:
             raise RecordError(f"field 'layout.recompute' = {_short(recompute)}; "
                               f"use one of {list(RECOMPUTE)}")
-    if "gpus" in record and record["gpus"] < 1:
-        raise RecordError(f"field 'gpus' = {record['gpus']} must be >= 1")
+    if "gpus" in record:
+        _check_in("gpus", record["gpus"], (1, MAX_COUNT, " GPUs"))
     if kind == "measurement":
         if record["impl"] not in IMPLS:
             raise RecordError(f"field 'impl' = {_short(record['impl'])}; use one of {list(IMPLS)}")
-        _check_numbers("tokens_per_s_per_gpu_ci", record["tokens_per_s_per_gpu_ci"], 2)
-        _check_numbers("step_times_s", record["step_times_s"])
+        for name, bounds in MEASURED.items():
+            _check_in(name, record[name], bounds)
+        _check_numbers("tokens_per_s_per_gpu_ci", record["tokens_per_s_per_gpu_ci"], 2, RATE)
+        if not record["step_times_s"]:
+            raise RecordError("field 'step_times_s' is empty; a measurement keeps at least one "
+                              "step time")
+        _check_numbers("step_times_s", record["step_times_s"], bounds=SECONDS)
         low, high = record["tokens_per_s_per_gpu_ci"]
         if not low <= record["tokens_per_s_per_gpu"] <= high:
             raise RecordError(f"field 'tokens_per_s_per_gpu_ci' = {[low, high]} does not contain "
@@ -171,9 +199,26 @@ def validate(record) -> dict:
             if name not in record["results"]:
                 raise RecordError(f"{record['bench']} results are missing {quote(name)}")
             _check_type(f"results.{name}", record["results"][name], _NUM)
+    if kind == "prediction":
+        _check_predicted(record["predicted"])
     if kind == "checkpoint":
         _check_checkpoint(record)
     return record
+
+
+def _check_predicted(predicted: dict) -> None:
+    """A prediction's step time (s), peak memory (GiB) and step-time terms (s), where given:
+    the figures compare sets the measured ones against."""
+    for name in ("memory_gib", "time_breakdown_s"):
+        _check_type(f"predicted.{name}", predicted.get(name), (_DICT, "null"))
+    fields = [("step_time_s", predicted.get("step_time_s"), (_NUM, "null"), SECONDS),
+              ("memory_gib.total", (predicted.get("memory_gib") or {}).get("total"),
+               (_NUM, "null"), GIB)]
+    fields += [(f"time_breakdown_s.{k}", v, _NUM, (0.0, SECONDS[1], " s"))
+               for k, v in (predicted.get("time_breakdown_s") or {}).items()]
+    for name, value, expected, bounds in fields:
+        _check_type(f"predicted.{name}", value, expected)
+        _check_in(f"predicted.{name}", value, bounds)
 
 
 def _check_checkpoint(record: dict) -> None:
@@ -261,17 +306,23 @@ def combine_launches(records: list[dict]) -> dict:
     Rates are total tokens over total time across all kept steps of all
     launches (docs/measurement.md, "Timing"), with a bootstrap interval over the pooled steps;
     `launch_range` gives the slowest and fastest launch, since steps of one
-    launch share its placement and are not independent of each other.
+    launch share its placement and are not independent of each other. A refused launch is
+    named by its `_where` (file:line, as `compare` keeps it), else by its place in `records`.
     """
     if not records:
         raise RecordError("combine_launches needs at least one measurement record")
     first = records[0]
-    for r in records:
-        validate(r)
+    for i, r in enumerate(records):
+        where = r.get("_where") or f"launch {i + 1} of {len(records)}"  # compare: file:line
+        try:
+            validate(r)
+        except RecordError as err:
+            raise RecordError(f"{where}: {err}") from None
         for key in ("kind", "model", "impl", "layout", "gpus", "card", "tokens_per_step"):
             if r[key] != first[key]:
-                raise RecordError(f"launches differ in {quote(key)}: {quote(first[key])} vs "
-                                  f"{quote(r[key])}")
+                raise RecordError(f"{where}: launches of one config differ in {quote(key)}: "
+                                  f"{quote(r[key])} here, {quote(first[key])} at "
+                                  f"{first.get('_where') or 'launch 1'}")
     times = [t for r in records for t in r["step_times_s"]]
     per_gpu = first["tokens_per_step"] / first["gpus"]
     step, rate = median_ci(times), rate_ci([per_gpu] * len(times), times)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trainplan.bench.series.suite import full_layout, load_suite
 from trainplan.errors import RecordError
-from trainplan.loader import MAX_LOG_BYTES, load_json
+from trainplan.loader import MAX_LOG_BYTES, load_json, shown
 from trainplan.records import schema as records
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -82,7 +82,9 @@ def recheck(folder: str | Path = COMMITTED, suite_path: str | Path = SUITE) -> d
         return None
     suite = load_suite(str(suite_path))
     configs = suite["configs"]
-    launches = _assign(folder, configs, records.load(folder / "measurements.jsonl"))
+    path = folder / "measurements.jsonl"
+    launches = _assign(folder, configs, [{**r, "_where": f"{shown(path)}:{n}"} for n, r in
+                                         enumerate(records.load(path), start=1)])
     base_cfg = configs[0]
     base = _settings(suite, base_cfg)
     pooled = {c["tag"]: records.combine_launches(launches[c["tag"]])
