@@ -19,6 +19,7 @@ from trainplan.commands.args import Parser
 from trainplan.errors import TrainplanError
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # what a shell reports for a program ended by SIGINT
 MAX_LINE = 300  # characters of the one error line
 VERB_MODULES = ("planning", "validation", "resilience", "tuning", "launching", "benchmarking",
                 "data", "training")
@@ -54,12 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         except TrainplanError as err:
             print(one_line(err), file=sys.stderr)
             return EXIT_USAGE
+        except KeyboardInterrupt:  # Ctrl-C: the verb has cleaned up what it had begun
+            print("trainplan: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
     for w in caught:
         warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     for note in args.notes:
         print(f"trainplan: {note}", file=sys.stderr)
     print(json.dumps(out) if getattr(args, "json", False) else args.fmt(out))
-    return 0
+    return out.get("exit_code", 0) if isinstance(out, dict) else 0  # a stopped run: not 0
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ def register(verbs) -> None:
     p = verbs.add_parser("data", help="prepare a corpus for training: token shards on disk")
     sub = p.add_subparsers(dest="data_verb", required=True, parser_class=Parser)
     q = sub.add_parser("prepare", help="text, JSONL or parquet files -> token shards")
-    q.add_argument("corpus", nargs="+", help="files or folders (.txt, .md, .jsonl, .parquet)")
+    q.add_argument("corpus", nargs="+", help="files or folders (.txt, .md: a document a file, "
+                   "of any size; .jsonl: one a line of at most 64 MiB; .parquet: one a row)")
     q.add_argument("--out", required=True, help="a new folder for the shards")
     q.add_argument("--tokenizer", default=None, help="the model's tokenizer.json")
     q.add_argument("--vocab-size", type=positive_int, default=None,

@@ -9,10 +9,11 @@ A prepared folder holds:
 
 Each document's ids are followed by the tokenizer's end-of-document id (`eos_id`), and the
 documents of a split follow each other across its shards in corpus order; a shard holds at
-most `SHARD_TOKENS` ids. `dtype` is uint16 where the vocabulary fits (at most 65,536 ids),
-else uint32. A document goes to the held-out split when a hash of its text falls below
-`val_fraction` (BLAKE2b, 64 bits): the split depends on the text only, not on the order or
-the number of files. index.json:
+most `SHARD_TOKENS` ids. A long document is encoded in pieces (`corpus.cut`), its ids still
+one run with one end-of-document id. `dtype` is uint16 where the vocabulary fits (at most
+65,536 ids), else uint32. A document goes to the held-out split when a hash of its text
+falls below `val_fraction` (BLAKE2b, 64 bits): the split depends on the text only, not on
+the order or the number of files. index.json:
 
     {"format": "trainplan-token-shards", "version": 1, "dtype": "uint16", "vocab_size": V,
      "eos_id": E, "tokenizer": {"file": "tokenizer.json", "sha256": ...},
@@ -21,7 +22,8 @@ the number of files. index.json:
                 "val": {...}}}
 
 The writer builds the folder beside its destination and renames it into place when done,
-so a stopped run leaves nothing half-written, and it refuses a destination that exists.
+so a stopped run leaves nothing half-written (on an error, Ctrl-C or SIGTERM the partial
+folder is removed), and it refuses a destination that exists.
 """
 
 from __future__ import annotations
@@ -30,20 +32,25 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from trainplan.data import corpus, tokenize
 from trainplan.errors import SpecError
-from trainplan.loader import MAX_LOG_BYTES, load_json
+from trainplan.loader import MAX_LOG_BYTES, load_json, quote
 
 FORMAT, VERSION = "trainplan-token-shards", 1
 SPLITS = ("train", "val")
 SHARD_TOKENS = 2**26  # 128 MiB of uint16 ids a shard
-BATCH_DOCS = 256  # documents encoded together (tokenizers encodes a batch in parallel)
+BATCH_DOCS = 256  # pieces of documents encoded together (tokenizers encodes a batch in parallel)
+BATCH_CHARS = 2**22  # and at most this many characters (but for one longer piece)
 
 
 def dtype_for(vocab_size: int) -> str:
@@ -51,11 +58,15 @@ def dtype_for(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 2**16 else "uint32"
 
 
-def held_out(text: str, val_fraction: float) -> bool:
-    """True when the document goes to the held-out split: its 64-bit BLAKE2b hash, as a
-    fraction of 2^64, is below `val_fraction`."""
-    h = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
-    return h / 2**64 < val_fraction
+def held_out(text: str | Iterable[str], val_fraction: float) -> bool:
+    """True when the document `text` (or its pieces, in order) goes to the held-out split: the
+    64-bit BLAKE2b hash of its UTF-8 text, as a fraction of 2^64, is below `val_fraction`."""
+    if val_fraction <= 0:
+        return False
+    digest = hashlib.blake2b(digest_size=8)
+    for piece in [text] if isinstance(text, str) else text:
+        digest.update(piece.encode("utf-8"))
+    return int.from_bytes(digest.digest(), "big") / 2**64 < val_fraction
 
 
 class _SplitWriter:
@@ -72,8 +83,8 @@ class _SplitWriter:
         self._file = (self.folder / name).open("wb")
         self.shards.append({"file": name, "tokens": 0, "sha256": hashlib.sha256()})
 
-    def write(self, ids: np.ndarray) -> None:
-        self.documents += 1
+    def write(self, ids: np.ndarray, end_of_document: bool = True) -> None:
+        self.documents += end_of_document
         while len(ids):
             if self._file is None or self.shards[-1]["tokens"] >= SHARD_TOKENS:
                 self.close_shard()
@@ -97,15 +108,76 @@ class _SplitWriter:
                 "shards": [{**s, "sha256": s["sha256"].hexdigest()} for s in self.shards]}
 
 
-def _batches(docs: Iterator[tuple[Path, str]], n: int) -> Iterator[list[tuple[Path, str]]]:
-    batch = []
-    for item in docs:
-        batch.append(item)
-        if len(batch) == n:
+class _Piece(NamedTuple):
+    path: Path  # the document's file
+    text: str
+    split: str  # the document's
+    first: bool  # the document's first piece
+    last: bool  # and its last
+
+
+def _pieces(docs: Iterator[corpus.Document], val_fraction: float) -> Iterator[_Piece]:
+    """The pieces of `docs` in order, each with its document's split (from a first pass over
+    the document: its split is known before its first piece is written)."""
+    for doc in docs:
+        split = "val" if held_out(doc.pieces(), val_fraction) else "train"
+        first, ahead = True, None
+        for text in doc.pieces():
+            if ahead is not None:
+                yield _Piece(doc.path, ahead, split, first, False)
+                first = False
+            ahead = text
+        yield _Piece(doc.path, ahead or "", split, first, True)
+
+
+def _batches(pieces: Iterator[tuple]) -> Iterator[list[tuple]]:
+    """`pieces` (text second) in lists of at most `BATCH_DOCS` and `BATCH_CHARS` characters."""
+    batch, chars = [], 0
+    for item in pieces:
+        if batch and (len(batch) == BATCH_DOCS or chars + len(item[1]) > BATCH_CHARS):
             yield batch
-            batch = []
+            batch, chars = [], 0
+        batch.append(item)
+        chars += len(item[1])
     if batch:
         yield batch
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated
+
+
+@contextmanager
+def _sigterm_raises():
+    """While the block runs, SIGTERM raises `_Terminated` so that the block's cleanup runs;
+    the process then ends by SIGTERM all the same. Only in the main thread, and only where
+    SIGTERM has its default action (a caller's own handler is left alone)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    try:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _remove(folder: Path) -> None:
+    """Remove `folder` and what it holds, SIGTERM and SIGINT held back until it is gone."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str | Path | None = None,
@@ -115,52 +187,96 @@ def prepare(inputs: list[str | Path], out: str | Path, *, tokenizer: str | Path 
 
     With `tokenizer` (a tokenizer.json) the ids are that tokenizer's; with `vocab_size` a
     byte-level BPE of that size is trained on the corpus first (a second pass over it).
-    `progress(documents, tokens)` is called after each batch of documents."""
+    `progress(documents, tokens)` is called after each batch of documents (or pieces of one)."""
     out = Path(out)
     if (tokenizer is None) == (vocab_size is None):
         raise SpecError("give --tokenizer FILE (the model's tokenizer.json) or --vocab-size N "
                         "(train a byte-level BPE on the corpus), not both or neither")
     if not 0.0 <= val_fraction < 1.0:
         raise SpecError(f"--val-fraction {val_fraction} is not valid; use a number in [0, 1)")
-    if out.exists():
-        raise SpecError(f"--out {str(out)!r} exists; give a new folder (nothing is overwritten)")
+    _check_out(out)
     files = corpus.expand(inputs)
     if text_field != "text" and not any(f.suffix in (".jsonl", ".parquet") for f in files):
         raise SpecError(f"--text-field {text_field!r} names a JSONL key or parquet column; "
                         "this corpus is plain text only: leave it out")
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        index = _write(files, tmp, tokenizer, vocab_size, val_fraction, text_field, progress)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    if tokenizer is not None:
+        tok = tokenize.load(tokenizer)
+    else:  # in memory: nothing is on disk while it trains
+        tok = tokenize.train((p for d in corpus.documents(files, text_field)
+                              for p in d.pieces()), vocab_size)
+    tmp = _partial(out)
+    with _sigterm_raises():
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            index = _write(files, tmp, tok, tokenizer, val_fraction, text_field, progress)
+            tmp.rename(out)
+        except OSError as err:  # a folder that cannot be made, a full disk
+            _remove(tmp)
+            raise SpecError(f"--out {quote(str(out))}: cannot write "
+                            f"{quote(str(err.filename or tmp))} ({err.strerror}); nothing was "
+                            "written") from None
+        except BaseException:
+            _remove(tmp)
+            raise
     return index
 
 
-def _write(files, tmp: Path, tokenizer, vocab_size, val_fraction, text_field, progress) -> dict:
+def _check_out(out: Path) -> None:
+    """Refuse, before any work, an `out` that exists or cannot be looked at (a name too long,
+    a folder above it that cannot be searched), whose nearest folder that exists is not
+    one this user can write in, or where a new name (the partial folder's included) is
+    longer than the file system takes."""
+    try:
+        if out.exists():
+            raise SpecError(f"--out {quote(str(out))} exists; give a new folder (nothing is "
+                            "overwritten)")
+        above = next(p for p in out.absolute().parents if p.exists())
+    except OSError as err:
+        raise SpecError(f"--out {quote(str(out))} cannot be used ({err.strerror}); give a new "
+                        "folder where one can be made") from None
+    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+        raise SpecError(f"--out {quote(str(out))}: {quote(str(above))} is not a folder this "
+                        "user can write in; give a new folder where one can be made")
+    try:
+        name_max = os.pathconf(above, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    extra = len(os.fsencode(_partial(out).name)) - len(os.fsencode(out.name))
+    made = [(n, name_max) for n in out.absolute().relative_to(above).parts[:-1]]
+    for name, room in [*made, (out.name, name_max - extra)]:  # the partial folder's name
+        if len(os.fsencode(name)) > room:
+            raise SpecError(f"--out {quote(str(out))}: the name {quote(name, 40)} "
+                            f"({len(os.fsencode(name)):,} bytes) is too long; at most {room} "
+                            "bytes here")
+
+
+def _partial(out: Path) -> Path:
+    """The folder the shards are written in before it is renamed `out`."""
+    return out.parent / f".{out.name}.partial-{os.getpid()}"
+
+
+def _write(files, tmp: Path, tok, tokenizer, val_fraction, text_field, progress) -> dict:
     tok_path = tmp / "tokenizer.json"
     if tokenizer is not None:
-        tok = tokenize.load(tokenizer)
         shutil.copyfile(tokenizer, tok_path)
     else:
-        tok = tokenize.train((d for _, d in corpus.documents(files, text_field)), vocab_size,
-                             tok_path)
+        tok.save(str(tok_path))
     vocab = tok.get_vocab_size(with_added_tokens=True)
     eos = tokenize.eos_id(tok, tok_path)
     tok.encode_special_tokens = True  # a document's own "<|endoftext|>" is text, not a boundary
+    lead, trail = tokenize.framing(tok)
     dtype = dtype_for(vocab)
     writers = {s: _SplitWriter(tmp, s, dtype) for s in SPLITS}
     per_file: dict[Path, int] = dict.fromkeys(files, 0)
-    for batch in _batches(corpus.documents(files, text_field), BATCH_DOCS):
-        for (path, text), enc in zip(batch, tok.encode_batch([t for _, t in batch]),
-                                     strict=True):
-            ids = np.fromiter(enc.ids, dtype=np.int64, count=len(enc.ids))
-            writers["val" if held_out(text, val_fraction) else "train"].write(
-                np.append(ids, eos))
-            per_file[path] += 1
+    for batch in _batches(_pieces(corpus.documents(files, text_field), val_fraction)):
+        for piece, enc in zip(batch, tok.encode_batch([p.text for p in batch]), strict=True):
+            ids = enc.ids  # what `tok` adds to each text (`framing`): at the document's ends only
+            if not (piece.first and piece.last):
+                ids = ids[0 if piece.first else lead:len(ids) - (0 if piece.last else trail)]
+            ids = np.fromiter(ids, dtype=np.int64, count=len(ids))
+            writers[piece.split].write(np.append(ids, eos) if piece.last else ids, piece.last)
+            per_file[piece.path] += piece.last
         if progress:
             progress(sum(w.documents for w in writers.values()),
                      sum(w.tokens for w in writers.values()))

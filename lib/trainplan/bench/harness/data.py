@@ -49,7 +49,7 @@ MAX_BYTES = 16 * 2**20  # corpus cap; the 3.11/3.12 stdlib without tests is abou
 TRAIN_BYTES = 2 * 2**20  # the BPE is learnt on the leading files up to this, applied to all
 ENCODE_BATCH = 256  # files encoded together (tokenizers encodes a batch in parallel)
 SYNTHETIC_SEQUENCES = 1 << 16
-_FORMAT = 2  # bump when the cache layout or the tokenizer changes
+_FORMAT = 3  # bump when the cache layout or the tokenizer changes
 
 
 # ---------------------------------------------------------------- corpus
