@@ -20,9 +20,12 @@ one tagged `not-launchable` for one it does not (a mixture of experts: page 6 sa
 why it has no commands, `decision.no_launch`); a scenario's build drops the other
 case's cells before executing, `--in-place` keeps both (the committed notebooks).
 
-Bad input (unknown scenario or parameter, a value of the wrong type, a spec
-the library rejects) gives one line on stderr naming the value and what is
-valid, exit code 2, and writes nothing: notebooks are executed into a
+`--only NN_name` executes that page alone and keeps the others in book/_generated/
+as they are; it is refused when they were built with other parameters.
+
+Bad input (unknown scenario or parameter, a value of the wrong type or out of
+its range, a spec the library rejects) gives one line on stderr naming the value
+and what is valid, exit code 2, and writes nothing: notebooks are executed into a
 temporary folder and moved into place only when all of them succeeded.
 """
 
@@ -41,9 +44,11 @@ from pathlib import Path
 
 import trainplan.errors as errors
 from trainplan.errors import TrainplanError
+from trainplan.loader import quote, shown
 from trainplan.plan.search import search
 from trainplan.runbook.decision import no_launch_reason
 from trainplan.runbook.pages import DEFAULT_SCENARIO, Inputs, ParameterError, resolve_inputs
+from trainplan.runbook.site import injected_parameters
 
 ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOKS = ROOT / "notebooks"
@@ -129,12 +134,11 @@ def convert(param: Parameter, text: str):
             value = text
     except ValueError:
         kind = "a whole number" if base == "int" else "a number"
-        raise ParameterError(
-            f"bad parameter {param.name}={text!r}: expected {kind} ({param.type}); {param.help}"
-        ) from None
+        raise ParameterError(f"bad parameter {param.name}={quote(text)}: expected {kind} "
+                             f"({param.type}); {param.help}") from None
     if not value or (base != "str" and value < 0):
         valid = "a non-empty name" if base == "str" else "a number > 0"
-        raise ParameterError(f"bad parameter {param.name}={text!r}: expected {valid}; leave "
+        raise ParameterError(f"bad parameter {param.name}={quote(text)}: expected {valid}; leave "
                              "it out to take the scenario's value")
     return value
 
@@ -217,7 +221,8 @@ def execute_all(paths: list[Path], dest: Path, parameters: dict, in_place: bool 
     """Execute `paths` with papermill into a temp folder, then move them all to `dest`.
 
     `in_place` replaces the files one by one inside `dest` (the committed
-    notebooks); otherwise `dest` as a whole is swapped for the new folder.
+    notebooks); otherwise `dest` as a whole is swapped for the new folder, which keeps
+    unchanged the pages of `dest` not executed this time (`swap_in`).
     The temporary folder is made in `scratch` (hidden, and excluded from the book).
     Cells tagged with any of `drop_tags` are left out before execution.
     """
@@ -262,15 +267,44 @@ def execute_all(paths: list[Path], dest: Path, parameters: dict, in_place: bool 
             for out in outputs:
                 os.replace(out, dest / out.name)
         else:
-            old = dest.with_name(dest.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            if dest.exists():
-                os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
+            swap_in(tmp, dest, kept_pages(paths))
         return [dest / out.name for out in outputs]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kept_pages(paths: list[Path]) -> set[str]:
+    """The file names of the pages a build of `paths` leaves as they are: those of the other
+    notebooks in their folder (none for a build of every page)."""
+    return {p.name for p in notebook_paths(paths[0].parent)} - {p.name for p in paths} \
+        if paths else set()
+
+
+def swap_in(tmp: Path, dest: Path, keep: set[str]) -> None:
+    """Make the folder `tmp` (the pages just executed) the folder `dest`, after copying into it
+    the files of `dest` named in `keep`, unchanged; `dest`'s other files go."""
+    for name in sorted(keep):
+        if (dest / name).is_file() and not (tmp / name).exists():
+            shutil.copy2(dest / name, tmp / name)
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def check_kept_pages(dest: Path, keep: set[str], parameters: dict) -> None:
+    """Refuse (ParameterError) to keep a page of `dest` named in `keep` that was executed with
+    other parameters than `parameters`: the book would mix two builds' numbers."""
+    for name in sorted(keep):
+        built = injected_parameters(dest / name) if (dest / name).is_file() else parameters
+        if built != parameters:
+            said = [", ".join(f"{k}={quote(v, 40)}" for k, v in d.items()) or "no parameters"
+                    for d in (built, parameters)]
+            raise ParameterError(
+                f"--only: {shown(dest / name)} was built with {said[0]}, this build has "
+                f"{said[1]}; give the same --scenario and -p, or drop --only")
 
 
 # ---------------------------------------------------------------- CLI
@@ -339,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         drop = () if args.in_place else other_case_tags(inputs)
         if not args.in_place:
             check_searchable(inputs)
+            check_kept_pages(GENERATED, kept_pages(paths), {"scenario": scenario, **overrides})
     except TrainplanError as err:
         print(f"trainplan.runbook.build: {err}", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from trainplan.calibrate.store import card_preset, load_gpu
 from trainplan.cost.step_time import time_to_train
 from trainplan.errors import TrainplanError
+from trainplan.loader import quote
 from trainplan.runbook import decision
 from trainplan.specs import (
     ClusterSpec,
@@ -26,6 +27,7 @@ from trainplan.specs import (
     load_scenario,
     preset_names,
 )
+from trainplan.specs.bounds import field_range
 from trainplan.specs.layouts import RECOMPUTE  # none < selective < full
 
 DEFAULT_SCENARIO = "llama-13b-32xh100"
@@ -74,15 +76,27 @@ class Inputs:
         return pd.DataFrame({"value": [v for _, v in rows]}, index=[k for k, _ in rows])
 
 
+# numeric parameter -> (the spec field whose range it takes, `specs.bounds`; its unit)
+RANGES = {"gpus": ("Scenario", "GPUs in the job"),
+          "gpus_per_node": ("ClusterSpec", "GPUs a node"),
+          "seq_len": ("Scenario", "tokens a sequence"),
+          "global_batch_tokens": ("Scenario", "tokens an optimizer step"),
+          "token_budget": ("Scenario", "tokens to train on")}
+
+
 def _given(name: str, value, default, kind=int):
-    """`value` if given (not "", 0 or None), else the scenario's `default`; checked > 0."""
+    """`value` if given (not "", 0 or None), else the scenario's `default`; checked to be a
+    number (a whole one for `int`) in the range a spec file may give it (`RANGES`)."""
     if value in ("", 0, None):
         value = default
+    spec, unit = RANGES[name]
+    low, high = field_range(spec, name)
     types = (int, float) if kind is float else int
-    if isinstance(value, bool) or not isinstance(value, types) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, types) or not low <= value <= high:
+        span = f"{low:g} to {high:g}" if kind is float else f"{low:,} to {high:,}"
         raise ParameterError(
-            f"bad parameter {name}={value!r}: expected a {'whole ' if kind is int else ''}"
-            f"number > 0, or 0 for the scenario's value")
+            f"bad parameter {name}={quote(value)}: expected a {'whole ' if kind is int else ''}"
+            f"number from {span} ({unit}), or 0 for the scenario's value")
     return value
 
 

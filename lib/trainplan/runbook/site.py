@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from trainplan.errors import TrainplanError
+from trainplan.loader import MAX_LOG_BYTES, read_text, shown
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "_build"
@@ -72,6 +73,46 @@ def _assigned(source: str, name: str):
     return None
 
 
+def _tags(cell: dict) -> list:
+    meta = cell.get("metadata")
+    tags = meta.get("tags") if isinstance(meta, dict) else None
+    return tags if isinstance(tags, list) else []
+
+
+def notebook_cells(notebook: Path) -> list[dict]:
+    """The cells of the executed notebook file `notebook` (read bounded, as JSON); SiteError
+    when it is not a notebook."""
+    text = read_text(notebook, max_bytes=MAX_LOG_BYTES, error=SiteError, what="notebook")
+    try:
+        cells = json.loads(text)["cells"]
+    except (ValueError, RecursionError, TypeError, KeyError):
+        cells = None
+    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+        raise SiteError(f"{shown(notebook)} is not a notebook (JSON with a list of cells); "
+                        "run python -m trainplan.runbook.build without --only")
+    return cells
+
+
+def injected_parameters(notebook: Path) -> dict:
+    """{name: value} of the parameters papermill injected into the executed `notebook`
+    ({} without an injected cell); SiteError if one is not a plain literal."""
+    out = {}
+    for cell in notebook_cells(notebook):
+        if "injected-parameters" not in _tags(cell):
+            continue
+        try:
+            for node in ast.parse("".join(cell.get("source", ""))).body:
+                if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+                        and isinstance(node.targets[0], ast.Name)):
+                    raise ValueError("not `name = value`")
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+        except (SyntaxError, ValueError, TypeError, RecursionError):
+            raise SiteError(f"{shown(notebook)}: its injected parameters are not `name = value` "
+                            "lines; run python -m trainplan.runbook.build without --only"
+                            ) from None
+    return out
+
+
 def generated_scenario(folder: Path | None = None) -> str | None:
     """The scenario the executed notebooks in `folder` (default book/_generated/) were run for
     (papermill's injected `scenario = "..."`, else the parameters cell's default), None
@@ -80,8 +121,8 @@ def generated_scenario(folder: Path | None = None) -> str | None:
     if not notebooks:
         return None
     found = None
-    for cell in json.loads(notebooks[0].read_text())["cells"]:  # the injected cell comes later
-        tags = cell.get("metadata", {}).get("tags", [])
+    for cell in notebook_cells(notebooks[0]):  # the injected cell comes later
+        tags = _tags(cell)
         if "parameters" in tags or "injected-parameters" in tags:
             found = _assigned("".join(cell["source"]), "scenario") or found
     return found
