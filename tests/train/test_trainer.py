@@ -207,7 +207,7 @@ def test_resume_where_no_checkpoint_verifies_is_refused_before_torchrun(
     assert ranks[0] == "error", ranks
     before = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*"))
     started = []
-    monkeypatch.setattr(training.subprocess, "run", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(training, "run_torchrun", lambda *a, **k: started.append(a))
     args = ["--model", str(work / "tiny.yaml"), "--data", str(work / "shards"), "--steps",
             str(STEPS + 4), "--nproc-per-node", "2", "--dp", "2", "--zero", "3", "--cpu",
             "--ckpt-dir", str(root)]

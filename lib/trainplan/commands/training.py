@@ -6,19 +6,25 @@ export`: a checkpoint as a Hugging Face folder.
                     [layout, optimizer, evaluation, logging, checkpoint and export flags]
 
 Every flag is checked here first (the trainer's own parser, the model, the layout against
-`nproc_per_node x nnodes` ranks, the shards against the model's vocabulary), so bad input
-is one line and exit 2 before a process starts; so is a --ckpt-dir that the ranks would
-refuse (checkpoints there without --resume, none verifying with --resume and without
---fresh), by the ranks' rule on the manifests and the folders' listings and sizes: hashing
-the shards would read the whole checkpoint before the ranks read it again, so a folder that
-only its hashes reject is refused by the ranks. Then torchrun runs `trainplan.train` with
-the same flags; its progress lines go to stderr as it runs. Exit 143 from the trainer
-(SIGTERM, its checkpoint saved) is reported as a stop to resume, not as a failure.
+`nproc_per_node x nnodes` ranks, the shards against the model's vocabulary, the headers of
+the --init-from weights against the model), so bad input is one line and exit 2 before a
+process starts; so is a --ckpt-dir that the ranks would refuse (not a folder, checkpoints
+there without --resume, none verifying with --resume and without --fresh, the one to resume
+past --steps or of another model), by the ranks' rule on the manifests, the folders'
+listings and sizes and DCP's index: hashing the shards would read the whole checkpoint
+before the ranks read it again, so a folder that only its hashes reject is refused by the
+ranks. Then torchrun runs `trainplan.train` with the same flags; its progress lines go to
+stderr as it runs. A rank's own refusal is that one line and exit 2, without torchrun's
+traceback (`run_torchrun`). SIGTERM, SIGINT and SIGHUP to `trainplan train` are passed on
+to torchrun, and it waits for the ranks (`proctree.supervise`). A run the trainer reports
+stopped by SIGTERM (exit 143, or its summary `preempted`: its emergency checkpoint taken)
+is reported as a stop to resume, not as a failure; after SIGINT it is `interrupted`.
 
     trainplan export --ckpt DIR --model M --out HF_DIR [--seq-len N] [--dtype bfloat16]
 
-DIR is a run's --ckpt-dir (its newest verified checkpoint) or one step's folder; HF_DIR
-gets model.safetensors and config.json, which `transformers` loads (`train.export`).
+DIR is a run's --ckpt-dir (its newest verified checkpoint; a warning names the newer ones
+that do not verify) or one step's folder; HF_DIR gets model.safetensors and config.json,
+which `transformers` loads (`train.export`).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
+import signal
 import sys
 
 from trainplan.commands.args import (
@@ -38,6 +44,7 @@ from trainplan.commands.args import (
 
 LAUNCH = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "dry_run")
 RDZV_ID = "trainplan"  # --rdzv-id of a multi-node run that names none
+DRAIN_S = 10.0  # after torchrun exits: seconds its ranks' last output may still take
 
 
 def register(verbs) -> None:
@@ -88,7 +95,8 @@ def trainer_argv(args) -> list[str]:
 
 
 def check(args) -> None:
-    """The trainer's checks, run here: flags, model, layout, shards (one line, exit 2)."""
+    """The trainer's checks, run here: flags, model, layout, shards, the --init-from
+    weights' headers, the --ckpt-dir (one line, exit 2)."""
     from trainplan.bench.harness import parallelize as par_mod
     from trainplan.bench.harness import train as harness
     from trainplan.data.shards import open_shards
@@ -111,14 +119,36 @@ def check(args) -> None:
     if args.eval_every:  # rank 0's held-out batches, read as the run reads them
         cfg = harness.layout(args)
         loop.eval_groups(args, cfg, spec, 0, cfg.dp, torch.device("cpu"))
+    if args.init_from:
+        from trainplan.train import export  # safetensors' headers: no tensor is read
+
+        export.check_weights(spec, args.init_from)
     if args.ckpt_dir:
-        from pathlib import Path
+        check_ckpt_dir(args, spec)
 
-        from trainplan.bench.ckpt.store import resume_choice
 
-        choice = resume_choice(Path(args.ckpt_dir), args.resume, args.fresh, contents=False)
-        if choice[0] == "error":
-            raise UsageError(choice[1])
+def check_ckpt_dir(args, spec) -> None:
+    """--ckpt-dir as the ranks will take it: a folder, or where one can be made; its
+    checkpoints as `resume_choice` without their contents; the one --resume loads not past
+    --steps, and of `spec` by DCP's index (tensor names and shapes). One line, exit 2."""
+    from pathlib import Path
+
+    from trainplan.bench.ckpt.store import check_root, check_steps, resume_choice
+    from trainplan.errors import SpecError
+    from trainplan.train import export
+
+    check_root(Path(args.ckpt_dir))
+    choice = resume_choice(Path(args.ckpt_dir), args.resume, args.fresh, contents=False)
+    if choice[0] == "error":
+        raise UsageError(choice[1])
+    path, manifest = choice[1], choice[2]
+    if path is not None:
+        check_steps(Path(path).name, manifest["step"], args.steps)
+        try:
+            export.check_checkpoint_model(Path(path), spec)
+        except SpecError as err:
+            raise UsageError(f"--resume: {err}; resume with the model it was saved from, or "
+                             "start in another --ckpt-dir") from None
 
 
 def check_rendezvous(args) -> None:
@@ -159,18 +189,46 @@ def cmd_train(args) -> dict:
     from trainplan.bench.series.suite import NO_MULTICAST  # pandas: not loaded for --help
 
     env = {**NO_MULTICAST, **os.environ, "PYTHONUNBUFFERED": "1"}  # the user's setting wins
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    lines = proc.stdout.splitlines()
+    rc, lines, refusal, signals = run_torchrun(cmd, env)
     for ln in lines:
         if not ln.startswith("{"):
             print(ln, file=sys.stderr)
     summaries = [ln for ln in lines if ln.startswith("{")]
     summary = json.loads(summaries[-1]) if summaries else None
-    if proc.returncode not in (0, 143):
-        raise UsageError(f"the trainer exited with code {proc.returncode} (its error is above); "
+    if signal.SIGINT in signals:  # Ctrl-C: torchrun and its ranks have ended
+        raise KeyboardInterrupt
+    if refusal is not None:  # the ranks' own one line, without torchrun's traceback
+        raise UsageError(refusal)
+    stopped = rc == 143 or (rc != 0 and bool(summary and summary.get("preempted")))
+    if rc not in (0, 143) and not stopped:
+        after = "".join(f" after {signal.Signals(s).name}" for s in dict.fromkeys(signals))
+        raise UsageError(f"the trainer exited with code {rc}{after} (its error is above); "
                          f"command: {' '.join(cmd)}")
-    return {"command": cmd, "dry_run": False, "summary": summary,
-            "stopped": proc.returncode == 143}
+    return {"command": cmd, "dry_run": False, "summary": summary, "stopped": stopped,
+            "exit_code": 128 + signal.SIGTERM if stopped else 0}  # as a shell reports SIGTERM
+
+
+def run_torchrun(cmd: list[str], env: dict) -> tuple[int, list[str], str | None, list[int]]:
+    """Run torchrun's `cmd` to its end (`proctree.supervise`: SIGTERM, SIGINT, SIGHUP to this
+    process are passed on to it, so the ranks' emergency checkpoint and their last lines
+    are not lost), its stderr copied to ours as it comes (`proctree.Relay`), its stdout
+    kept. Returns (exit code, stdout lines, refusal, the signals passed on): `refusal` is the
+    first line in which a rank refused its input (`proctree.own_error`), where the run then
+    failed; the lines held from it on are dropped then (the other ranks' copies of the
+    line, torchrun's traceback of the failed ranks), and shown where the run succeeded."""
+    from trainplan.proctree import Relay, supervise
+
+    read, write = os.pipe()
+    relay = Relay(read)
+    try:
+        rc, out, signals = supervise(cmd, env, write, drain_s=DRAIN_S)
+    finally:
+        os.close(write)
+    relay.thread.join(DRAIN_S)
+    refusal = relay.refusal if rc != 0 else None
+    if refusal is None:
+        relay.show("".join(relay.held))
+    return rc, out.decode("utf-8", errors="replace").splitlines(), refusal, signals
 
 
 def format_train(out: dict) -> str:
@@ -178,23 +236,37 @@ def format_train(out: dict) -> str:
         return " ".join(out["command"])
     s = out["summary"] or {}
     if out.get("stopped"):
+        ck = s.get("checkpoint")
+        if ck is not None and (last := ck.get("last_committed")) != s.get("last_step"):
+            newest = f"step {last}" if last is not None else "none: it starts at step 0"
+            return (f"stopped at step {s.get('last_step')} of {s.get('steps')}, its checkpoint "
+                    f"not saved (the FAILED line above); run the same command with --resume to"
+                    f" continue from the newest committed ({newest})")
         return (f"stopped at step {s.get('last_step')} of {s.get('steps')} with a checkpoint; "
                 "run the same command with --resume to continue")
+    if not s.get("losses"):  # resumed at its last step: nothing was left to train
+        return (f"{s.get('model')} is already at step {s.get('last_step')} of {s.get('steps')}"
+                " (its checkpoint): nothing left to train")
     evals = s.get("evals") or []
     held = f", held-out loss {evals[-1]['eval_loss']:.4f}" if evals else ""
     export = f"; exported to {s['export']}" if s.get("export") else ""
-    losses = s.get("losses") or [float("nan")]
     return (f"trained {s.get('model')} to step {s.get('last_step')} of {s.get('steps')} "
-            f"({s.get('layout')}): loss {losses[-1]:.4f}{held}{export}")
+            f"({s.get('layout')}): loss {s['losses'][-1]:.4f}{held}{export}")
 
 
 def cmd_export(args) -> dict:
     from pathlib import Path
 
+    from trainplan.bench.ckpt import manifest as mf
     from trainplan.specs import load_model
     from trainplan.train import export  # torch: not loaded for --help
 
-    folder = export.checkpoint_folder(Path(args.ckpt))
+    skipped: list = []
+    folder = export.checkpoint_folder(Path(args.ckpt), skipped)
     export.export_checkpoint(folder, load_model(args.model), Path(args.out), dtype=args.dtype,
                              max_positions=args.seq_len)
-    return {"ckpt": str(folder), "out": args.out}
+    if skipped:  # the user asked for the newest: say that an older one was exported
+        args.notes.append(f"warning: exported {folder.name}, an older checkpoint: the newer "
+                          f"ones in {args.ckpt} do not verify ({mf.skipped_line(skipped)}); "
+                          "give --ckpt one step's folder to export another")
+    return {"ckpt": str(folder), "out": args.out, "skipped": [n for n, _ in skipped]}

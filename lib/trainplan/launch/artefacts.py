@@ -306,7 +306,7 @@ def plan_and_generate(m, gpu, cluster, *, gpus: int, seq_len: int, global_batch_
         if token_budget is None:
             raise LaunchError("give --steps N, or a --scenario whose token budget sets them")
         settings = dataclasses.replace(settings, steps=job.steps_for(
-            token_budget, p["tokens_per_step"]))
+            token_budget, p["tokens_per_step"], 0 if settings.data else settings.warmup))
     return generate(planned, model_arg=model_arg, gpus_per_node=gpn, settings=settings,
                     gpu_memory_gib=gpu.memory_gib, title=title,
                     schedule=job.schedule(m, gpus, gpn, p), alert=job.alert(m, gpu, seq_len, p))

@@ -70,9 +70,17 @@ def schedule(model, gpus: int, gpus_per_node: int, plan_row: dict) -> Checkpoint
                               every_min=every * plan_row["step_time_s"] / 60.0)
 
 
-def steps_for(token_budget: float, tokens_per_step: int) -> int:
-    """Optimizer steps that train on the whole token budget (the last step may run over)."""
-    return max(1, math.ceil(token_budget / tokens_per_step))
+def steps_for(token_budget: float, tokens_per_step: int, warmup: int = 0) -> int:
+    """Optimizer steps that train on the whole token budget (the last step may run over);
+    one line where they are not more than `warmup`, the steps the harness leaves untimed."""
+    steps = max(1, math.ceil(token_budget / tokens_per_step))
+    if steps <= warmup:
+        raise TrainplanError(
+            f"the scenario's token_budget {token_budget:g} is {steps} step(s) of "
+            f"{tokens_per_step:,} tokens, not more than the harness's {warmup} warm-up step(s) "
+            f"(--warmup); give a token_budget of at least {warmup * tokens_per_step + 1:,} "
+            f"({warmup + 1} steps), or --steps N > {warmup}")
+    return steps
 
 
 def plan_file_pins(path: str | Path) -> tuple[dict, dict]:

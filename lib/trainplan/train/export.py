@@ -36,7 +36,7 @@ from trainplan.bench.ckpt.dcp_io import (
 )
 from trainplan.bench.harness.model import Transformer
 from trainplan.errors import SpecError
-from trainplan.loader import load_json
+from trainplan.loader import load_json, shown
 from trainplan.specs import ModelSpec
 from trainplan.specs.hf import CONFIG, from_hf_names, hf_config, model_from_hf, to_hf_names
 
@@ -93,16 +93,20 @@ def export_state(state: dict[str, torch.Tensor], spec: ModelSpec, out: Path, *,
     return _write(dict(state), spec, config, Path(out), where="state")
 
 
-def checkpoint_folder(ckpt: Path) -> Path:
+def checkpoint_folder(ckpt: Path, skipped: list | None = None) -> Path:
     """The verified checkpoint `ckpt` names: itself if it is a step folder, else the
-    newest verified one in it (a run's --ckpt-dir). CheckpointError, one line, if none."""
+    newest verified one in it (a run's --ckpt-dir), the newer step folders that do not
+    verify added to `skipped` as (name, why). CheckpointError, one line, if none."""
     if not ckpt.is_dir():
         raise CheckpointError(f"{ckpt}: no such checkpoint folder; give a step-N folder or "
                               "a run's --ckpt-dir")
     if mf.step_dirs(ckpt):  # a run's folder: step folders in it
-        path, _, line = mf.choose(ckpt)
+        path, _, passed = mf.newest(ckpt)
         if path is None:
-            raise CheckpointError(line.replace("; starting at step 0", ""))
+            raise CheckpointError(f"no verified checkpoint in {ckpt} "
+                                  f"({mf.skipped_line(passed)})")
+        if skipped is not None:
+            skipped += passed
         return path
     manifest, why = mf.verify(ckpt)
     if manifest is None:
@@ -121,6 +125,22 @@ def _saved_model_tensors(path: Path) -> dict[str, tuple[tuple[int, ...], torch.d
         raise CheckpointError(f"{path}: DCP index unreadable ({one_line(err)})") from None
     return {k[len("model."):]: (tuple(m.size), m.properties.dtype) for k, m in index.items()
             if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
+
+
+def check_checkpoint_model(path: Path, spec: ModelSpec) -> None:
+    """SpecError where the model tensors that DCP's index (`.metadata`) of checkpoint folder
+    `path` names are not those of `spec` (names and shapes, as `export_checkpoint` checks
+    them). Only the index is read, after `safe_index` allowed it; an index that cannot be
+    read is left to the full verification of whoever loads the checkpoint."""
+    from trainplan.bench.ckpt import safe_index
+
+    try:
+        safe_index.check(path / ".metadata")
+        saved = _saved_model_tensors(path)
+    except Exception:  # noqa: BLE001 (a damaged index: not this check's to report)
+        return
+    _check_shapes({k: s for k, (s, _) in saved.items()}, _shapes(spec), spec, str(path),
+                  tied_optional=spec.tied_embeddings)
 
 
 def _shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
@@ -199,12 +219,38 @@ def load_weights(model: nn.Module, path) -> None:
     equal the table.
     """
     path = Path(path)
-    files = _weight_files(path)
-    spec = model.spec
-    if path.is_dir() and (path / CONFIG).is_file():
-        _check_config(model_from_hf(path), spec, path / CONFIG)
     ours = model.state_dict()
     tied = ours[TIED].data_ptr() == ours["tok_embeddings.weight"].data_ptr()
+    source = _sources(path, model.spec, {k: tuple(v.shape) for k, v in ours.items()}, tied)
+    head = None
+    with torch.no_grad():
+        for file in dict.fromkeys(f for f, _ in source.values()):
+            with _open(file) as f:
+                for key, (src, hf) in source.items():
+                    if src != file:
+                        continue
+                    if tied and key == TIED:  # the table is loaded once, as the embedding
+                        head = f.get_tensor(hf)
+                    else:
+                        ours[key].copy_(f.get_tensor(hf))
+    if head is not None and not torch.equal(head.to(ours[TIED].dtype), ours[TIED]):
+        raise SpecError(f"{path}: lm_head.weight differs from model.embed_tokens.weight, but "
+                        f"model {model.spec.name!r} has tied embeddings; load into an untied "
+                        "model")
+
+
+def check_weights(spec: ModelSpec, path) -> None:
+    """`load_weights`' checks of the weights at `path` for a model of `spec`, from the
+    safetensors headers and config.json only (no tensor is read): one SpecError line."""
+    _sources(Path(path), spec, _shapes(spec), spec.tied_embeddings)
+
+
+def _sources(path: Path, spec: ModelSpec, want: dict, tied: bool) -> dict:
+    """Our name -> (safetensors file, HF name) of every tensor at `path` (`load_weights`'),
+    checked against `want` (our name -> shape) and a config.json beside them."""
+    files = _weight_files(path)
+    if path.is_dir() and (path / CONFIG).is_file():
+        _check_config(model_from_hf(path), spec, path / CONFIG)
     shapes, source = {}, {}  # our name -> shape in the file; -> (file, HF name)
     for file, names in files.items():
         held = _shapes_in(file)
@@ -218,22 +264,8 @@ def load_weights(model: nn.Module, path) -> None:
             raise SpecError(f"{file}: {err}") from None
         for key, hf in renamed.items():
             shapes[key], source[key] = held[hf], (file, hf)
-    _check_shapes(shapes, {k: tuple(v.shape) for k, v in ours.items()}, spec, str(path),
-                  tied_optional=tied, name=_both_names)
-    head = None
-    with torch.no_grad():
-        for file in files:
-            with _open(file) as f:
-                for key, (src, hf) in source.items():
-                    if src != file:
-                        continue
-                    if tied and key == TIED:  # the table is loaded once, as the embedding
-                        head = f.get_tensor(hf)
-                    else:
-                        ours[key].copy_(f.get_tensor(hf))
-    if head is not None and not torch.equal(head.to(ours[TIED].dtype), ours[TIED]):
-        raise SpecError(f"{path}: lm_head.weight differs from model.embed_tokens.weight, but "
-                        f"model {spec.name!r} has tied embeddings; load into an untied model")
+    _check_shapes(shapes, want, spec, str(path), tied_optional=tied, name=_both_names)
+    return source
 
 
 def _open(file: Path):
@@ -269,29 +301,36 @@ def _check_config(theirs: ModelSpec, ours: ModelSpec, file: Path) -> None:
 
 
 def _weight_files(path: Path) -> dict[Path, list[str] | None]:
-    """safetensors file -> the HF names the index puts in it (None: all it holds)."""
-    if path.is_file():
-        return {path: None}
-    if not path.is_dir():
-        raise SpecError(f"{path}: no such file or folder; give an HF model folder or a "
-                        ".safetensors file")
-    if (path / WEIGHTS).is_file():
-        return {path / WEIGHTS: None}
-    if not (path / INDEX).is_file():
-        raise SpecError(f"{path}: neither {WEIGHTS} nor {INDEX} in it; pickled weights "
-                        "(pytorch_model.bin) are not read")
+    """safetensors file -> the HF names the index puts in it (None: all it holds). One
+    SpecError line where `path` is no HF folder or safetensors file, or cannot be looked
+    at (a name longer than the system allows, a folder not ours to read)."""
     try:
-        weight_map = load_json(path / INDEX, what=INDEX)["weight_map"]
-        files: dict[Path, list[str]] = {}
-        for name, file in weight_map.items():
-            if not isinstance(file, str) or Path(file).name != file or not isinstance(name, str):
-                raise ValueError(f"entry {name!r}: {file!r} is not a file name in the folder")
-            files.setdefault(path / file, []).append(name)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise SpecError(f"{path / INDEX}: not a valid index ({one_line(err)})") from None
-    for file in files:
-        if not file.is_file():
-            raise SpecError(f"{path / INDEX}: names {file.name}, which is not in {path}")
+        if path.is_file():
+            return {path: None}
+        if not path.is_dir():
+            raise SpecError(f"{shown(path)}: no such file or folder; give an HF model folder "
+                            "or a .safetensors file")
+        if (path / WEIGHTS).is_file():
+            return {path / WEIGHTS: None}
+        if not (path / INDEX).is_file():
+            raise SpecError(f"{shown(path)}: neither {WEIGHTS} nor {INDEX} in it; pickled "
+                            "weights (pytorch_model.bin) are not read")
+        try:
+            weight_map = load_json(path / INDEX, what=INDEX)["weight_map"]
+            files: dict[Path, list[str]] = {}
+            for name, file in weight_map.items():
+                if (not isinstance(file, str) or Path(file).name != file
+                        or not isinstance(name, str)):
+                    raise ValueError(f"entry {name!r}: {file!r} is not a file name in the folder")
+                files.setdefault(path / file, []).append(name)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise SpecError(f"{path / INDEX}: not a valid index ({one_line(err)})") from None
+        for file in files:
+            if not file.is_file():
+                raise SpecError(f"{path / INDEX}: names {file.name}, which is not in {path}")
+    except OSError as err:  # ENAMETOOLONG, EACCES: the path cannot even be looked at
+        raise SpecError(f"{shown(err.filename or path)}: {err.strerror or one_line(err)}; give "
+                        "an HF model folder or a .safetensors file you can read") from None
     return files
 
 

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -77,8 +78,11 @@ def check_args(args) -> None:
     if args.export and not args.ckpt_dir:
         raise TrainplanError(f"--export {args.export} needs --ckpt-dir: the export is made "
                              "from the final checkpoint")
-    if args.export and Path(args.export).exists():
+    if args.export and os.path.lexists(args.export):
         raise TrainplanError(f"--export {args.export} exists; name a new folder")
+    for flag, folder in (("--log-dir", args.log_dir), ("--export", args.export)):
+        if folder:  # where it can be made (a long name, a file in the way): before training
+            ckpt.check_root(Path(folder), flag=flag)
     loss_mod.check(args)  # --loss fused: one process, DDP, FSDP2 (not tp, pp, cp)
     context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
     float8.check(args, args.cpu)  # fp8: a GPU of compute capability >= 8.9, else one line
@@ -169,7 +173,8 @@ def run(args) -> dict:
     scheduler = optim.make_scheduler(optimizer, warmup=args.lr_warmup, total=args.steps,
                                      schedule=args.lr_schedule, floor=args.lr_floor)
     saver = ckpt.Checkpointer(args, par, optimizer, rank=rank, world=world, device=device,
-                              stateful={"data": source, "lr_schedule": scheduler})
+                              stateful={"data": source, "lr_schedule": scheduler},
+                              total_steps=args.steps)
     start = saver.resume()
     for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
         group["lr"] = lr  # the checkpoint holds Adam's moments, the schedule its step
@@ -246,8 +251,8 @@ def main(argv=None) -> int:
         if not dist.is_initialized() or dist.get_rank() == 0:
             if args.json:
                 print(json.dumps(summary))
-            if failed:
-                print(f"error: {failed}", file=sys.stderr)
+            if failed:  # not `error: `, a refusal's (`proctree.own_error`)
+                print(f"failed: {failed}", file=sys.stderr)
     except TrainplanError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -293,21 +293,29 @@ def _short(root: Path, most: int = 60) -> str:
     return text if len(text) <= most else "..." + text[-most + 3:]
 
 
-def choose(root: Path, contents: bool = True) -> tuple[Path | None, dict | None, str]:
-    """The newest verified checkpoint under `root`, its manifest, and one line saying why
-    (at most about 300 characters, however many folders were skipped); `contents`: as
-    `verify`'s."""
+def newest(root: Path, contents: bool = True) -> tuple[Path | None, dict | None, list]:
+    """The newest verified checkpoint under `root` (or None), its manifest, and [(name, why)]
+    of the newer step folders that do not verify; `contents`: as `verify`'s."""
     skipped = []
     for _, directory in step_dirs(root):
         manifest, why = verify(directory, contents=contents)
         if manifest is not None:
-            n = len(manifest["files"])
-            size = sum(e["bytes"] for e in manifest["files"].values()) / 1e6
-            line = (f"resuming from {directory.name} ({n} files, {size:.2f} MB verified, "
-                    f"saved by {manifest['world_size']} rank(s))")
-            return directory, manifest, line + (f"; skipped {skipped_line(skipped)}"
-                                                 if skipped else "")
+            return directory, manifest, skipped
         skipped.append((directory.name, why))
+    return None, None, skipped
+
+
+def choose(root: Path, contents: bool = True) -> tuple[Path | None, dict | None, str]:
+    """`newest`'s checkpoint and manifest, and one line saying why (at most about 300
+    characters, however many folders were skipped)."""
+    directory, manifest, skipped = newest(root, contents)
+    if manifest is not None:
+        n = len(manifest["files"])
+        size = sum(e["bytes"] for e in manifest["files"].values()) / 1e6
+        line = (f"resuming from {directory.name} ({n} files, {size:.2f} MB verified, "
+                f"saved by {manifest['world_size']} rank(s))")
+        return directory, manifest, line + (f"; skipped {skipped_line(skipped)}"
+                                             if skipped else "")
     line = f"no verified checkpoint in {_short(root)}"
     return None, None, line + (f" ({skipped_line(skipped)})" if skipped else "")
 

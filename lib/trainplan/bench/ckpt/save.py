@@ -45,7 +45,7 @@ FORMAT = mf.FORMAT  # of the manifest
 
 
 class SaveMixin:
-    """save / _poll / _wait / _done / _commit / _failed of `ckpt.Checkpointer`."""
+    """save / _poll / _wait / _done / _commit / _committed / _failed of `ckpt.Checkpointer`."""
 
     async_options: dict | None = None  # what dcp.async_save was given (dcp_io.async_save)
     _checked: dict[tuple, bool]  # manifest file -> verifies (`_remember`); set by the class
@@ -137,9 +137,10 @@ class SaveMixin:
         commit_start, size = time.perf_counter(), None
         if self.rank == 0:
             try:
-                size = self._commit(step, path, reason)
-            except (OSError, CheckpointError) as err:
+                manifest = self._commit(step, path, reason)
+            except (OSError, CheckpointError) as err:  # not committed: its folder goes
                 return self._failed(step, path, err, reason)
+            size = self._committed(step, path, reason, manifest)  # nothing here deletes it
         now = time.perf_counter()
         persist_s = (written or commit_start) - started + (now - commit_start)
         self.last_committed = step
@@ -149,8 +150,9 @@ class SaveMixin:
                    bytes=size)
         return None
 
-    def _commit(self, step: int, path: Path, reason: str) -> int:
-        """Write the manifest (the commit point), prune; return the checkpoint's bytes."""
+    def _commit(self, step: int, path: Path, reason: str) -> dict:
+        """Write the manifest (the commit point); return it. An error here leaves the
+        checkpoint uncommitted, for `_failed` to remove."""
         self.faults.at("save:metadata", step)
         try:
             manifest = mf.build(path, step=step, world=self.world, **{
@@ -162,6 +164,12 @@ class SaveMixin:
             raise CheckpointError(str(err)) from None
         mf.write_json(path / mf.MANIFEST, manifest,
                       before_rename=lambda: self.faults.at("save:manifest", step))
+        return manifest
+
+    def _committed(self, step: int, path: Path, reason: str, manifest: dict) -> int:
+        """After the commit of `path`: remember it, prune, say so; return its bytes. Called
+        outside the handler that removes a failed save's folder, so that nothing from here on
+        (a log line whose reader is gone) can remove a committed checkpoint."""
         self._remember(path, True)  # its hashes were taken from the bytes as written
         self.faults.at("save:committed", step)
         self._prune()

@@ -42,6 +42,7 @@ from trainplan.bench.ckpt.faults import Faults, Signals, digest_steps
 from trainplan.bench.ckpt.save import FORMAT, SaveMixin  # noqa: F401 (FORMAT: re-exported)
 from trainplan.bench.flags import CKPT_DEFAULTS
 from trainplan.bench.flags import add_checkpoint_arguments as add_arguments  # noqa: F401
+from trainplan.loader import shown
 
 EVENTS = "events.jsonl"
 GRACE_S = 30.0  # torchrun's SIGTERM-to-SIGKILL wait (and Slurm's default KillWait)
@@ -96,6 +97,38 @@ def resume_choice(root: Path, resume: bool, fresh: bool, contents: bool = True) 
     return "ok", None, None, f"{line}; starting at step 0 (--fresh)"
 
 
+def check_root(root: Path, make: bool = False, flag: str = "--ckpt-dir") -> None:
+    """CheckpointError where `flag`'s folder `root` is not a folder and cannot be made one (it,
+    or its nearest existing parent, is not a folder, or not writable here); `make`: make it."""
+    probe = root.absolute()
+    try:
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            where = "" if probe == root.absolute() else f" is in {shown(probe)}, which"
+            raise CheckpointError(f"{flag} {shown(root)}{where} is not a folder; name a "
+                                  "folder for the run's files (new, or the run's own)")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise CheckpointError(f"{flag} {shown(root)}: cannot write in {shown(probe)};"
+                                  " name a folder you can write to")
+        if make:
+            root.mkdir(parents=True, exist_ok=True)
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        why = getattr(err, "strerror", None) or "not a path"
+        raise CheckpointError(f"{flag} {shown(root)} cannot be used ({why}); name a "
+                              "folder you can write to") from None
+
+
+def check_steps(name: str, step: int, steps: int | None) -> None:
+    """CheckpointError where the checkpoint to resume, `name` saved at step `step`, is past
+    `steps`, the run's last step (--steps counts the resumed steps too; None: no limit)."""
+    if steps is not None and step > steps:
+        raise CheckpointError(f"--resume: {name} was saved at step {step}, past --steps "
+                              f"{steps} (the run's last step, not the steps left to run); "
+                              f"give --steps {step + 1} or more to train on from it, or "
+                              "another --ckpt-dir to start again")
+
+
 def timeout(args) -> timedelta | None:
     return timedelta(seconds=args.collective_timeout_s) if args.collective_timeout_s else None
 
@@ -120,10 +153,12 @@ class Checkpointer(SaveMixin):
     step, `finish()` at the end. Without --ckpt-dir only faults and digests act."""
 
     def __init__(self, args, par, optimizer, *, rank: int, world: int, device,
-                 stateful: dict | None = None):
+                 stateful: dict | None = None, total_steps: int | None = None):
         # stateful: name -> object with state_dict() / load_state_dict(), JSON-able state
-        # (a data position, a learning-rate schedule), saved in each rank's own file
+        # (a data position, a learning-rate schedule), saved in each rank's own file;
+        # total_steps: the run's last step, which a checkpoint to resume must not be past
         self.stateful = dict(stateful or {})
+        self.total_steps = total_steps
         self.root = Path(args.ckpt_dir) if args.ckpt_dir else None
         self.every, self.keep, self.use_async = args.ckpt_every, args.ckpt_keep, args.ckpt_async
         self.want_resume, self.fresh = args.resume, args.fresh
@@ -152,7 +187,7 @@ class Checkpointer(SaveMixin):
             self.save_pg = dist.new_group(backend="gloo", timeout=timeout(args))
             self.ctl_pg = dist.new_group(backend="gloo", timeout=timeout(args))
         if self.root is not None:
-            self.root.mkdir(parents=True, exist_ok=True)
+            check_root(self.root, make=True)
             Signals.install()
             self._log_crashes()
 
@@ -227,6 +262,8 @@ class Checkpointer(SaveMixin):
         if choice[0] == "error":
             raise CheckpointError(choice[1])
         _, path, manifest, line = choice
+        if path is not None:
+            check_steps(Path(path).name, manifest["step"], self.total_steps)
         if line:
             self.say(line)
         if path is None:

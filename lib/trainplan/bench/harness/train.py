@@ -209,7 +209,8 @@ def run(args) -> dict:
     builder = hf_baseline.build if args.impl == "hf-baseline" else build
     par, loss_fn = builder(spec, cfg, args, device, mesh)
     optimizer = make_optimizer(par, args.lr, device)
-    saver = ckpt.Checkpointer(args, par, optimizer, rank=rank, world=world, device=device)
+    saver = ckpt.Checkpointer(args, par, optimizer, rank=rank, world=world, device=device,
+                              total_steps=args.steps)
     start = saver.resume()  # 0, or the step of the checkpoint loaded
     source = feed.make_batches(args, cfg, spec, dp_rank, dp, start)
     autocast = device.type == "cuda" and not par.fsdp
@@ -377,4 +378,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from trainplan.proctree import survive_closed_output
+
+    survive_closed_output()  # a progress line must not fail a run whose reader has died
     sys.exit(main())
