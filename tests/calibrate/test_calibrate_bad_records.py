@@ -4,6 +4,7 @@ records all pass."""
 
 from __future__ import annotations
 
+import copy
 import glob
 import json
 from pathlib import Path
@@ -54,6 +55,8 @@ def _drop(part: str, name: str):
      ["'config.recompute' = 'some'", "one of none, selective, full"]),
     (63, _put("config", "compile", "yes"), ["'config.compile' = 'yes'", "true or false"]),
     (63, _put("config", "model_spec", {"hidden": 64}), ["'config.model_spec'", "hidden"]),
+    (61, lambda r: (r["config"].pop("model_spec", None), r["config"].update(model="nope")),
+     ["unknown model 'nope'"]),
     (68, _put("config", "op", "all_gather"), ["'config.op' = 'all_gather'", "all_reduce"]),
     (68, _put("config", "size_bytes", 1.5), ["'config.size_bytes' = 1.5"]),
     (113, _put("results", "exposed_fraction", -0.2),
@@ -97,3 +100,17 @@ def test_the_check_names_where_it_was_told():
     r = {"bench": "matmul", "config": {"m": 1, "n": 1}, "results": {"time_s": 1.0}}
     with pytest.raises(RecordError, match=r"^x\.jsonl:7: matmul record is missing config\.k$"):
         calibrate_inputs.check_record(r, "x.jsonl:7")
+
+
+def test_the_summary_of_a_calibration_without_preset_or_world_still_shows():
+    """A calibration file written by hand or by an older fit may lack the datasheet figures
+    and the group size of its collectives: page 4's table says so instead of failing."""
+    from trainplan.calibrate import fit, store
+
+    cal = copy.deepcopy(store.load("h200-sxm"))
+    cal.pop("preset")
+    for f in cal["collectives"].values():
+        f.pop("world", None)
+    table = fit.summary_table(cal)
+    assert table.loc["matmul fraction of peak", "preset"] == "not recorded"
+    assert "all-reduce: latency, bus bandwidth" in table.index

@@ -146,6 +146,8 @@ def _edit_collective(key, value):
     (lambda cal: cal.__setitem__("memory_efficiency", 5), "memory_efficiency", "5",
      "0.0001 to 1"),
     (lambda cal: cal.__setitem__("pieces", [1, 2]), "pieces", "[1, 2]", "a mapping"),
+    (_edit_pieces("matmul_curv", [[1, 1, 0.5]]), "pieces.'matmul_curv'", "not a piece",
+     "trainplan calibrate"),
 ])
 def test_a_bad_row_in_a_calibration_file_is_one_line_naming_it(tmp_path, capsys, edit, names,
                                                                value, valid):

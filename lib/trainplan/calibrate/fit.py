@@ -322,12 +322,13 @@ def summary_table(cal: dict):
     """A calibration's constants beside the preset's, as a pandas table (runbook page 4)."""
     import pandas as pd
 
-    rows = [("matmul fraction of peak", f"{cal['matmul_efficiency']:.3f}",
-             f"{cal['preset']['matmul_efficiency']:.2f}"),
-            ("attention fraction of peak (dense-equivalent)",
-             f"{cal['attention_efficiency']:.3f}", f"{cal['preset']['attention_efficiency']:.2f}"),
-            ("HBM streaming fraction", _fmt(cal.get("memory_efficiency"), ".3f"),
-             f"{cal['preset']['memory_efficiency']:.2f}")]
+    preset = cal.get("preset") or {}  # the datasheet figures, where the fit recorded them
+    rows = [(name, _fmt(cal.get(key), ".3f"),
+             format(preset[key], ".2f") if key in preset else "not recorded")
+            for key, name in (
+        ("matmul_efficiency", "matmul fraction of peak"),
+        ("attention_efficiency", "attention fraction of peak (dense-equivalent)"),
+        ("memory_efficiency", "HBM streaming fraction"))]
     pieces = cal.get("pieces") or {}
     for key, (name, uncalibrated) in calibrate_pieces.SCALE_NAMES.items():
         rows.append((name, _fmt(pieces.get(key), ".2f"), uncalibrated))
@@ -335,7 +336,8 @@ def summary_table(cal: dict):
         rows.append((f"kept activations / analytic, {'compiled' if compiled else 'eager'}, "
                      f"recompute {recompute}", f"{scale:.2f}", "1 (analytic)"))
     for op, f in cal["collectives"].items():
-        rows.append((f"{op.replace('_', '-')}, {f['world']} GPUs: latency, bus bandwidth",
+        world = f", {f['world']} GPUs" if "world" in f else ""
+        rows.append((f"{op.replace('_', '-')}{world}: latency, bus bandwidth",
                      f"{f['latency_us']:.1f} us, {f['busbw_gbps']:.0f} GB/s", "cluster preset"))
     out = pd.DataFrame({"calibrated": [r[1] for r in rows], "preset": [r[2] for r in rows]},
                        index=[r[0] for r in rows])

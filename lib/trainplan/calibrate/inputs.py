@@ -8,11 +8,13 @@ multiplies a string.
 
 from __future__ import annotations
 
+import functools
+
 from trainplan.calibrate.store import COLLECTIVES
 from trainplan.errors import RecordError, SpecError
 from trainplan.loader import quote
 from trainplan.records import schema as records
-from trainplan.specs import ModelSpec, from_mapping
+from trainplan.specs import ModelSpec, from_mapping, load_model
 
 
 def _within(low: float, high: float):
@@ -78,6 +80,14 @@ def check_record(r: dict, where: str) -> dict:
     try:
         if "model_spec" in c:
             from_mapping(ModelSpec, c["model_spec"], f"{where}: field 'config.model_spec'")
+        elif r["bench"] in ("head", "block", "block-fp8"):  # their pieces build the model
+            _preset(c["model"])
     except SpecError as err:
-        raise RecordError(str(err)) from None
+        raise RecordError(f"{where}: {err}" if "model_spec" not in c else str(err)) from None
     return r
+
+
+@functools.lru_cache(maxsize=64)
+def _preset(name: str) -> ModelSpec:
+    """The model preset a block or head record names (read once per name)."""
+    return load_model(name)

@@ -21,7 +21,7 @@ from trainplan.calibrate import pieces as calibrate_pieces
 from trainplan.errors import SpecError
 from trainplan.loader import load_yaml, quote, shown
 from trainplan.specs import DATA_DIR, GPUSpec, load_gpu_preset, preset_of
-from trainplan.specs.bounds import LATENCY_US, LINK_GBPS
+from trainplan.specs.bounds import FIELDS, LATENCY_US, LINK_GBPS, TABLES
 from trainplan.specs.checks import allowed_text, check_value, number
 
 CALIBRATION_DIR = DATA_DIR / "hardware" / "calibration"
@@ -30,6 +30,7 @@ OFF_ENV = "TRAINPLAN_CALIBRATION"  # "off": use the datasheet/preset values ever
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 CARDS = {"H200": "h200-sxm", "H100": "h100-sxm", "A100": "a100-80gb"}  # nvidia-smi name -> preset
 REQUIRED = ("gpu", "label", "matmul_efficiency", "attention_efficiency", "collectives", "card")
+NOTES = {"head_modes", "fragmentation_fit"}  # pieces written for the reader; nothing reads them
 _EXPLICIT: contextvars.ContextVar[Path | None] = contextvars.ContextVar("calibration",
                                                                         default=None)
 
@@ -87,7 +88,11 @@ def check_pieces(pieces, path: str) -> None:
         raise CalibrationError(f"{path}: pieces = {quote(pieces)} is not a mapping of scales "
                                "and tables")
     fields = {f.name for f in dataclasses.fields(GPUSpec)}
+    known = fields | {name for spec, name in (*FIELDS, *TABLES) if spec == "pieces"} | NOTES
     for key, value in pieces.items():
+        if key not in known:  # a misspelt piece would be dropped without a word
+            raise CalibrationError(f"{path}: pieces.{quote(key, 40)} is not a piece trainplan "
+                                   "reads; see `trainplan calibrate` for the pieces it writes")
         if value is not None:  # not measured: apply passes it over
             check_value(f"{path}: pieces.{str(key)[:40]}",
                         "GPUSpec" if key in fields else "pieces", key, value, CalibrationError)
