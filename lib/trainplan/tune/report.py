@@ -61,6 +61,7 @@ EFFECTS_STUDIES = (
 MIN_IMPORTANCE = 10
 N_BOOT = 2000
 RIDGE = 1e-3
+MAX_RATE = 1e9  # tokens/s/GPU a trial can report: far above any card
 
 
 def load(storage: str, name: str | None = None, *, flag: str = "--storage"):
@@ -78,9 +79,12 @@ def load(storage: str, name: str | None = None, *, flag: str = "--storage"):
 
 
 def frame(trials) -> pd.DataFrame:
-    """One row per measured trial: figure, interval, knob values and analysis levels."""
+    """One row per measured trial: figure (tokens/s/GPU, 0 to MAX_RATE, else ValueError),
+    interval, knob values and analysis levels."""
     rows = []
     for t in trials:
+        if not 0 < t.value <= MAX_RATE:  # a hand-edited journal: NaN, negative, 1e300
+            raise ValueError(f"trial {t.number}'s value {t.value:.3g} is not 0 to {MAX_RATE:.0e}")
         cfg = t.user_attrs["config"]
         row = {"trial": t.number, "tokens_per_s_per_gpu": t.value, "ci_low": t.user_attrs["ci"][0],
                "ci_high": t.user_attrs["ci"][1], "launches": t.user_attrs.get("launches", 1)}

@@ -31,6 +31,7 @@ from pathlib import Path
 from trainplan.errors import SpecError, TrainplanError
 from trainplan.loader import MAX_LOG_BYTES, is_file_of, json_lines, load_yaml, quote, shown
 from trainplan.specs import load_cluster, load_model
+from trainplan.specs.bounds import MAX_GPUS, MAX_SEQ_LEN
 from trainplan.tune import knobs
 
 SUITE_DEFAULTS = {"cluster": "dgx-h100", "gpu": "h100-sxm", "seq_len": 2048, "warmup": 3,
@@ -38,6 +39,14 @@ SUITE_DEFAULTS = {"cluster": "dgx-h100", "gpu": "h100-sxm", "seq_len": 2048, "wa
                   "max_launches": 2, "reduction_factor": 4, "n_startup": 10, "seed": 0,
                   "launch_timeout_s": 300.0, "extra_args": [], "space": {}, "data": "stdlib"}
 DATA = ("stdlib", "instruct")  # the harness's --data: packed text, or instruction records
+# A suite's numbers: field -> (lowest, highest, whole number?); beyond these a value is a typo
+SUITE_NUMBERS = {"gpus": (1, MAX_GPUS, True), "seq_len": (1, MAX_SEQ_LEN, True),
+                 "warmup": (0, 10**6, True), "windows": (1, 10**6, True),
+                 "target_sequences": (1, 10**9, True), "max_launches": (1, 1000, True),
+                 "reduction_factor": (2, 1000, True), "n_startup": (0, 10**6, True),
+                 "seed": (0, 2**32 - 1, True), "max_measure_s": (1e-3, 1e6, False),
+                 "launch_timeout_s": (1.0, 1e6, False)}
+SUITE_FIELDS = sorted({*SUITE_DEFAULTS, "model", "gpus", "layout"})
 
 
 class StudyError(TrainplanError):
@@ -73,6 +82,7 @@ def make_suite(*, suite_path: str | None = None, model: str | None = None, gpus:
     if seq_len:
         suite["seq_len"] = seq_len
     suite.setdefault("layout", {"dp": suite["gpus"]})
+    check_suite(suite, f"--suite {shown(suite_path)}" if suite_path else "tune")
     unknown = set(suite["layout"]) - {"dp", "tp", "pp"}
     if unknown or suite["layout"].get("dp", 1) * suite["layout"].get("tp", 1) * \
             suite["layout"].get("pp", 1) != suite["gpus"]:
@@ -83,6 +93,33 @@ def make_suite(*, suite_path: str | None = None, model: str | None = None, gpus:
     load_model(suite["model"]), load_cluster(suite["cluster"])  # a bad preset fails here
     knobs.space(suite["space"])
     return suite
+
+
+def check_suite(suite: dict, where: str) -> None:
+    """Raise SpecError, naming `where` and the field, unless every field of `suite` is known
+    and of its type, and each number in its `SUITE_NUMBERS` range."""
+    unknown = sorted(set(suite) - set(SUITE_FIELDS), key=str)
+    if unknown:
+        raise SpecError(f"{where}: unknown field {quote(unknown[0])}; fields: {SUITE_FIELDS}")
+    for field, (low, high, whole) in SUITE_NUMBERS.items():
+        value = suite[field]
+        if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) \
+                or not low <= value <= high:  # NaN fails the range too
+            shown_range = f"{low:,} to {high:,}" if whole else f"{low:g} to {high:g}"
+            raise SpecError(f"{where}: {field} = {quote(value)} is not valid; use a "
+                            f"{'whole ' if whole else ''}number {shown_range}")
+    for field, kind, what in (("model", str, "a preset or YAML file"), ("cluster", str, "a "
+                              "preset or YAML file"), ("gpu", str, "a preset or YAML file"),
+                              ("layout", dict, "a mapping of dp, tp, pp"),
+                              ("space", dict, "a mapping of knob -> choices"),
+                              ("extra_args", list, "a list of the harness's arguments")):
+        if not isinstance(suite[field], kind):
+            raise SpecError(f"{where}: {field} = {quote(suite[field])} is not valid; use {what}")
+    if not all(type(a) in (str, int, float) for a in suite["extra_args"]) or not all(
+            type(v) is int and v >= 1 for v in suite["layout"].values()):
+        raise SpecError(f"{where}: extra_args = {quote(suite['extra_args'])}, layout = "
+                        f"{quote(suite['layout'])}; use strings and numbers, and whole degrees "
+                        ">= 1")
 
 
 def storage_path(spec: str) -> tuple[str, Path]:

@@ -45,7 +45,8 @@ from trainplan.loader import load_yaml, quote, shown
 from trainplan.plan.planner import plan
 from trainplan.proctree import failure_reason, stop_tree
 from trainplan.records import schema as records
-from trainplan.specs import LAYOUT_FIELDS, load_cluster, load_model, slice_name
+from trainplan.specs import LAYOUT_FIELDS, from_mapping, load_cluster, load_model, slice_name
+from trainplan.specs import ParallelConfig as Layout
 from trainplan.specs.bounds import MAX_GPUS, MAX_SEQ_LEN
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -53,6 +54,8 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 LAYOUT_FLAGS = ("dp", "tp", "pp", "cp", "zero", "dp_shard", "micro_batch", "grad_accum",
                 "recompute", "pp_schedule", "pp_virtual")
 PRECISIONS, RECIPES = ("bf16", "fp8"), ("tensorwise", "rowwise")  # `precision:`, `fp8_recipe:`
+TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # names DIR/logs/TAG-launchN.log
+MAX_STEPS = 10**6  # steps (or warm-up steps) of one launch
 
 
 def load_suite(path: str) -> dict:
@@ -60,6 +63,7 @@ def load_suite(path: str) -> dict:
     path = shown(path)
     if not isinstance(suite, dict) or not isinstance(suite.get("configs"), list):
         raise SpecError(f"suite {path}: expected a mapping with a 'configs' list")
+    tags = set()
     for c in suite["configs"]:
         if not isinstance(c, dict) or not isinstance(c.get("layout", {}), dict):
             raise SpecError(f"suite {path}: config {quote(c)} is not a mapping with a "
@@ -71,10 +75,24 @@ def load_suite(path: str) -> dict:
             raise SpecError(f"suite {path}: config {quote(c)} needs 'tag' (a string) and "
                             f"'gpus' (1 to {MAX_GPUS:,}); layout keys are {list(LAYOUT_FLAGS)}")
         tag = quote(c["tag"])
-        layers = c.get("layers", 1)
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-            raise SpecError(f"suite {path}: config {tag} layers = {quote(layers)}; "
-                            "use a whole number >= 1 (a layer slice of the model)")
+        if not TAG.fullmatch(c["tag"]) or c["tag"] in tags:
+            raise SpecError(f"suite {path}: config tag {tag} is " + ("given twice" if c["tag"] in
+                            tags else "not valid") + "; use a unique tag of letters, digits and "
+                            ". _ + - (it names the config's log files)")
+        tags.add(c["tag"])
+        from_mapping(Layout, full_layout(c), f"suite {path}: config {tag} layout")
+        for key, low in (("steps", 0), ("warmup", 0), ("layers", 1)):  # layers: a slice
+            n = c.get(key, suite.get(key, low))  # 0 steps: the harness's to refuse, in a launch
+            if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= MAX_STEPS:
+                raise SpecError(f"suite {path}: config {tag} {key} = {quote(n)}; use a whole "
+                                f"number {low} to {MAX_STEPS:,}")
+        extra = c.get("extra_args", suite.get("extra_args", []))
+        if not isinstance(extra, list) or not all(type(a) in (str, int, float) for a in extra):
+            raise SpecError(f"suite {path}: config {tag} extra_args = {quote(extra)}; use a list "
+                            "of the harness's arguments (strings and numbers)")
+        if not all(isinstance(c.get(k, False), bool) for k in ("compile", "naive")):
+            raise SpecError(f"suite {path}: config {tag} compile, naive = {quote(c.get('compile'))}"
+                            f", {quote(c.get('naive'))}; use true or false")
         prec = precision(suite, c)
         if prec["precision"] not in PRECISIONS or prec.get("fp8_recipe", RECIPES[0]) \
                 not in RECIPES:
@@ -93,6 +111,10 @@ def load_suite(path: str) -> dict:
         if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= MAX_SEQ_LEN:
             raise SpecError(f"suite {path}: config {tag} seq_len = {quote(seq)}; "
                             f"use a whole number 1 to {MAX_SEQ_LEN:,} (tokens a sequence)")
+        try:  # an unknown model or too many layers: before any run
+            load_model(model_name(suite, c))
+        except SpecError as err:
+            raise SpecError(f"suite {path}: config {tag}: {err}") from None
     return suite
 
 
@@ -206,10 +228,9 @@ def model_name(suite: dict, cfg: dict) -> str:
 
 def predict_all(jobs: list[tuple[dict, dict]], out: Path, card: str, run_id: str) -> dict:
     """A prediction record per (suite, config), all appended before any launch; tag -> record."""
-    preds = {}
-    for suite, cfg in jobs:
-        preds[cfg["tag"]] = predict(suite, cfg, card, run_id)
-        records.append(out / "predictions.jsonl", preds[cfg["tag"]])
+    preds = {cfg["tag"]: predict(suite, cfg, card, run_id) for suite, cfg in jobs}
+    for record in preds.values():  # all priced first: a config that fails leaves no file
+        records.append(out / "predictions.jsonl", record)
     return preds
 
 
@@ -354,7 +375,6 @@ def check_gpus_idle() -> None:
         raise TrainplanError(f"GPUs busy: {len(busy)} other process(es) hold GPU memory "
                              f"({listed}); their kernels would be timed with ours. Stop them "
                              "or pass --allow-busy")
-
 
 
 def _stderr_fd() -> int | None:
