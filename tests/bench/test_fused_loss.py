@@ -96,7 +96,8 @@ def test_suite_loss_reaches_the_launch_the_prediction_and_the_matching():
     pred = suite.predict(s, s["configs"][0], "NVIDIA H100 80GB HBM3", "r")
     assert pred["layout"]["loss"] == "fused"
     meas = {**pred, "kind": "measurement", "impl": "trainplan", "tag": "a", "seq_len": 512,
-            "layout": {**pred["layout"], "compile": False}}
+            "layout": {**pred["layout"], "compile": False},  # the allocator every harness run sets
+            "provenance": {"env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}}
     assert same_config(pred, meas)
     assert not same_config(pred, {**meas, "layout": {**meas["layout"], "loss": "standard"}})
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from trainplan.errors import TrainplanError
 from trainplan.launch.render import readme, render_k8s, render_shell
-from trainplan.loader import quote
+from trainplan.loader import QUOTE, quote
 
 TARGETS = ("torchrun", "slurm", "k8s")
 FILES = {"torchrun": "torchrun.sh", "slurm": "train.sbatch", "k8s": "pytorchjob.yaml"}
@@ -204,23 +204,25 @@ def _parser(trainer: bool):
     return train.parse_args, train.check_args
 
 
-def harness_accepts(args: list[str], trainer: bool = False) -> bool:
-    """Whether the launched module's parser knows these flags."""
+def harness_refusal(args: list[str], trainer: bool = False) -> str | None:
+    """The launched module's parser's one-line complaint about `args`; None if it takes them."""
     parse, _ = _parser(trainer)
-    with contextlib.redirect_stderr(io.StringIO()):
+    with contextlib.redirect_stderr(io.StringIO()) as err:
         try:
             parse(args)
         except SystemExit:
-            return False
-    return True
+            lines = err.getvalue().strip().splitlines() or ["unknown error"]
+            return lines[-1].partition("error: ")[2][:2 * QUOTE] or lines[-1][:2 * QUOTE]
+    return None
 
 
 def check_harness(args: list[str], trainer: bool = False) -> None:
     """Refuse a command the launched module would refuse at its first line, with its reason."""
     parse, check = _parser(trainer)
     name = "trainplan.train" if trainer else "trainplan.bench.harness.train"
-    if not harness_accepts(args, trainer):
-        raise LaunchError(f"{name} refuses {' '.join(args)!r}; see `python -m {name} --help`")
+    why = harness_refusal(args, trainer)
+    if why is not None:
+        raise LaunchError(f"{name} refuses this run: {why}; see `python -m {name} --help`")
     try:
         check(parse(args))
     except TrainplanError as err:
@@ -234,8 +236,8 @@ def optional_args(base: list[str], s: LaunchSettings, every: int, keep: int,
     ckpt = ["--ckpt-dir", ckpt_dir, "--ckpt-every", str(every), "--ckpt-keep", str(keep),
             "--ckpt-async", "--resume"]
     timeout = [TIMEOUT_FLAG, str(s.collective_timeout_s)]
-    has = {"checkpointing": harness_accepts(base + ckpt, trainer),
-           "collective_timeout": harness_accepts(base + timeout, trainer)}
+    has = {"checkpointing": harness_refusal(base + ckpt, trainer) is None,
+           "collective_timeout": harness_refusal(base + timeout, trainer) is None}
     extra = (ckpt if has["checkpointing"] else []) + (timeout if has["collective_timeout"]
                                                         else [])
     check_harness(base + extra, trainer)

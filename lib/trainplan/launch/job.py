@@ -25,6 +25,7 @@ from trainplan.cost.memory_runtime import EXPANDABLE, allocator_of
 from trainplan.errors import TrainplanError
 from trainplan.loader import load_json, quote
 from trainplan.specs import PLAN_FIELDS
+from trainplan.specs.layouts import RECOMPUTE, SCHEDULES
 from trainplan.train.support import RUNNABLE_PINS, not_runnable
 
 CASE = "conservative"  # the MTBF whose checkpoint plan the job follows (page 5's choice)
@@ -83,10 +84,13 @@ def steps_for(token_budget: float, tokens_per_step: int, warmup: int = 0) -> int
     return steps
 
 
+_PLAN_VALUES = {"recompute": RECOMPUTE, "pp_schedule": SCHEDULES, "zero": (0, 1, 2, 3)}
+
+
 def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
     """(layout pins, {gpus, seq_len, global_batch_tokens, model}) of a `trainplan plan
     --json` file's decision (of its first plan where it has none); one line if it is not
-    one."""
+    one, or if a size is not >= 1 or a choice (zero, recompute, schedule) not one of its own."""
     path = Path(path)
     out = load_json(path, error=TrainplanError, what="plan file (`trainplan plan --json`)")
     try:
@@ -101,6 +105,12 @@ def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
             want = texts.get(key, int)
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 raise ValueError(f"{key} = {quote(value)} is not a {want.__name__}")
+            valid = _PLAN_VALUES.get(key, range(1, 2**63) if want is int else None)
+            if valid is not None and value not in valid:
+                raise TrainplanError(
+                    f"--plan {quote(str(path))}: {key} = {quote(value)} is not valid; use "
+                    + (f"one of {list(valid)}" if isinstance(valid, tuple) else "a whole number "
+                       ">= 1"))
     except (ValueError, KeyError, IndexError, TypeError) as err:
         raise TrainplanError(f"--plan {quote(str(path))} is not a plan written by `trainplan "
                              f"plan --json` ({quote(' '.join(str(err).split()))})") from None

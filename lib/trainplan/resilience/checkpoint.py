@@ -37,6 +37,7 @@ HOST_COPY_GBPS = 25.0  # ASSUMPTION: GPU -> pinned host copy per GPU, GB/s (PCIe
 #                        with the stall measured by the harness's checkpoint benchmark.
 MIN_KEEP = 2  # torchtitan refuses keep_latest_k = 1: the only checkpoint would be deleted
 #               while its successor is still being written
+MAX_KEEP = 10_000  # checkpoints retained; beyond this a value is a typo
 LIMITS = {  # sanity bounds on inputs: beyond these a value is a typo, and floats overflow
     "node_mtbf_hours": 1e9, "write_gbps_per_node": 1e6, "restart_minutes": 1e6,
     "max_lost_minutes": 1e9, "host_copy_gbps": 1e6,
@@ -274,6 +275,8 @@ def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
         raise CheckpointPlanError(
             f"--keep {keep} is not valid: keep at least {MIN_KEEP} checkpoints, so that one "
             "complete checkpoint survives while the next is written")
+    if keep > MAX_KEEP:
+        raise CheckpointPlanError(f"--keep {keep} is out of range: at most {MAX_KEEP:,}")
     shard_gpus = shard_gpus or gpus
     if shard_gpus > gpus or gpus % shard_gpus:
         raise CheckpointPlanError(

@@ -67,7 +67,8 @@ def model_from_hf(path) -> ModelSpec:
     where = str(file)
     model_type = cfg.get("model_type")
     if model_type != "llama":
-        why = f" ({_OTHER_TYPES[model_type]})" if model_type in _OTHER_TYPES else ""
+        why = f" ({_OTHER_TYPES[model_type]})" if isinstance(model_type, str) and (
+            model_type in _OTHER_TYPES) else ""
         raise SpecError(f"{where}: model_type = {quote(model_type)}{why} is not supported; "
                         f"use a Llama config (model_type 'llama', {ARCHITECTURE})")
     archs = cfg.get("architectures")
