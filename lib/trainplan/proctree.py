@@ -187,7 +187,11 @@ def supervise(cmd: list[str], env: dict, stderr: int, drain_s: float = 10.0
         for signum in list(received):  # those that came while it started
             proc.send_signal(signum)
         out: list[bytes] = []
-        reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+        def read() -> None:  # in chunks: what came is kept where a descendant holds it open
+            for chunk in iter(lambda: proc.stdout.read1(1 << 16), b""):
+                out.append(chunk)
+
+        reader = threading.Thread(target=read, daemon=True)
         reader.start()
         rc = None
         while rc is None:  # short waits: a signal taken by another thread is handled at once
@@ -197,7 +201,7 @@ def supervise(cmd: list[str], env: dict, stderr: int, drain_s: float = 10.0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    return rc, b"".join(out), received
+    return rc, b"".join(list(out)), received
 
 
 class _Survivor:

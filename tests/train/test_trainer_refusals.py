@@ -218,16 +218,20 @@ def test_a_ranks_refusal_is_one_line_without_torchruns_traceback(work, tmp_path,
                                                                  monkeypatch):
     """The launcher's check of --init-from turned off: the ranks meet the junk file, each
     prints its one line and exits 2; `trainplan train` shows that line once, exit 2."""
+    from trainplan.commands import training
     from trainplan.train import export
 
-    monkeypatch.setattr(export, "check_weights", lambda spec, path: None, raising=False)
+    monkeypatch.setattr(export, "check_weights", lambda spec, path: None)
+    launched = []
+    run = training.run_torchrun
+    monkeypatch.setattr(training, "run_torchrun", lambda *a: launched.append(a) or run(*a))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\xff" * 64)
     rc = cli.main(_train(work, "--steps", "2", "--init-from", str(junk)))
     out, err = capsys.readouterr()
     _one_line(rc, err, f"{junk}: not a readable safetensors file")
-    assert out == ""
+    assert out == "" and len(launched) == 1  # the line came from the ranks, through torchrun
 
 
 def test_only_the_trainers_own_error_line_counts_as_its_refusal():

@@ -156,7 +156,8 @@ class Faults:
 
 
 class Signals:
-    """SIGTERM and SIGUSR1 as a flag for the training loop (see the module docstring)."""
+    """SIGTERM, SIGHUP and SIGUSR1 as a flag for the training loop (see the module docstring);
+    SIGHUP (a closed terminal, a launcher's hangup passed on by torchrun) stops as SIGTERM."""
 
     received: list[int] = []  # signal numbers, in order; class-level so a hang can see them
 
@@ -164,7 +165,7 @@ class Signals:
     def install(cls) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(sig, cls._handler)
 
     @classmethod
@@ -173,9 +174,10 @@ class Signals:
 
     @classmethod
     def pending(cls) -> int:
-        """0 none, 1 SIGUSR1 (checkpoint, go on), 2 SIGTERM (checkpoint, stop); clears the flag."""
+        """0 none, 1 SIGUSR1 (checkpoint, go on), 2 SIGTERM or SIGHUP (checkpoint, stop); clears
+        the flag."""
         if not cls.received:
             return 0
-        code = 2 if signal.SIGTERM in cls.received else 1
+        code = 2 if {signal.SIGTERM, signal.SIGHUP} & set(cls.received) else 1
         cls.received = []
         return code
