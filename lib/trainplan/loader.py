@@ -58,6 +58,30 @@ def shown(path) -> str:
     return text if len(text) <= 2 * QUOTE else "..." + text[-2 * QUOTE + 3:]
 
 
+def nearest_existing(path: str | Path) -> tuple[Path | None, str | None]:
+    """Where a folder `path` would be made: the nearest of `path` (made absolute) and its
+    parents that exists, and None where that is a folder this user can write in and search
+    (os.access W_OK | X_OK), else "not a folder" or "not writable". (None, why) where a name
+    cannot be looked at: the OS's reason ("File name too long", "Permission denied" for a
+    folder above that cannot be searched), or "not a path" (a NUL byte). Nothing is made."""
+    def exists(p: Path) -> bool:
+        try:
+            p.stat()
+        except (FileNotFoundError, NotADirectoryError):  # not there, or under a file
+            return False
+        return True
+
+    try:
+        probe = Path(path).absolute()
+        while probe != probe.parent and not exists(probe):
+            probe = probe.parent
+        if not probe.is_dir():
+            return probe, "not a folder"
+        return probe, None if os.access(probe, os.W_OK | os.X_OK) else "not writable"
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        return None, getattr(err, "strerror", None) or "not a path"
+
+
 def read_text(path: str | Path, *, max_bytes: int = MAX_SPEC_BYTES, error=SpecError,
               what: str = "file") -> str:
     """The UTF-8 text of the regular file `path`, at most `max_bytes` bytes; else one `error`."""

@@ -44,7 +44,7 @@ import numpy as np
 
 from trainplan.data import corpus, tokenize
 from trainplan.errors import SpecError
-from trainplan.loader import MAX_LOG_BYTES, load_json, quote
+from trainplan.loader import MAX_LOG_BYTES, load_json, nearest_existing, quote
 
 FORMAT, VERSION = "trainplan-token-shards", 1
 SPLITS = ("train", "val")
@@ -227,15 +227,14 @@ def _check_out(out: Path) -> None:
     a folder above it that cannot be searched), whose nearest folder that exists is not
     one this user can write in, or where a new name (the partial folder's included) is
     longer than the file system takes."""
-    try:
-        if out.exists():
-            raise SpecError(f"--out {quote(str(out))} exists; give a new folder (nothing is "
-                            "overwritten)")
-        above = next(p for p in out.absolute().parents if p.exists())
-    except OSError as err:
-        raise SpecError(f"--out {quote(str(out))} cannot be used ({err.strerror}); give a new "
-                        "folder where one can be made") from None
-    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+    above, why = nearest_existing(out)
+    if above is None:  # `why` is the OS's reason
+        raise SpecError(f"--out {quote(str(out))} cannot be used ({why}); give a new "
+                        "folder where one can be made")
+    if above == out.absolute():
+        raise SpecError(f"--out {quote(str(out))} exists; give a new folder (nothing is "
+                        "overwritten)")
+    if why:
         raise SpecError(f"--out {quote(str(out))}: {quote(str(above))} is not a folder this "
                         "user can write in; give a new folder where one can be made")
     try:

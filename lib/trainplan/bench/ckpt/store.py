@@ -42,7 +42,7 @@ from trainplan.bench.ckpt.faults import Faults, Signals, digest_steps
 from trainplan.bench.ckpt.save import FORMAT, SaveMixin  # noqa: F401 (FORMAT: re-exported)
 from trainplan.bench.flags import CKPT_DEFAULTS
 from trainplan.bench.flags import add_checkpoint_arguments as add_arguments  # noqa: F401
-from trainplan.loader import shown
+from trainplan.loader import nearest_existing, shown
 
 EVENTS = "events.jsonl"
 GRACE_S = 30.0  # torchrun's SIGTERM-to-SIGKILL wait (and Slurm's default KillWait)
@@ -100,23 +100,22 @@ def resume_choice(root: Path, resume: bool, fresh: bool, contents: bool = True) 
 def check_root(root: Path, make: bool = False, flag: str = "--ckpt-dir") -> None:
     """CheckpointError where `flag`'s folder `root` is not a folder and cannot be made one (it,
     or its nearest existing parent, is not a folder, or not writable here); `make`: make it."""
-    probe = root.absolute()
-    try:
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        if not probe.is_dir():
-            where = "" if probe == root.absolute() else f" is in {shown(probe)}, which"
-            raise CheckpointError(f"{flag} {shown(root)}{where} is not a folder; name a "
-                                  "folder for the run's files (new, or the run's own)")
-        if not os.access(probe, os.W_OK | os.X_OK):
-            raise CheckpointError(f"{flag} {shown(root)}: cannot write in {shown(probe)};"
-                                  " name a folder you can write to")
-        if make:
+    found, why = nearest_existing(root)  # found None: `why` is the OS's reason
+    if found is not None and why == "not a folder":
+        where = "" if found == root.absolute() else f" is in {shown(found)}, which"
+        raise CheckpointError(f"{flag} {shown(root)}{where} is not a folder; name a "
+                              "folder for the run's files (new, or the run's own)")
+    if found is not None and why:
+        raise CheckpointError(f"{flag} {shown(root)}: cannot write in {shown(found)};"
+                              " name a folder you can write to")
+    if make and not why:
+        try:
             root.mkdir(parents=True, exist_ok=True)
-    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
-        why = getattr(err, "strerror", None) or "not a path"
+        except OSError as err:
+            why = err.strerror
+    if why:
         raise CheckpointError(f"{flag} {shown(root)} cannot be used ({why}); name a "
-                              "folder you can write to") from None
+                              "folder you can write to")
 
 
 def check_steps(name: str, step: int, steps: int | None) -> None:
