@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_int
 from trainplan.commands.planning import LAYOUT_FLAGS, add_layout, hardware, layout_pins
+from trainplan.errors import PresetNotFound
 from trainplan.launch.artefacts import (
     TARGETS,
     LaunchSettings,
@@ -14,6 +15,7 @@ from trainplan.launch.artefacts import (
     plan_and_generate,
     write,
 )
+from trainplan.launch.job import PLAN_SIZES, PLAN_SPECS
 from trainplan.launch.render import TARGET_FLAGS
 from trainplan.loader import quote
 from trainplan.specs import load_model
@@ -22,6 +24,7 @@ from trainplan.specs import load_model
 # from one left out, and refused where this run would not read it (`_check_used`)
 DEFAULT = {f.name: f.default for f in dataclasses.fields(LaunchSettings)}
 DEFAULTED = ("warmup", "time_limit_min", "warn_s", "rdzv_port", "image")
+PLANNED = (*PLAN_SPECS, *PLAN_SIZES)  # what a plan file names, and a flag or scenario may too
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -51,11 +54,12 @@ def register(verbs) -> None:
                                        "batch and token budget, as the runbook has them")
     a("--plan", default=None, metavar="FILE",
       help="the layout of a `trainplan plan --json` file's decision (its first plan in older "
-           "files)")
-    a("--model", default=None, help="preset, YAML or Hugging Face config.json (the scenario's)")
-    a("--gpu", default=None, help="preset name or YAML file (the scenario's)")
-    a("--cluster", default=None, help="interconnect preset or YAML file (the scenario's, "
-                                      "else the GPU preset's; printed on stderr)")
+           "files), and the model, GPU, cluster and sizes it was planned for")
+    a("--model", default=None, help="preset, YAML or Hugging Face config.json (the scenario's "
+                                    "or plan's)")
+    a("--gpu", default=None, help="preset name or YAML file (the scenario's or plan's)")
+    a("--cluster", default=None, help="interconnect preset or YAML file (the scenario's or "
+                                      "plan's, else the GPU preset's; printed on stderr)")
     a("--calibration", default=None, metavar="FILE",
       help="a calibration file to apply to --gpu (default: a GPU preset's own)")
     a("--gpus", type=positive_int, default=None, help="GPUs in the job (the scenario's)")
@@ -134,7 +138,8 @@ def _check_used(args) -> None:
 
 def resolve(args) -> dict:
     """Model, GPU, cluster, GPUs, sequence, batch, token budget and pins: flags first, then
-    the plan file's layout and sizes, then the scenario's; one line for what is missing."""
+    the scenario's, then the plan file's (its layout too; `_check_planned` refuses a value
+    that differs from the file's); one line for what is missing."""
     from trainplan.launch import job
     from trainplan.specs import load_scenario
 
@@ -142,18 +147,17 @@ def resolve(args) -> dict:
     pins, facts = job.plan_file_pins(args.plan) if args.plan else ({}, {})
     pins = {k: v for k, v in pins.items() if k in LAYOUT_FLAGS}  # what the search takes
     pins.update(layout_pins(args))
-    got = {"model": args.model or (sc.model if sc else None),
-           "gpu": args.gpu or (sc.gpu if sc else None),
-           "cluster": args.cluster or (sc.cluster if sc else None),
-           "gpus": args.gpus or facts.get("gpus") or (sc.gpus if sc else None),
-           "seq_len": args.seq_len or facts.get("seq_len") or (sc.seq_len if sc else 4096),
-           "global_batch_tokens": args.global_batch_tokens or facts.get("global_batch_tokens")
-           or (sc.global_batch_tokens if sc else 4 * 2**20),
+    given = {k: getattr(args, k) or (getattr(sc, k) if sc else None) for k in PLANNED}
+    got = {**{k: given[k] or facts.get(k) for k in PLANNED},
+           "seq_len": given["seq_len"] or facts.get("seq_len") or 4096,
+           "global_batch_tokens": given["global_batch_tokens"] or facts.get(
+               "global_batch_tokens") or 4 * 2**20,
            "token_budget": sc.token_budget if sc else None,
-           "title": sc.title if sc else "", "pins": pins}
+           "title": sc.title if sc else "", "pins": pins, "planned": facts,
+           "from_plan": [k for k in PLAN_SPECS if not given[k] and k in facts]}
     for key in ("model", "gpu", "gpus"):
         if got[key] is None:
-            raise UsageError(f"launch needs --{key} (or a --scenario that names it)")
+            raise UsageError(f"launch needs --{key} (or a --scenario or --plan that names it)")
     if args.cpu:  # gloo processes cannot run ring attention: the search keeps cp at 1
         if int(pins.get("cp", 1)) > 1:
             from trainplan.bench.harness.context import NEEDS_CUDA  # no torch at import
@@ -162,6 +166,37 @@ def resolve(args) -> dict:
                              "launch on GPUs")
         pins["cp"] = 1
     return got
+
+
+def _specs(args, got: dict):
+    """(model, GPU, cluster) specs of `got`; a name the plan file gave that is no preset is
+    one line asking for the spec it was planned from."""
+    try:
+        m = load_model(got["model"])
+        return (m, *hardware(args, got["gpu"], got["cluster"]))
+    except PresetNotFound as err:
+        bad = [k for k in got["from_plan"] if quote(got[k]) in str(err)]  # the name it quotes
+        if not bad:
+            raise
+        raise UsageError(f"{err}; --plan {quote(args.plan)} names it: give --{bad[0]} with the "
+                         "spec it was planned from") from None
+
+
+def _check_planned(args, got: dict, used: dict) -> None:
+    """Refuse a model, GPU, cluster or size given by a flag or the scenario that is not the
+    plan file's: a plan made for one is not the layout of another."""
+    for key, planned in got["planned"].items():
+        if used[key] == planned:
+            continue
+        flag, value = f"--{key.replace('_', '-')}", getattr(args, key)
+        if value:  # a spec file's name is what it holds
+            named = "" if str(value) == str(used[key]) else f" ({key} {quote(used[key])})"
+            source = f"{flag} {quote(value)}{named}"
+            fix = f"leave {flag} out to launch the plan's, or plan again for it"
+        else:
+            source, fix = f"the --scenario's {key} {quote(used[key])}", "plan again for it"
+        raise UsageError(f"--plan {quote(args.plan)} was made for {key} {quote(planned)}, not "
+                         f"{source}; {fix} (`trainplan plan --json`)")
 
 
 def cmd_launch(args) -> dict:
@@ -179,8 +214,9 @@ def cmd_launch(args) -> dict:
         join_timeout_s=args.join_timeout_s, save_grace_s=args.save_grace_s, cpu=args.cpu,
         synthetic=args.synthetic, compile=not args.no_compile, job_name=args.job_name,
         env=dict(args.env), **given)  # the rest: LaunchSettings' defaults
-    m = load_model(got["model"])
-    gpu, cluster = hardware(args, got["gpu"], got["cluster"])
+    m, gpu, cluster = _specs(args, got)
+    _check_planned(args, got, {"model": m.name, "gpu": gpu.name, "cluster": cluster.name,
+                               **{k: got[k] for k in PLAN_SIZES}})
     launch = plan_and_generate(m, gpu, cluster, gpus=got["gpus"], seq_len=got["seq_len"],
                                global_batch_tokens=got["global_batch_tokens"],
                                settings=settings, model_arg=got["model"], pins=got["pins"],

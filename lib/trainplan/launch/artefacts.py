@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainplan.errors import TrainplanError
-from trainplan.launch.render import readme, render_k8s, render_shell
+from trainplan.launch.render import MAX_TIME_LIMIT_MIN, readme, render_k8s, render_shell
 from trainplan.loader import QUOTE, quote
 
 TARGETS = ("torchrun", "slurm", "k8s")
@@ -105,6 +105,9 @@ class LaunchSettings:
         if self.ckpt_keep == 1:
             raise LaunchError("--ckpt-keep 1 is not valid: keep at least 2, so that one "
                               "complete checkpoint survives while the next is written")
+        if not 1 <= self.time_limit_min <= MAX_TIME_LIMIT_MIN:
+            raise LaunchError(f"--time-limit-min {self.time_limit_min} is not valid; use "
+                              f"1-{MAX_TIME_LIMIT_MIN} (up to 365 days)")
         slurm = self.target == "slurm"  # the one target with a time limit (render.TARGET_FLAGS)
         if slurm and self.warn_s <= self.save_grace_s:
             raise LaunchError(f"--warn-s {self.warn_s} must exceed --save-grace-s "

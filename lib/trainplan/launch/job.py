@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from trainplan.cost.memory_runtime import EXPANDABLE, allocator_of
 from trainplan.errors import TrainplanError
@@ -85,35 +86,66 @@ def steps_for(token_budget: float, tokens_per_step: int, warmup: int = 0) -> int
 
 
 _PLAN_VALUES = {"recompute": RECOMPUTE, "pp_schedule": SCHEDULES, "zero": (0, 1, 2, 3)}
+_PLAN_TYPES = {"recompute": str, "pp_schedule": str, "sequence_parallel": bool, "model": str,
+               "gpu": str, "cluster": str}  # the rest: whole numbers >= 1
+PLAN_SPECS = ("model", "gpu", "cluster")  # the specs a plan file names (model always)
+PLAN_SIZES = ("gpus", "seq_len", "global_batch_tokens")
+_MISSING = object()
+
+
+def _refuse(path: Path, field: str, value=_MISSING, want: str = "") -> NoReturn:
+    """The one line for a plan file whose `field` is missing (no `value`) or not `want`."""
+    shown = ("null" if value is None else str(value).lower() if isinstance(value, bool)
+             else quote(value))
+    got = "is missing" if value is _MISSING else f"= {shown} is not valid"
+    raise TrainplanError(f"--plan {quote(str(path))}: {field} {got}; use {want} (as "
+                         "`trainplan plan --json` writes it)")
+
+
+def _part(obj: dict, key: str, field: str, path: Path, want: type, what: str):
+    """obj[key] where it is a `want` (a bool is no whole number); else `_refuse`."""
+    value = obj.get(key, _MISSING)
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        _refuse(path, field, value, what)
+    return value
+
+
+def _value(obj: dict, key: str, field: str, path: Path):
+    """A layout size or choice, a size of the run, or a spec's name, checked for its kind
+    and range (sizes >= 1; zero, recompute and schedule one of their own)."""
+    want = _PLAN_TYPES.get(key, int)
+    valid = _PLAN_VALUES.get(key, range(1, 2**63) if want is int else None)
+    what = (f"one of {list(valid)}" if isinstance(valid, tuple) else
+            {int: "a whole number >= 1", bool: "true or false", str: "a name"}[want])
+    value = _part(obj, key, field, path, want, what)
+    if (valid is not None and value not in valid) or value == "":
+        _refuse(path, field, value, what)
+    return value
 
 
 def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
-    """(layout pins, {gpus, seq_len, global_batch_tokens, model}) of a `trainplan plan
-    --json` file's decision (of its first plan where it has none); one line if it is not
-    one, or if a size is not >= 1 or a choice (zero, recompute, schedule) not one of its own."""
+    """(layout pins, {gpus, seq_len, global_batch_tokens, model; gpu, cluster where named})
+    of a `trainplan plan --json` file's decision (of its first plan where it has none); one
+    line naming the field (`_refuse`) where one is missing or not of its kind or range."""
     path = Path(path)
     out = load_json(path, error=TrainplanError, what="plan file (`trainplan plan --json`)")
-    try:
-        chosen = out["decision"]["plan"] if "decision" in out else out["plans"][0]
-        parallel = chosen["parallel"]
-        pins = {k: parallel[k] for k in PLAN_FIELDS if k in parallel}
-        facts = {k: out[k] for k in ("gpus", "seq_len", "global_batch_tokens", "model")}
-        if not isinstance(pins.get("dp"), int) or not isinstance(facts["model"], str):
-            raise ValueError("no layout")
-        texts = {"recompute": str, "pp_schedule": str, "sequence_parallel": bool}
-        for key, value in [*pins.items(), *((k, facts[k]) for k in facts if k != "model")]:
-            want = texts.get(key, int)
-            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise ValueError(f"{key} = {quote(value)} is not a {want.__name__}")
-            valid = _PLAN_VALUES.get(key, range(1, 2**63) if want is int else None)
-            if valid is not None and value not in valid:
-                raise TrainplanError(
-                    f"--plan {quote(str(path))}: {key} = {quote(value)} is not valid; use "
-                    + (f"one of {list(valid)}" if isinstance(valid, tuple) else "a whole number "
-                       ">= 1"))
-    except (ValueError, KeyError, IndexError, TypeError) as err:
-        raise TrainplanError(f"--plan {quote(str(path))} is not a plan written by `trainplan "
-                             f"plan --json` ({quote(' '.join(str(err).split()))})") from None
+    if not isinstance(out, dict):
+        _refuse(path, "the top-level value", out, "an object with a decision")
+    if "decision" in out or "plans" not in out:
+        decision = _part(out, "decision", "decision", path, dict, "an object with a plan")
+        where = "decision.plan"
+        chosen = _part(decision, "plan", where, path, dict, "an object with a parallel layout")
+    else:  # older files: the first of the plans
+        plans = _part(out, "plans", "plans", path, list, "a list of plans")
+        where = "plans[0]"
+        chosen = _part(dict(enumerate(plans)), 0, where, path, dict,
+                       "an object with a parallel layout")
+    parallel = _part(chosen, "parallel", f"{where}.parallel", path, dict,
+                     "an object of the layout's sizes (dp, tp, pp, ...)")
+    pins = {k: _value(parallel, k, f"{where}.parallel.{k}", path)
+            for k in PLAN_FIELDS if k in parallel or k == "dp"}
+    facts = {k: _value(out, k, k, path) for k in (*PLAN_SPECS, *PLAN_SIZES)
+             if k in out or k not in ("gpu", "cluster")}  # older files name neither
     return pins, facts
 
 

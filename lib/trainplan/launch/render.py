@@ -57,6 +57,11 @@ def _exports(env: dict) -> str:
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
+# Slurm --time's bound (LaunchSettings): a year, above any partition's MaxTime; Slurm keeps
+# the limit as 32-bit minutes (slurm.h: time_limit), so a larger one is no real request.
+MAX_TIME_LIMIT_MIN = 365 * 24 * 60
+
+
 def _slurm_time(minutes: int) -> str:
     days, rest = divmod(minutes, 24 * 60)
     return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
