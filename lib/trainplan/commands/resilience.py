@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainplan.commands.args import UsageError, positive_float, positive_int
-from trainplan.resilience.checkpoint import plan_checkpoints
+from trainplan.resilience.checkpoint import digits, plan_checkpoints
 from trainplan.specs import load_model
 
 KEYS = ("interval_min", "checkpoint_gb", "stall_s", "expected_lost_min", "worst_lost_min", "ettr",
@@ -61,16 +61,16 @@ def format_checkpoint(out: dict) -> str:
     verdict = "meets" if out["meets_requirement"] else "DOES NOT meet"
     return "\n".join([
         f"{out['model']} on {out['gpus']} GPUs ({out['nodes']} nodes), {out['mode']} saves, "
-        f"job MTBF {out['job_mtbf_hours']:,.1f} h",
-        f"  checkpoint      {out['checkpoint_gb']:,.1f} GB ({out['bytes_per_param']} B/param), "
-        f"{out['per_node_gb']:,.1f} GB per node",
-        f"  stall           {out['stall_s']:,.2f} s per save; durable after "
-        f"{out['persist_s']:,.1f} s",
-        f"  Young / Daly    {out['young_min']:,.1f} / {out['daly_min']:,.1f} min of training "
+        f"job MTBF {digits(out['job_mtbf_hours'])} h",
+        f"  checkpoint      {digits(out['checkpoint_gb'])} GB ({out['bytes_per_param']} B/param), "
+        f"{digits(out['per_node_gb'])} GB per node",
+        f"  stall           {digits(out['stall_s'], 2)} s per save; durable after "
+        f"{digits(out['persist_s'])} s",
+        f"  Young / Daly    {digits(out['young_min'])} / {digits(out['daly_min'])} min of training "
         "between saves",
-        f"  interval        {out['interval_min']:,.1f} min ({why})",
-        f"  lost / failure  expected {out['expected_lost_min']:,.1f} min, worst "
-        f"{out['worst_lost_min']:,.1f} min: {verdict} the {out['max_lost_min']:g} min limit",
+        f"  interval        {digits(out['interval_min'])} min ({why})",
+        f"  lost / failure  expected {digits(out['expected_lost_min'])} min, worst "
+        f"{digits(out['worst_lost_min'])} min: {verdict} the {out['max_lost_min']:g} min limit",
         f"  ETTR            {out['ettr']:.2%}",
         f"  retention       keep {out['keep']}: {out['retention_gb']:,.0f} GB, "
         f"{out['peak_storage_gb']:,.0f} GB while a save is in flight",

@@ -261,9 +261,10 @@ def cmd_export(args) -> dict:
     from trainplan.specs import load_model
     from trainplan.train import export  # torch: not loaded for --help
 
-    skipped: list = []
-    folder = export.checkpoint_folder(Path(args.ckpt), skipped)
-    export.export_checkpoint(folder, load_model(args.model), Path(args.out), dtype=args.dtype,
+    spec, skipped = load_model(args.model), []
+    export.check_export(spec, Path(args.out), dtype=args.dtype, max_positions=args.seq_len)
+    folder = export.checkpoint_folder(Path(args.ckpt), skipped)  # reads it: after the rest
+    export.export_checkpoint(folder, spec, Path(args.out), dtype=args.dtype,
                              max_positions=args.seq_len)
     if skipped:  # the user asked for the newest: say that an older one was exported
         args.notes.append(f"warning: exported {folder.name}, an older checkpoint: the newer "

@@ -23,6 +23,7 @@ seconds unless a name says otherwise (`_min`, `_hours`).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -117,6 +118,14 @@ def persist_seconds(mode: Mode, write_s: float, staging_s: float) -> float:
 def job_mtbf(node_mtbf: float, nodes: int) -> float:
     """Job MTBF = node MTBF / nodes: independent exponential failures add their rates."""
     return node_mtbf / nodes
+
+
+def outlives_restart(mtbf: float, restart: float, persist: float) -> bool:
+    """Whether job MTBF M > restart R + one save's persist time T_p (s). The forms here let
+    failures strike only while training (first order, R + T_p << M); at M <= R + T_p a failure
+    is expected before a new checkpoint is durable, and no interval bounds the lost work (in
+    Daly 2006's full model a restart alone takes M (e^(R/M) - 1) on average)."""
+    return mtbf > restart + persist
 
 
 # ---------------------------------------------------------------- intervals
@@ -250,6 +259,20 @@ def _infeasible(max_lost_min, restart_min, persist_s, bytes_per_node, write_gbps
     return head + fix
 
 
+def _too_many_nodes(gpus, nodes, gpus_per_node, node_mtbf_hours, restart_min, persist_s, fits):
+    """The one-line refusal when the job fails within a restart plus a save (`outlives_restart`),
+    naming the largest whole-node GPU count `fits(nodes)` allows and the node MTBF needed."""
+    most = bisect.bisect_left(range(1, nodes), True, key=lambda n: not fits(n))  # fits, then not
+    need_h = nodes * (restart_min * 60.0 + persist_s) / 3600.0
+    need = f"{math.ceil(need_h):,}" if need_h >= 10 else f"{math.ceil(need_h * 1e3) / 1e3:g}"
+    need = f"a node MTBF above {need} h, " if need_h < LIMITS["node_mtbf_hours"] else ""
+    use = f"use at most {most * gpus_per_node:,} GPUs, " if most else ""
+    return (f"--node-mtbf-hours {node_mtbf_hours:g} is too short for --gpus {gpus} ({nodes:,} "
+            f"node{'s' * (nodes > 1)}): the job's MTBF, {node_mtbf_hours * 3600.0 / nodes:.3g} s, "
+            f"is within a restart ({restart_min:g} min) plus a save ({persist_s:.3g} s), so no "
+            f"interval bounds the lost work; {use}{need}or a faster restart")
+
+
 def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
                      write_gbps_per_node: float, restart_minutes: float,
                      max_lost_minutes: float = 30.0, *, gpus_per_node: int = 8,
@@ -277,7 +300,7 @@ def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
             "complete checkpoint survives while the next is written")
     if keep > MAX_KEEP:
         raise CheckpointPlanError(f"--keep {keep} is out of range: at most {MAX_KEEP:,}")
-    shard_gpus = shard_gpus or gpus
+    given_shard, shard_gpus = shard_gpus, shard_gpus or gpus
     if shard_gpus > gpus or gpus % shard_gpus:
         raise CheckpointPlanError(
             f"--shard-gpus {shard_gpus} is not valid for --gpus {gpus}: use a divisor of {gpus}")
@@ -295,6 +318,14 @@ def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
     if not longest > persist:
         raise CheckpointPlanError(_infeasible(max_lost_minutes, restart_minutes, persist,
                                               per_node, write_gbps_per_node))
+    if not outlives_restart(mtbf, restart, persist):
+        def fits(n: int) -> bool:  # the same job on n whole nodes
+            t_p = persist_seconds(mode, write_seconds(total / n, write_gbps_per_node),
+                                  staging_seconds(total / (given_shard or n * gpus_per_node),
+                                                  host_copy_gbps))
+            return outlives_restart(job_mtbf(node_mtbf_hours, n) * 3600.0, restart, t_p)
+        raise CheckpointPlanError(_too_many_nodes(gpus, nodes, gpus_per_node, node_mtbf_hours,
+                                                  restart_minutes, persist, fits))
     young, daly = young_interval(stall, mtbf), daly_interval(stall, mtbf)
     optimum = daly + stall  # Daly's tau is compute time; the interval adds the stall
     if math.ceil(longest) - 1 > persist:  # whole seconds, so the worst case stays strictly under
@@ -325,18 +356,24 @@ def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
     )
 
 
+def digits(x: float, places: int = 1) -> str:
+    """`x` with `places` decimals, or 2 significant digits where those would show it as 0."""
+    return f"{x:,.{places}f}" if x == 0 or abs(x) >= 10.0**-places else f"{x:.2g}"
+
+
 def describe_interval(plan: CheckpointPlan) -> str:
     """Which bound set the interval, in plain words (a sentence for page 5)."""
+    daly, interval = digits(plan.daly_min), digits(plan.interval_min)
     if plan.limited_by == "max_lost":
-        return (f"Daly's optimum ({plan.daly_min:.1f} minutes of training between saves) would "
+        return (f"Daly's optimum ({daly} minutes of training between saves) would "
                 f"let the worst case exceed the {plan.max_lost_min:g}-minute limit, so the "
-                f"interval is shortened to {plan.interval_min:.1f} minutes; saving more often "
+                f"interval is shortened to {interval} minutes; saving more often "
                 "costs little, as each save stalls training only briefly.")
     if plan.limited_by == "persist":
-        return (f"Daly's optimum ({plan.daly_min:.1f} minutes) is shorter than the time a save "
+        return (f"Daly's optimum ({daly} minutes) is shorter than the time a save "
                 f"takes to become durable, so the interval is that time, "
-                f"{plan.interval_min:.1f} minutes: storage bandwidth sets the cadence.")
-    return (f"The interval is Daly's optimum, {plan.interval_min:.1f} minutes, and its worst "
+                f"{interval} minutes: storage bandwidth sets the cadence.")
+    return (f"The interval is Daly's optimum, {interval} minutes, and its worst "
             f"case stays within the {plan.max_lost_min:g}-minute limit.")
 
 

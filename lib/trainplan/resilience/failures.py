@@ -20,7 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainplan.resilience.checkpoint import CheckpointPlan, CheckpointPlanError, job_mtbf
+from trainplan.resilience.checkpoint import (
+    CheckpointPlan,
+    CheckpointPlanError,
+    job_mtbf,
+    outlives_restart,
+)
 
 # Published failure statistics: Dubey et al. 2024 (Llama 3) and Zhang et al. 2022 (OPT).
 LLAMA3_NODES = 2048  # 16,384 H100s, 8 a node (Llama 3 paper, 2024, sec. 3.3.4)
@@ -126,6 +131,11 @@ def simulate(train_hours: float, interval_min: float, stall_s: float, persist_s:
         raise CheckpointPlanError(
             f"persist_s = {persist_s!r} must be >= stall_s, restart_min = {restart_min!r} >= 0, "
             f"runs = {runs!r} >= 1")
+    if not outlives_restart(job_mtbf_hours * 3600.0, restart_min * 60.0, persist_s):
+        raise CheckpointPlanError(
+            f"job_mtbf_hours = {job_mtbf_hours:g} is not above the restart ({restart_min:g} min) "
+            f"plus the persist time ({persist_s:g} s): this model, failures only while training, "
+            "does not hold there (`checkpoint.outlives_restart`)")
     interval, stall = interval_min / 60.0, stall_s / 3600.0
     persist, restart = persist_s / 3600.0, restart_min / 60.0
     tau = interval - stall

@@ -44,6 +44,7 @@ WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 TIED = "output.weight"  # with tied embeddings, the same tensor as tok_embeddings.weight
+NAME_MAX, TMP_EXTRA = 255, 14  # bytes of a file name (Linux); `_write`'s ".NAME.XXXXXXXX.tmp"
 ROTARY = "rotary_emb.inv_freq"  # a buffer older transformers saved: not a weight, skipped
 # What a config.json must agree on with the model it is loaded into (names, source aside)
 _SAME = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn", "vocab", "bias",
@@ -65,8 +66,7 @@ def export_checkpoint(ckpt: Path, spec: ModelSpec, out: Path, *, dtype: str = "f
     """
     import torch.distributed.checkpoint as dcp
 
-    config = hf_config(spec, max_positions, dtype=dtype)  # a non-Llama spec: before any I/O
-    _check_out(Path(out))
+    config = check_export(spec, Path(out), dtype=dtype, max_positions=max_positions)
     path = checkpoint_folder(Path(ckpt))
     saved = _saved_model_tensors(path)
     _check_shapes({k: s for k, (s, _) in saved.items()}, _shapes(spec), spec, str(path),
@@ -86,11 +86,19 @@ def export_state(state: dict[str, torch.Tensor], spec: ModelSpec, out: Path, *,
                  dtype: str = "float32", max_positions: int) -> Path:
     """Export a full (unsharded) state dict under our `Transformer`'s names, e.g. its
     `state_dict()`, as a Hugging Face folder `out`; as `export_checkpoint`."""
-    config = hf_config(spec, max_positions, dtype=dtype)
-    _check_out(Path(out))
+    config = check_export(spec, Path(out), dtype=dtype, max_positions=max_positions)
     _check_shapes({k: tuple(v.shape) for k, v in state.items()}, _shapes(spec), spec, "state",
                   tied_optional=spec.tied_embeddings)
     return _write(dict(state), spec, config, Path(out), where="state")
+
+
+def check_export(spec: ModelSpec, out: Path, *, dtype: str, max_positions: int) -> dict:
+    """The config.json of an export of `spec` into `out`, after the checks that read no
+    checkpoint: the model has a Llama form, `dtype` and `max_positions` are valid, `out` is
+    new or an empty folder. One SpecError line; call it before `checkpoint_folder`."""
+    config = hf_config(spec, max_positions, dtype=dtype)
+    _check_out(out)
+    return config
 
 
 def checkpoint_folder(ckpt: Path, skipped: list | None = None) -> Path:
@@ -167,9 +175,24 @@ def _check_shapes(got: dict, want: dict, spec: ModelSpec, where: str, *,
 
 
 def _check_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise SpecError(f"{out}: exists and is not an empty folder; export into a new or "
-                        "empty folder")
+    """SpecError, one line, unless `out` is new or an empty folder, the nearest folder above
+    it that exists (where `_write` makes its temporary folder) is one this user can write in,
+    and the temporary folder's name fits in NAME_MAX bytes."""
+    try:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise SpecError(f"{out}: exists and is not an empty folder; export into a new or "
+                            "empty folder")
+        above = next(p for p in out.absolute().parents if p.exists())
+        if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+            raise SpecError(f"{shown(out)}: {shown(above)} is not a folder this user can write "
+                            "in; export into a new or empty folder")
+    except OSError as err:  # ENAMETOOLONG, EACCES: the path cannot even be looked at
+        raise SpecError(f"{shown(out)}: {err.strerror or one_line(err)}; export into a new or "
+                        "empty folder") from None
+    if len(os.fsencode(out.name)) > NAME_MAX - TMP_EXTRA:
+        raise SpecError(f"{shown(out)}: the name is {len(os.fsencode(out.name))} bytes, too "
+                        f"long for the temporary folder beside it; at most "
+                        f"{NAME_MAX - TMP_EXTRA} bytes")
 
 
 def _write(state: dict, spec: ModelSpec, config: dict, out: Path, *, where: str) -> Path:
@@ -188,8 +211,12 @@ def _write(state: dict, spec: ModelSpec, config: dict, out: Path, *, where: str)
             t = t.clone()
         seen.add(t.untyped_storage().data_ptr())
         tensors[key] = t
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as err:  # what _check_out cannot see (root in /proc, a full disk)
+        raise SpecError(f"{shown(out)}: cannot be made ({err.strerror or one_line(err)}); "
+                        "export into a new or empty folder") from None
     try:
         save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
