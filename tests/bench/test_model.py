@@ -84,6 +84,36 @@ def test_slice_spec_keeps_width():
         slice_spec(TINY, 0)
 
 
+def _block_input_dtypes(model, x):
+    seen = []
+    model.layers["0"].register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    return seen
+
+
+def test_one_gpu_carries_a_bf16_stream_under_autocast_only():
+    """parallelize on one rank casts the stream to the autocast dtype after the embedding
+    (the layout `cost.memory_runtime.fp32_stream` prices as bf16); the plain model, and
+    the model outside autocast, keep the embedding's fp32."""
+    x = torch.randint(TINY.vocab, (2, 16))
+    assert _block_input_dtypes(_model(), x) == [torch.float32]
+    par = pz.parallelize(_model(), ParallelConfig(), None)
+    assert _block_input_dtypes(par.parts[0], x) == [torch.bfloat16]
+    torch.testing.assert_close(par.parts[0].eval()(x), _model().eval()(x))  # no autocast
+
+
+def test_compile_whole_or_by_block():
+    """`whole` compiles the model as one graph and leaves its blocks alone; per block, each
+    block is compiled and the model is not (`nn.Module.compile` sets _compiled_call_impl)."""
+    whole, blocks = _model(), _model()
+    pz.apply_compile(whole, whole=True)
+    pz.apply_compile(blocks)
+    compiled = lambda m: m._compiled_call_impl is not None  # noqa: E731
+    assert compiled(whole) and not any(compiled(b) for b in whole.layers.values())
+    assert not compiled(blocks) and all(compiled(b) for b in blocks.layers.values())
+
+
 def test_stage_layers_partition():
     assert pz.stage_layers(5, 2) == [[0, 1, 2], [3, 4]]
     assert pz.stage_layers(4, 4) == [[0], [1], [2], [3]]

@@ -22,7 +22,7 @@ def total(**kw):
 
 
 @pytest.mark.parametrize("dp, tp, pp, zero, path", [
-    (1, 1, 1, 0, rt.AUTOCAST), (1, 4, 1, 0, rt.AUTOCAST), (1, 1, 4, 0, rt.AUTOCAST),
+    (1, 1, 1, 0, rt.SINGLE), (1, 4, 1, 0, rt.AUTOCAST), (1, 1, 4, 0, rt.AUTOCAST),
     (2, 1, 1, 0, rt.DDP), (2, 1, 1, 2, rt.FSDP), (2, 2, 1, 0, rt.FSDP), (2, 1, 2, 0, rt.FSDP),
 ])
 def test_harness_path_follows_parallelize(dp, tp, pp, zero, path):

@@ -1,15 +1,17 @@
 """What the harness really keeps at the memory peak, beyond the ZeRO bookkeeping of `memory`.
 
-`bench.parallelize.parallelize` runs one of three precision paths, and each
+`bench.parallelize.parallelize` runs one of four precision paths, and each
 keeps different tensors:
 
 - FSDP2 (dp > 1 with zero > 0, or beside tp / pp): fp32 sharded parameters,
   bf16 unsharded copies gathered per block (`MixedPrecisionPolicy(bf16,
   reduce fp32)`), a bf16 residual stream;
-- autocast (one data-parallel rank: one GPU, TP or PP alone): fp32 parameters
-  under `torch.autocast(bf16)`, so the embedding's output and the residual
-  stream are fp32 and each compiled block casts its weights to bf16 inside
-  its graph, keeping the casts for backward;
+- autocast (one data-parallel rank: TP or PP alone): fp32 parameters under
+  `torch.autocast(bf16)`, so the embedding's output and the residual stream
+  are fp32 and each compiled block casts its weights to bf16 inside its
+  graph, keeping the casts for backward;
+- one GPU: the autocast path with the stream cast to bf16 after the
+  embedding (`Transformer.autocast_stream`), the model compiled whole;
 - DDP (dp > 1, zero 0, tp = pp = 1): the autocast path inside
   `DistributedDataParallel`, whose DDPOptimizer splits each compiled block's
   graph at bucket boundaries.
@@ -29,7 +31,7 @@ from trainplan.cost.measured import per_wrapper
 from trainplan.specs import ModelSpec
 from trainplan.specs.layouts import shard_degree
 
-FSDP, AUTOCAST, DDP = 0, 1, 2  # precision paths (`harness_path`)
+FSDP, AUTOCAST, DDP, SINGLE = 0, 1, 2, 3  # precision paths (`harness_path`)
 
 # Extra bytes a DDP-wrapped compiled block keeps per token, over the same block
 # unwrapped, as a share of `memory.layer_activation_bytes` (76,800 B/token for
@@ -75,21 +77,28 @@ def allocator_of(env, unset: str = CACHING) -> str:
 
 
 def harness_path(dp, tp, pp, zero, cp=1):
-    """FSDP, AUTOCAST or DDP per layout, as `bench.parallelize.parallelize` chooses:
+    """FSDP, AUTOCAST, DDP or SINGLE per layout, as `bench.parallelize.parallelize` chooses:
     FSDP2 where cp > 1 or dp > 1 and (zero > 0 or tp > 1 or pp > 1), DDP where dp > 1
-    otherwise, else the autocast path (one data-parallel rank)."""
+    otherwise, SINGLE on one GPU, else the autocast path (TP or PP alone)."""
     dp, tp, pp, zero, cp = (np.asarray(a) for a in (dp, tp, pp, zero, cp))
     if np.any(dp < 1) or np.any(tp < 1) or np.any(pp < 1) or np.any(zero < 0):
         raise ValueError(f"dp, tp, pp must be >= 1 and zero >= 0; got dp={dp}, tp={tp}, "
                          f"pp={pp}, zero={zero}")
     fsdp = fsdp_layout(dp, zero, tp, pp, cp)
-    return np.where(fsdp, FSDP, np.where(dp > 1, DDP, AUTOCAST))
+    one = (dp == 1) & (tp == 1) & (pp == 1) & (np.asarray(cp) == 1)
+    return np.where(fsdp, FSDP, np.where(dp > 1, DDP, np.where(one, SINGLE, AUTOCAST)))
+
+
+def fp32_stream(path):
+    """True where the residual stream is fp32: the autocast and DDP paths, where the
+    embedding's output is fp32 and `x + bf16` promotes to fp32; FSDP2's bf16 weights and
+    one GPU's cast after the embedding make it bf16."""
+    return (np.asarray(path) == AUTOCAST) | (np.asarray(path) == DDP)
 
 
 def stream_bytes(path):
-    """Bytes per element of the residual stream: 2 (bf16) under FSDP2, 4 (fp32) under
-    autocast, where the embedding's output is fp32 and `x + bf16` promotes to fp32."""
-    return np.where(np.asarray(path) == FSDP, 2.0, 4.0)
+    """Bytes per element of the residual stream: 4 where it is fp32 (`fp32_stream`), else 2."""
+    return np.where(fp32_stream(path), 4.0, 2.0)
 
 
 def state_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
@@ -127,8 +136,8 @@ def grad_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp, grad_accum
 
 
 def autocast_token_bytes(m: ModelSpec, *, path, tp, sequence_parallel):
-    """Extra bytes per token per block under autocast: the block input saved in fp32,
-    2 bytes x h (over bf16), split over tp with sequence parallel.
+    """Extra bytes per token per block where the stream is fp32 (`fp32_stream`): the block
+    input saved in fp32, 2 bytes x h (over bf16), split over tp with sequence parallel.
 
     The autocast-fp32 compiled block keeps 76,136 B/token against 65,864 for bf16
     weights (micro-layouts-h200x4host-20261126.jsonl record 3; calibration block
@@ -136,7 +145,7 @@ def autocast_token_bytes(m: ModelSpec, *, path, tp, sequence_parallel):
     """
     tp = np.asarray(tp)
     sp_div = np.where(np.asarray(sequence_parallel) & (tp > 1), tp, 1)
-    return np.where(np.asarray(path) == FSDP, 0.0, 2.0 * m.hidden / sp_div)
+    return np.where(fp32_stream(path), 2.0 * m.hidden / sp_div, 0.0)
 
 
 def weight_copy_bytes(m: ModelSpec, *, path, tp, ep, recompute):

@@ -17,8 +17,9 @@ The 1F1B bubble is (p - 1) / v micro-batch slots (Narayanan et al. 2021) of a st
 without the output layer and loss, which only the last stage runs.
 
 The layout decides the precision the harness runs (`compute.autocast_layout`): without
-FSDP2 the fp32 weights run under autocast, so the residual stream, the tensors TP gathers
-and the pipeline sends are fp32, and the blocks take the autocast element-wise scale;
+FSDP2 the fp32 weights run under autocast, and on more than one GPU the residual stream, the
+tensors TP gathers and the pipeline sends are fp32 and the blocks take the autocast
+element-wise scale (one GPU casts its stream to bf16: `memory_runtime.fp32_stream`);
 DDP-wrapped blocks take `ddp_block_scale`, FSDP2-wrapped ones `fsdp_block_scale`.
 
 Data-parallel traffic (its copy kernels, `compute.dp_copy_time`; how often: `fsdp_passes`)
@@ -37,6 +38,7 @@ import pandas as pd
 
 from trainplan.cost import comms, compute, fp8, memory, params, ring
 from trainplan.cost import measured as overheads
+from trainplan.cost import memory_runtime as rt
 from trainplan.cost.measured import activation_scale
 from trainplan.cost.memory_runtime import EXPANDABLE
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
@@ -108,8 +110,9 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     full = L.recompute == compute.FULL
     layers = m.n_layers / pp
     world = L.world
-    autocast = compute.autocast_layout(dp, L.zero, tp, pp, cp)  # fp32 weights, fp32 stream
-    stream = np.where(autocast, 2.0, 1.0)  # residual-stream bytes / bf16
+    autocast = compute.autocast_layout(dp, L.zero, tp, pp, cp)  # fp32 weights
+    stream32 = rt.fp32_stream(rt.harness_path(dp, tp, pp, L.zero, cp))  # and an fp32 stream
+    stream = np.where(stream32, 2.0, 1.0)  # residual-stream bytes / bf16
     fused = memory.fused_loss_on(loss, tp=tp, pp=pp, cp=cp)
 
     is_fp8 = precision == "fp8"
@@ -134,7 +137,7 @@ def evaluate(m: ModelSpec, gpu: GPUSpec, cluster: ClusterSpec, L: Layouts,
     # compute of one micro-batch on the slowest (last) stage
     compute_mb = compute.microbatch_compute_time(
         m, gpu, seq_len=seq_len, micro_batch=mb, tp=tp, cp=cp, pp=pp, recompute=L.recompute,
-        sequence_parallel=sp, compiled=compiled, autocast=autocast,
+        sequence_parallel=sp, compiled=compiled, autocast=stream32,
         ddp=compute.ddp_layout(dp, L.zero, tp, pp, cp), fsdp=~autocast)
     # the output layer and loss run on the last stage only: the others fill and drain the pipe
     tokens_mb = mb * seq_len / cp

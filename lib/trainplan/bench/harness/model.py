@@ -169,6 +169,9 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.n_layers)})
         self.norm = norm_layer(spec)
         self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        # Under autocast, carry the residual stream in the autocast dtype (bf16) rather than
+        # the fp32 of the embedding's output: `parallelize` sets it on one GPU.
+        self.autocast_stream = False
         if spec.tied_embeddings:
             self.output.weight = self.tok_embeddings.weight
         # Rotary tables are not state: non-persistent, rebuilt by init_weights.
@@ -204,6 +207,8 @@ class Transformer(nn.Module):
         if self.pos_embeddings is not None and self.tok_embeddings is not None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
             h = h + self.pos_embeddings(positions)  # (B, S, H)
+        if self.autocast_stream and torch.is_autocast_enabled(h.device.type):
+            h = h.to(torch.get_autocast_dtype(h.device.type))  # fp32 weights, bf16 stream
         for layer in self.layers.values():
             h = layer(h, self.rope_cos, self.rope_sin)  # (B, S, H)
         h = self.norm(h) if self.norm is not None else h

@@ -5,7 +5,7 @@
     1. tensor parallel (tp > 1): DTensor `parallelize_module`, Megatron-style
                        column/row splits, sequence parallel on norms/residual
     2. activation checkpointing: none / selective (op-level) / full (per block)
-    3. torch.compile   per block
+    3. torch.compile   per block; on one GPU with no wrapper, the whole model
     4. data parallel   DDP (zero 0), FSDP2 `fully_shard` per block then root
                        (zero 3: reshard after forward; zero 1-2: keep the
                        gathered weights until backward), HSDP when dp_shard
@@ -73,10 +73,9 @@ def check_layout(cfg: ParallelConfig, spec: ModelSpec, world: int, *,
     if cfg.ep > 1:
         raise LayoutError(f"ep = {cfg.ep}: ep > 1 is not implemented in the harness yet; use ep 1")
     if cfg.world != world:
-        raise LayoutError(
-            f"layout needs dp * tp * pp * cp = {cfg.world} ranks but {world} were started; "
-            f"launch with --nproc-per-node {cfg.world} (or change the degrees)"
-        )
+        raise LayoutError(f"layout needs dp * tp * pp * cp = {cfg.world} ranks but {world} "
+                          f"were started; launch with --nproc-per-node {cfg.world} (or change "
+                          "the degrees)")
     if cfg.tp > 1:
         for name, value in (("n_heads", spec.n_heads), ("n_kv_heads", spec.n_kv_heads),
                             ("ffn", spec.ffn), ("vocab", spec.vocab)):
@@ -297,16 +296,18 @@ def _resolve_async(module, inputs, output):
     return output
 
 
-def apply_compile(model: Transformer) -> None:
-    """Compile each block in place (parameter names unchanged).
+def apply_compile(model: Transformer, whole: bool = False) -> None:
+    """Compile each block in place (parameter names unchanged); `whole`: the model, one graph.
 
-    Per block rather than the whole model: identical blocks reuse one
-    compiled graph (short compile), and FSDP's per-block hooks stay outside
-    the compiled code. What enters the first block from eager code must be a
-    plain tensor (or DTensor), not an in-flight collective: see
-    `_resolve_async`, which runs after tensor parallel's own output hook on
-    the embedding (hooks run in the order registered).
+    Per block where a wrapper needs block boundaries: identical blocks reuse one compiled
+    graph (short compile), and FSDP's per-block hooks stay outside the compiled code; on one
+    GPU nothing does, and Inductor fuses across blocks. What enters the first block from
+    eager code must be a plain tensor (or DTensor), not an in-flight collective: see
+    `_resolve_async`, which runs after tensor parallel's own output hook on the embedding
+    (hooks run in the order registered).
     """
+    if whole:
+        return model.compile(fullgraph=True)
     embed = getattr(model, "tok_embeddings", None)  # a microbenchmark's block net has none
     if embed is not None:
         embed.register_forward_hook(_resolve_async)
@@ -348,6 +349,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh, *, compile: bool 
     if cfg.zero == 1 and cfg.dp > 1:
         out.notes.append("zero 1 runs as FSDP2 without resharding (= ZeRO-2: grads sharded too)")
 
+    single = model.autocast_stream = world == 1  # no wrapper: one graph, a bf16 stream
     stage_ids = [0]
     n_stages = cfg.pp * cfg.pp_virtual
     if cfg.pp > 1:  # 0. loop placement: rank r holds stages r, r + pp, ...
@@ -370,7 +372,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh, *, compile: bool 
             apply_tp(part, mesh["tp"], cfg.sequence_parallel)
         apply_ac(part, cfg.recompute)  # 2.
         if compile:  # 3.
-            apply_compile(part)
+            apply_compile(part, whole=single)
         if use_fsdp:  # 4.
             apply_fsdp(part, context.fsdp_mesh(mesh, cfg), reshard=cfg.zero == 3,
                        mixed_precision=mixed_precision)

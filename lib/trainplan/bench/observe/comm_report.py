@@ -190,9 +190,9 @@ def main(argv=None) -> int:
         kept["dims"] = mesh_dims(mesh)
         return mesh
 
-    def apply_compile(model):
-        for block in model.layers.values():
-            block.compile(fullgraph=True, backend=mine.backend)
+    def apply_compile(model, whole=False):
+        for part in [model] if whole else model.layers.values():
+            part.compile(fullgraph=True, backend=mine.backend)
 
     def clip_grad_norm(*a, **kw):
         if kept["counter"]:
