@@ -122,6 +122,17 @@ def test_a_name_longer_than_the_system_allows_is_refused_in_one_line(work, tmp_p
     assert not no_launch and not (tmp_path / "ck").exists()
 
 
+@pytest.mark.parametrize("field, value", [("mlp", "gelu"), ("norm", "layernorm")])
+def test_a_model_export_cannot_write_is_refused_before_torchrun(work, tmp_path, capsys,
+                                                                no_launch, field, value):
+    """--export of a model without a Llama form: refused before the run, not after it."""
+    (tmp_path / "other.yaml").write_text(test_trainer.TINY + f"{field}: {value}\n")
+    rc = cli.main(_train(tmp_path, "--steps", "2", "--export", str(tmp_path / "hf"),
+                         "--ckpt-dir", str(tmp_path / "ck"), model="other.yaml"))
+    _one_line(rc, capsys.readouterr().err, f"{field} = {value!r}")
+    assert not no_launch and not (tmp_path / "hf").exists() and not (tmp_path / "ck").exists()
+
+
 def test_init_from_the_models_own_weights_passes(work, capsys):
     rc = cli.main(_train(work, "--steps", "2", "--dry-run", "--init-from",
                          str(_weights(work, "same"))))

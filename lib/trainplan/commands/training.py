@@ -95,8 +95,10 @@ def trainer_argv(args) -> list[str]:
 
 
 def check(args) -> None:
-    """The trainer's checks, run here: flags, model, layout, shards, the --init-from
-    weights' headers, the --ckpt-dir (one line, exit 2)."""
+    """The trainer's checks, run here: flags, model (and that --export can write it), layout,
+    shards, the --init-from weights' headers, the --ckpt-dir (one line, exit 2)."""
+    from pathlib import Path
+
     from trainplan.bench.harness import parallelize as par_mod
     from trainplan.bench.harness import train as harness
     from trainplan.data.shards import open_shards
@@ -108,6 +110,10 @@ def check(args) -> None:
     loop.check_args(args)
     check_run(seq_len=args.seq_len, micro_batch=args.micro_batch)
     spec = load_model(args.model)
+    if args.export:  # a model the export cannot write is refused now, not after the run
+        from trainplan.train import export
+
+        export.check_export(spec, Path(args.export), dtype="float32", max_positions=args.seq_len)
     world = args.nproc_per_node * args.nnodes
     import torch  # the run starts here: its device is this host's
 

@@ -35,7 +35,8 @@ def add_arguments(p) -> None:
     a("--no-sequence-parallel", action="store_true")
     a("--pp-schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved"])
     a("--pp-virtual", type=int, default=1)
-    a("--compile", action="store_true", help="torch.compile each block (one GPU: the whole model) and the loss")
+    a("--compile", action="store_true",
+      help="torch.compile each block (one GPU: the whole model) and the loss")
     a("--steps", type=int, required=True, help="optimizer steps in all")
     a("--lr", type=float, default=3e-4, help="peak learning rate")
     a("--lr-schedule", default="cosine", choices=SCHEDULES)

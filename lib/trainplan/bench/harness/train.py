@@ -65,7 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a("--no-sequence-parallel", action="store_true", help="with tp > 1, replicate the stream")
     a("--pp-schedule", default="1f1b", choices=["1f1b", "gpipe", "interleaved"])
     a("--pp-virtual", type=int, default=1, help="stages per rank (interleaved schedule)")
-    a("--compile", action="store_true", help="torch.compile each block (one GPU: the whole model), and the loss")
+    a("--compile", action="store_true",
+      help="torch.compile each block (one GPU: the whole model), and the loss")
     a("--steps", type=int, default=20, help="steps in all, warm-up included")
     a("--warmup", type=int, default=5, help="first steps not timed")
     a("--lr", type=float, default=3e-4)
