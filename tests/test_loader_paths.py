@@ -107,7 +107,7 @@ def test_check_root_lines(tmp_path):
           r"the run's files \(new, or the run's own\)")
     for make in (False, True):  # refused before torchrun starts, not only where it is made
         _says(CheckpointError, lambda m=make: check_root(Path(f"{tmp_path}/a\0b"), make=m),
-              r"--ckpt-dir .*/a\x00b cannot be used \(not a path\); name a folder you can "
+              r"--ckpt-dir .*/a\\x00b cannot be used \(not a path\); name a folder you can "
               r"write to")
     _says(CheckpointError, lambda: check_root(tmp_path / LONG, flag="--export"),
           r"--export \.\.\.n+ cannot be used \(File name too long\); name a folder you can "
@@ -144,3 +144,13 @@ def test_a_read_only_folder_is_refused_by_both_callers(tmp_path):
               r"folder where one can be made")
     finally:
         ro.chmod(0o755)
+
+
+def test_a_name_with_a_newline_or_nul_stays_on_one_line(tmp_path):
+    """`shown` escapes control characters, so a refusal naming such a path is one line."""
+    from trainplan.loader import shown
+
+    assert shown("a\nb\x00c\x7fé/d") == "a\\x0ab\\x00c\\x7fé/d"
+    with pytest.raises(CheckpointError) as err:
+        check_root(tmp_path / "x\ny\x00", make=True)
+    assert "\n" not in str(err.value) and "x\\x0ay\\x00" in str(err.value)

@@ -52,9 +52,13 @@ def quote(value, limit: int = QUOTE) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+_CONTROL = {i: f"\\x{i:02x}" for i in (*range(32), 127)}  # a name's newline: not a new line
+
+
 def shown(path) -> str:
-    """A path as a message names it: whole, or its last `2 * QUOTE` characters."""
-    text = str(path)
+    """A path as a message names it, control characters escaped: whole, or its last
+    `2 * QUOTE` characters."""
+    text = str(path).translate(_CONTROL)
     return text if len(text) <= 2 * QUOTE else "..." + text[-2 * QUOTE + 3:]
 
 
