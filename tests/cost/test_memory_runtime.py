@@ -29,6 +29,20 @@ def test_harness_path_follows_parallelize(dp, tp, pp, zero, path):
     assert rt.harness_path(dp, tp, pp, zero) == path
 
 
+def test_one_gpu_keeps_a_bf16_stream_and_the_weight_casts():
+    """One GPU: the stream is bf16 (no fp32 block input kept) but fp32 weights are still
+    cast under autocast (their bf16 copies kept); TP alone keeps both."""
+    assert rt.fp32_stream([rt.AUTOCAST, rt.DDP, rt.FSDP, rt.SINGLE]).tolist() == \
+        [True, True, False, False]
+    assert rt.stream_bytes(rt.SINGLE) == 2.0 and rt.stream_bytes(rt.AUTOCAST) == 4.0
+    kw = dict(tp=1, sequence_parallel=False)
+    assert rt.autocast_token_bytes(M, path=rt.SINGLE, **kw) == 0.0
+    assert rt.autocast_token_bytes(M, path=rt.AUTOCAST, **kw) == 2.0 * M.hidden
+    casts = dict(tp=1, ep=1, recompute=0)
+    assert rt.weight_copy_bytes(M, path=rt.SINGLE, **casts) == \
+        rt.weight_copy_bytes(M, path=rt.AUTOCAST, **casts) > 0
+
+
 @pytest.mark.parametrize("bad", [dict(dp=0), dict(tp=0), dict(pp=-1), dict(zero=-1)])
 def test_harness_path_rejects_bad_degrees(bad):
     with pytest.raises(ValueError):
