@@ -1,4 +1,5 @@
-"""The checkpoint planner's closed forms: each term by hand, Daly's vectors, properties."""
+"""The checkpoint planner and its closed forms (`cycle`): each term by hand, Daly's vectors,
+properties."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from trainplan.cost.params import total_params
 from trainplan.resilience import checkpoint as ck
+from trainplan.resilience import cycle
 from trainplan.resilience.checkpoint import CheckpointPlanError, plan_checkpoints
 from trainplan.specs import load_model
 
@@ -19,8 +21,8 @@ N13 = 13_015_864_320  # Llama 2 13B (data/models/llama-13b.yaml)
 
 
 def test_checkpoint_bytes_is_12_or_14_per_param():
-    assert ck.checkpoint_bytes(1_000) == 12_000
-    assert ck.checkpoint_bytes(1_000, bf16_weights=True) == 14_000
+    assert cycle.checkpoint_bytes(1_000) == 12_000
+    assert cycle.checkpoint_bytes(1_000, bf16_weights=True) == 14_000
 
 
 def test_13b_checkpoint_matches_facts():
@@ -28,9 +30,9 @@ def test_13b_checkpoint_matches_facts():
     13B is 156-182 GB, about 40-46 GB per node on 4 nodes."""
     n = total_params(load_model("llama-13b"))
     assert n == N13
-    assert ck.checkpoint_bytes(n) / ck.GB == pytest.approx(156.2, abs=0.1)
-    assert ck.checkpoint_bytes(n, True) / ck.GB == pytest.approx(182.2, abs=0.1)
-    assert ck.checkpoint_bytes(n) / 4 / ck.GB == pytest.approx(39.0, abs=0.1)
+    assert cycle.checkpoint_bytes(n) / cycle.GB == pytest.approx(156.2, abs=0.1)
+    assert cycle.checkpoint_bytes(n, True) / cycle.GB == pytest.approx(182.2, abs=0.1)
+    assert cycle.checkpoint_bytes(n) / 4 / cycle.GB == pytest.approx(39.0, abs=0.1)
 
 
 def test_nodes_and_job_mtbf():
@@ -38,7 +40,7 @@ def test_nodes_and_job_mtbf():
     assert ck.nodes_of(2, 8) == 1  # a job smaller than a node
     with pytest.raises(CheckpointPlanError, match="--gpus 12"):
         ck.nodes_of(12, 8)
-    assert ck.job_mtbf(2000.0, 4) == 500.0
+    assert cycle.job_mtbf(2000.0, 4) == 500.0
 
 
 def test_state_shards():
@@ -48,40 +50,40 @@ def test_state_shards():
 
 
 def test_write_staging_stall_persist_by_hand():
-    write = ck.write_seconds(3e9, 1.5)  # 3 GB at 1.5 GB/s
-    stage = ck.staging_seconds(0.375e9, 25.0)  # 0.375 GB at 25 GB/s
+    write = cycle.write_seconds(3e9, 1.5)  # 3 GB at 1.5 GB/s
+    stage = cycle.staging_seconds(0.375e9, 25.0)  # 0.375 GB at 25 GB/s
     assert write == pytest.approx(2.0)
     assert stage == pytest.approx(0.015)
-    assert ck.stall_seconds("sync", write, stage) == write
-    assert ck.stall_seconds("async", write, stage) == stage
-    assert ck.persist_seconds("sync", write, stage) == write
-    assert ck.persist_seconds("async", write, stage) == pytest.approx(2.015)
+    assert cycle.stall_seconds("sync", write, stage) == write
+    assert cycle.stall_seconds("async", write, stage) == stage
+    assert cycle.persist_seconds("sync", write, stage) == write
+    assert cycle.persist_seconds("async", write, stage) == pytest.approx(2.015)
 
 
 def test_young_by_hand():
-    assert ck.young_interval(5.0, 1440.0) == pytest.approx(120.0)  # sqrt(2 * 5 * 1440)
+    assert cycle.young_interval(5.0, 1440.0) == pytest.approx(120.0)  # sqrt(2 * 5 * 1440)
 
 
 @pytest.mark.parametrize(("mtbf_min", "published_min", "tol"), [
     (24 * 60, 117, 0.5), (6 * 60, 57, 0.5), (15, 9.1, 0.05)])
 def test_daly_eq37_published_vectors(mtbf_min, published_min, tol):
     """Daly 2006 (R = 10 min, delta = 5 min)."""
-    assert ck.daly_interval(5.0, mtbf_min) == pytest.approx(published_min, abs=tol)
+    assert cycle.daly_interval(5.0, mtbf_min) == pytest.approx(published_min, abs=tol)
 
 
 def test_daly_beyond_its_range_is_the_mtbf():
-    assert ck.daly_interval(10.0, 4.0) == 4.0  # delta >= 2M
+    assert cycle.daly_interval(10.0, 4.0) == 4.0  # delta >= 2M
 
 
 def test_lost_work_and_limit_by_hand():
-    assert ck.expected_lost(20.0, 1.0, 10.0) == 21.0  # I/2 + T_p + R
-    assert ck.worst_lost(20.0, 1.0, 10.0) == 31.0  # I + T_p + R
-    assert ck.max_interval(30.0, 1.0, 10.0) == 19.0
+    assert cycle.expected_lost(20.0, 1.0, 10.0) == 21.0  # I/2 + T_p + R
+    assert cycle.worst_lost(20.0, 1.0, 10.0) == 31.0  # I + T_p + R
+    assert cycle.max_interval(30.0, 1.0, 10.0) == 19.0
 
 
 def test_ettr_by_hand():
     # (1 - 1/100) (960 - 50 - 10 + 1) / (960 + 40) = 0.99 * 0.901
-    assert ck.ettr(100.0, 1.0, 10.0, 40.0, 960.0) == pytest.approx(0.89199)
+    assert cycle.ettr(100.0, 1.0, 10.0, 40.0, 960.0) == pytest.approx(0.89199)
 
 
 # ---------------------------------------------------------------- the plan
@@ -187,5 +189,5 @@ def test_interval_grows_with_mtbf(m, factor, w):
 @given(m=st.floats(min_value=1.0, max_value=1e7), d=st.floats(min_value=1e-3, max_value=1e3))
 def test_daly_is_close_to_young_when_saves_are_cheap(m, d):
     if d < 0.01 * m:
-        assert ck.daly_interval(d, m) == pytest.approx(ck.young_interval(d, m), rel=0.1)
-    assert 0.0 < ck.daly_interval(d, m) <= max(m, ck.young_interval(d, m) * 1.5)
+        assert cycle.daly_interval(d, m) == pytest.approx(cycle.young_interval(d, m), rel=0.1)
+    assert 0.0 < cycle.daly_interval(d, m) <= max(m, cycle.young_interval(d, m) * 1.5)

@@ -1,6 +1,6 @@
 """A job that fails within a restart plus a save is refused, not given an interval of "0.0 min".
 
-`checkpoint.outlives_restart`: the forms assume failures strike only while the job trains, so
+`cycle.outlives_restart`: the forms assume failures strike only while the job trains, so
 they need the job MTBF M above the restart R plus one save's persist time T_p. Below it the
 refusal names the GPU count, the job MTBF, R and T_p, and the largest GPU count that fits.
 """
@@ -12,14 +12,15 @@ import re
 import pytest
 
 from conftest import trainplan_cli
-from trainplan.cli import main
+from trainplan.cli import MAX_LINE, main
+from trainplan.errors import TrainplanError
 from trainplan.resilience.checkpoint import (
     CheckpointPlanError,
     describe_interval,
     digits,
-    outlives_restart,
     plan_checkpoints,
 )
+from trainplan.resilience.cycle import outlives_restart
 from trainplan.resilience.failures import simulate
 
 N13 = 13_015_864_320  # llama-13b
@@ -151,3 +152,40 @@ def test_bad_values_are_one_line_naming_them(capsys, flag, value, fragment):
     argv = argv[:argv.index(flag) + 1] + [value] + argv[argv.index(flag) + 2:] if (
         flag in argv) else [*argv, flag, value]
     assert fragment in refused(argv, capsys)
+
+
+# ---------------------------------------------------------------- launch's and page 5's words
+
+HSDP = {"tp": 1, "pp": 1, "dp_shard": 8, "zero": 3}  # the state split over a node
+
+
+@pytest.mark.parametrize(("gpus", "nodes"), [(80_000, "10,000"), (100_000, "12,500"),
+                                             (1_048_576, "131,072")])
+def test_launch_and_page_5_name_the_gpus_not_the_checkpoint_flags(gpus, nodes):
+    """`launch.job.checkpoint_plans` (launch, pages 5 and 6) plans with page 5's node MTBF and
+    restart, which no flag there sets: its line names the GPU count and the most that plan,
+    and is a class of `trainplan.errors`, on which the runbook's build exits 2."""
+    from trainplan.launch import job
+    from trainplan.runbook.build import _error_names
+    from trainplan.specs import load_model
+
+    m = load_model("llama-13b")
+    with pytest.raises(TrainplanError) as err:
+        job.checkpoint_plans(m, gpus, 8, HSDP)
+    text = str(err.value)
+    assert type(err.value).__name__ in _error_names()
+    assert "\n" not in text and len(f"trainplan: error: {text}") <= MAX_LINE, text
+    assert text.startswith(f"gpus {gpus} is too many to checkpoint: at page 5's conservative "
+                           f"node MTBF (1,536 h) its {nodes} nodes fail every "), text
+    assert "the assumed 10-min restart" in text and "--node-mtbf-hours" not in text, text
+    most = int(re.search(r"; use at most ([\d,]+) GPUs \(launch --gpus N, runbook -p gpus=N\)$",
+                         text)[1].replace(",", ""))
+    assert job.checkpoint_plans(m, most, 8, HSDP)["conservative"].interval_min > 0
+    with pytest.raises(TrainplanError, match=f"^gpus {most + 8} is too many"):
+        job.checkpoint_plans(m, most + 8, 8, HSDP)
+
+
+def test_the_checkpoint_verb_still_names_its_own_flags(capsys):
+    err = refused([*CLI, "--gpus", "100000", "--node-mtbf-hours", "1536"], capsys)
+    assert "--node-mtbf-hours 1536 is too short for --gpus 100000" in err
+    assert err.rstrip().endswith("or a faster restart"), err

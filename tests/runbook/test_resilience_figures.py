@@ -125,3 +125,29 @@ def test_fault_matrix_table_and_caption(tmp_path):
     assert fig.fault_matrix_caption(matrix) == ("1 of 2 fault tests passed on 2026-11-26 at "
                                                  "commit 0123456789 (torch 2.13.0, CPU, gloo, "
                                                  "real torchrun)")
+
+
+# ---------------------------------------------------------------- page 5's checkpoint table
+
+
+@pytest.mark.parametrize("gpus", [32, 60_000, 64_000, 73_000])
+def test_the_checkpoint_table_never_shows_a_positive_number_as_zero(gpus):
+    """Between about 60,000 and 73,000 GPUs (the state split over all of them) the chosen
+    interval is a few tenths of a second, 0.005-0.007 min: it keeps two digits."""
+    from trainplan.launch import job
+    from trainplan.resilience.checkpoint import digits
+    from trainplan.specs import load_model
+
+    plans = job.checkpoint_plans(load_model("llama-13b"), gpus, 8,
+                                 {"tp": 1, "pp": 1, "dp_shard": gpus, "zero": 3})
+    table = fig.checkpoint_table(plans)
+    for case, plan in plans.items():
+        column = table[case]
+        assert column["chosen interval (min)"] == digits(plan.interval_min)
+        assert column["job MTBF (hours)"] == digits(plan.job_mtbf_hours, 0)
+        assert column["effective training time ratio"] == f"{plan.ettr:.2%}"
+        for label, cell in column.items():
+            if label != "interval set by":
+                assert float(cell.rstrip("%").replace(",", "")) > 0, (case, label, cell)
+    if gpus >= 60_000:
+        assert plans["conservative"].interval_min < 0.05  # "{:,.1f}" would show 0.0

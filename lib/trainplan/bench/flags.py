@@ -8,14 +8,19 @@ torch; the code that reads them is `bench.ckpt.store`, `bench.harness.monitor`,
 
 from __future__ import annotations
 
+import argparse
+
 # --loss and --loss-chunk's default: the losses the planner prices (numpy only, no torch)
 from trainplan.cost.memory import FUSED_CHUNK as LOSS_CHUNK
 from trainplan.cost.memory import LOSSES
+from trainplan.loader import quote
 
 # defaults a check compares with: a flag left at its default is not "given" where unused
 CKPT_DEFAULTS = {"ckpt_keep": 2, "ckpt_threads": 1, "ckpt_hash": "while-writing"}
 FP8_RECIPE = "tensorwise"
 GC_DEFAULTS = {"gc_every": 1, "gc_full_every": 1000}
+
+MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600  # a collective waiting a week is a hang, not a slow step
 
 HARNESS = "trainplan.bench.harness.train"
 ENTRIES = {"hf-trainer": "trainplan.bench.harness.hf_trainer"}  # its own loop: Trainer's
@@ -29,6 +34,19 @@ def harness_entry(impl: str) -> tuple[str, list[str]]:
     if impl in ENTRIES:
         return ENTRIES[impl], []
     return HARNESS, ["--impl", impl] if impl != "trainplan" else []
+
+
+def timeout_seconds(text: str) -> float:
+    """--collective-timeout-s: a number of seconds, at most `MAX_COLLECTIVE_TIMEOUT_S`; nan and
+    values <= 0 are left to `bench.ckpt.store.check_args`, which checks the checkpoint flags."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not a number of seconds") from None
+    if value > MAX_COLLECTIVE_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{quote(text)} is not valid; use a number of seconds "
+                                         f"> 0, at most {MAX_COLLECTIVE_TIMEOUT_S} (7 days)")
+    return value
 
 
 def add_checkpoint_arguments(p) -> None:
@@ -54,7 +72,7 @@ def add_checkpoint_arguments(p) -> None:
     g.add_argument("--fresh", action="store_true",
                    help="with --resume: where no checkpoint in --ckpt-dir verifies, start at "
                         "step 0 instead of refusing (the folders that fail are left as they are)")
-    g.add_argument("--collective-timeout-s", type=float, default=None,
+    g.add_argument("--collective-timeout-s", type=timeout_seconds, default=None,
                    help="process-group timeout: a step with a hung rank fails after this long")
 
 

@@ -8,13 +8,8 @@ from pathlib import Path
 from trainplan.commands.args import UsageError, positive_int
 from trainplan.commands.planning import LAYOUT_FLAGS, add_layout, hardware, layout_pins
 from trainplan.errors import PresetNotFound
-from trainplan.launch.artefacts import (
-    TARGETS,
-    LaunchSettings,
-    check_out_dir,
-    plan_and_generate,
-    write,
-)
+from trainplan.launch.artefacts import TARGETS, LaunchSettings, plan_and_generate
+from trainplan.launch.folder import check_out_dir, write
 from trainplan.launch.job import PLAN_SIZES, PLAN_SPECS
 from trainplan.launch.render import TARGET_FLAGS
 from trainplan.loader import quote

@@ -13,7 +13,7 @@ accumulation and recompute from the chosen plan, the run's length from the token
 the checkpoint interval and keep count from page 5's checkpoint plan, the throughput
 alert from the plan's validated error band. A flag given by hand wins and is said so.
 The command is checked by the trainer's (or harness's) own parser before anything is
-written.
+written; `launch.folder` writes the files into --out.
 
 The artefacts hold no absolute paths of this machine: checkpoints and logs go under the
 submit or working folder unless CKPT_DIR or LOG_DIR say otherwise, the data under
@@ -25,14 +25,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from trainplan.bench.flags import MAX_COLLECTIVE_TIMEOUT_S
 from trainplan.errors import TrainplanError
+from trainplan.launch.folder import write  # noqa: F401 (re-exported: notebooks/06_launch.ipynb)
 from trainplan.launch.render import MAX_TIME_LIMIT_MIN, readme, render_k8s, render_shell
 from trainplan.loader import QUOTE, quote
 
@@ -65,10 +63,22 @@ SAFE_PATH = re.compile(r"[\w./@+-]+")
 IMAGE = re.compile(r"[a-z0-9][a-z0-9._/-]*(:[0-9]+/[a-z0-9._/-]+)?(:[\w][\w.-]{0,127})?"
                    r"(@[a-z0-9]+:[0-9a-f]{32,})?")
 JOB_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # DNS-1123 label (Kubernetes)
+WEEK_S = 7 * 24 * 3600
+# Ranges of the restart and timing settings (LaunchSettings): (least, most, the most in words).
+BOUNDS = {
+    # 10,000 restarts at page 5's 10-minute restart are 69 days of restarting, not training
+    "max_restarts": (0, 10_000, "restarts of all workers"),
+    # the launched module's own bound (bench.flags): a collective stuck a week is a hang
+    "collective_timeout_s": (1, MAX_COLLECTIVE_TIMEOUT_S, "up to 7 days"),
+    # torchrun's default is 600 s; a node a week late to a rendezvous is not coming
+    "join_timeout_s": (1, WEEK_S, "up to 7 days"),
+    # the emergency save before a stop; one that needs a week is no grace period
+    "save_grace_s": (1, WEEK_S, "up to 7 days"),
+}
 
 
 class LaunchError(TrainplanError):
-    """A launch request that cannot be turned into artefacts (target, folder, layout)."""
+    """A launch request that cannot be turned into artefacts (target, settings, layout)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,10 @@ class LaunchSettings:
         if not 1 <= self.time_limit_min <= MAX_TIME_LIMIT_MIN:
             raise LaunchError(f"--time-limit-min {self.time_limit_min} is not valid; use "
                               f"1-{MAX_TIME_LIMIT_MIN} (up to 365 days)")
+        for name, (least, most, words) in BOUNDS.items():
+            if not least <= getattr(self, name) <= most:
+                raise LaunchError(f"--{name.replace('_', '-')} {getattr(self, name)} is not "
+                                  f"valid; use {least}-{most} ({words})")
         slurm = self.target == "slurm"  # the one target with a time limit (render.TARGET_FLAGS)
         if slurm and self.warn_s <= self.save_grace_s:
             raise LaunchError(f"--warn-s {self.warn_s} must exceed --save-grace-s "
@@ -355,49 +369,3 @@ def watch(summary: dict, settings: LaunchSettings) -> dict:
         "warn_min": settings.warn_s / 60,
         "save_grace_s": settings.save_grace_s,
     }
-
-
-def check_out_dir(out: Path, force: bool) -> None:
-    """Refuse a folder that would lose files, or that cannot be made where it is named
-    (probed with a folder made and removed in its nearest existing parent), before anything
-    is computed or written."""
-    out = Path(out)
-    parent = out.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".trainplan-probe.", dir=parent))
-    except OSError as err:
-        raise LaunchError(f"--out {quote(str(out))}: cannot write in {quote(str(parent))} "
-                          f"({err.strerror}); name a folder you can write to") from None
-    if out.exists() and not out.is_dir():
-        raise LaunchError(f"--out {quote(str(out))} is a file; name a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise LaunchError(f"--out {quote(str(out))} exists and is not empty; add --force to "
-                          "replace it, or name a new folder")
-
-
-def write(launch: Launch, out: Path, force: bool = False) -> Path:
-    """Write the files into `out` all at once: a temporary folder beside it, then a rename."""
-    out = Path(out)
-    check_out_dir(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        for fname, text in launch.files.items():
-            path = tmp / fname
-            path.write_text(text)
-            if fname.endswith((".sh", ".sbatch")):
-                path.chmod(0o755)
-        tmp.chmod(0o755)
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.rename(out, old / "d")
-        os.rename(tmp, out)
-        if old:
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out

@@ -49,18 +49,33 @@ class CheckpointSchedule:
 
 def checkpoint_plans(model, gpus: int, gpus_per_node: int, parallel: dict) -> dict:
     """{"conservative": CheckpointPlan, "nominal": ...} of `model` on `gpus`, its state split
-    as `parallel` (a plan's layout) splits it, with page 5's assumptions."""
+    as `parallel` (a plan's layout) splits it, with page 5's assumptions. Where the job would
+    fail within a restart plus a save, one line naming the GPU count and the most that plan:
+    the node MTBF and restart are page 5's, not flags of `launch` or the runbook."""
     from trainplan.cost.params import total_params
     from trainplan.resilience import checkpoint, failures
 
     assume = checkpoint.Assumptions()
     shards = checkpoint.state_shards(int(parallel["tp"]), int(parallel["pp"]),
                                      int(parallel["dp_shard"]), int(parallel["zero"]))
-    return {case: checkpoint.plan_checkpoints(
-        total_params(model), gpus, mtbf, assume.write_gbps_per_node, assume.restart_minutes,
-        assume.max_lost_minutes, gpus_per_node=gpus_per_node, mode=assume.mode,
-        keep=assume.keep, host_copy_gbps=assume.host_copy_gbps, shard_gpus=shards)
-        for case, mtbf in failures.published_node_mtbf_hours().items()}
+    plans = {}
+    for case, mtbf in failures.published_node_mtbf_hours().items():
+        try:
+            plans[case] = checkpoint.plan_checkpoints(
+                total_params(model), gpus, mtbf, assume.write_gbps_per_node,
+                assume.restart_minutes, assume.max_lost_minutes, gpus_per_node=gpus_per_node,
+                mode=assume.mode, keep=assume.keep, host_copy_gbps=assume.host_copy_gbps,
+                shard_gpus=shards)
+        except checkpoint.JobFailsTooOften as err:
+            use = (f"use at most {err.most_gpus:,} GPUs" if err.most_gpus else
+                   "no GPU count plans at this node MTBF")
+            raise TrainplanError(  # of trainplan.errors: the runbook's build exits 2 on it
+                f"gpus {gpus} is too many to checkpoint: at page 5's {case} node MTBF "
+                f"({mtbf:,.0f} h) its {err.nodes:,} nodes fail every {err.job_mtbf_s:.3g} s, "
+                f"within the assumed {err.restart_min:g}-min restart plus a "
+                f"{err.persist_s:.3g} s save; {use} (launch --gpus N, runbook -p gpus=N)"
+            ) from None
+    return plans
 
 
 def schedule(model, gpus: int, gpus_per_node: int, plan_row: dict) -> CheckpointSchedule:

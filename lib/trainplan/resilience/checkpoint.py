@@ -1,24 +1,11 @@
-"""Checkpoint planner: size, stall, persist time, interval, lost work, ETTR, retention.
+"""Checkpoint planner: the interval, lost work, ETTR and retention of one job, or why none.
 
-Closed forms only (the Monte Carlo check lives in `trainplan.resilience.failures`). Each
-term is a small function citing its source; `plan_checkpoints` adds them up
-into a `CheckpointPlan`, whose `as_dict` is the `trainplan checkpoint --json`
-contract (README, "Command line").
-
-Timeline of one checkpoint cycle (the model every formula here shares):
-
-    |<---------------- interval I (save start to save start) ---------------->|
-    | stall delta | training ...                                              |
-    |<------ persist T_p ------>|  (the save is durable T_p after it starts)
-
-The state is snapshotted when a save starts. Synchronous saves block for the
-whole write (delta = T_p); asynchronous ones (PyTorch DCP `async_save`) block
-only while the state is copied to host memory and write in the background
-(delta = staging, T_p = staging + write). A failure loses the wall time since
-the last *durable* snapshot, plus the restart R.
-
-Units: sizes in GB (10^9 bytes, as storage bandwidth is quoted), times in
-seconds unless a name says otherwise (`_min`, `_hours`).
+`plan_checkpoints` checks a request, adds up the closed forms of one checkpoint cycle
+(`trainplan.resilience.cycle`: size, stall, persist time, Young's and Daly's intervals,
+lost work, ETTR) into a `CheckpointPlan`, whose `as_dict` is the `trainplan checkpoint
+--json` contract (README, "Command line"), and refuses in one line a request no interval
+meets, naming what would work. Page 5 plans with `Assumptions` and says which bound set
+the interval (`describe_interval`). Units as in `cycle`: GB, seconds unless named.
 """
 
 from __future__ import annotations
@@ -26,16 +13,29 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import asdict, dataclass
-from typing import Literal
 
 from trainplan.errors import TrainplanError
+from trainplan.resilience.cycle import (
+    BF16_WEIGHT_BYTES,
+    FP32_ADAM_BYTES,
+    GB,
+    HOST_COPY_GBPS,
+    Mode,
+    checkpoint_bytes,
+    daly_interval,
+    ettr,
+    expected_lost,
+    job_mtbf,
+    max_interval,
+    outlives_restart,
+    persist_seconds,
+    staging_seconds,
+    stall_seconds,
+    worst_lost,
+    write_seconds,
+    young_interval,
+)
 
-GB = 1e9
-FP32_ADAM_BYTES = 12  # fp32 master weights + Adam m + v, bytes/param (Rajbhandari et al. 2020)
-BF16_WEIGHT_BYTES = 2  # the bf16 working copy, when it is saved too (12 + 2 = 14 bytes/param)
-HOST_COPY_GBPS = 25.0  # ASSUMPTION: GPU -> pinned host copy per GPU, GB/s (PCIe Gen5 x16 peaks
-#                        near 64; 25 leaves room for pageable buffers and contention). Replace
-#                        with the stall measured by the harness's checkpoint benchmark.
 MIN_KEEP = 2  # torchtitan refuses keep_latest_k = 1: the only checkpoint would be deleted
 #               while its successor is still being written
 MAX_KEEP = 10_000  # checkpoints retained; beyond this a value is a typo
@@ -43,23 +43,26 @@ LIMITS = {  # sanity bounds on inputs: beyond these a value is a typo, and float
     "node_mtbf_hours": 1e9, "write_gbps_per_node": 1e6, "restart_minutes": 1e6,
     "max_lost_minutes": 1e9, "host_copy_gbps": 1e6,
 }
-Mode = Literal["async", "sync"]
 
 
 class CheckpointPlanError(TrainplanError):
     """Checkpoint inputs that are out of range, or a requirement no interval can meet."""
 
 
-# ---------------------------------------------------------------- sizes
+class JobFailsTooOften(CheckpointPlanError):
+    """A job whose MTBF is within a restart plus a save (`cycle.outlives_restart`), with the
+    numbers of the refusal, so that a caller whose inputs are not `trainplan checkpoint`'s
+    flags can say it in its own words: `most_gpus` is the largest whole-node GPU count that
+    plans (0: none), `job_mtbf_s` the job's MTBF (s), `persist_s` one save's persist time."""
+
+    def __init__(self, text: str, *, nodes: int, most_gpus: int, job_mtbf_s: float,
+                 restart_min: float, persist_s: float):
+        super().__init__(text)
+        self.nodes, self.most_gpus, self.job_mtbf_s = nodes, most_gpus, job_mtbf_s
+        self.restart_min, self.persist_s = restart_min, persist_s
 
 
-def checkpoint_bytes(n_params: int, bf16_weights: bool = False) -> float:
-    """Bytes of one full checkpoint: 12 B/param (fp32 master + Adam m, v), 14 with bf16 weights.
-
-    Rajbhandari et al. 2020 (ZeRO) for the 12. Gradients are not saved (they are rebuilt
-    by the next step).
-    """
-    return float(n_params) * (FP32_ADAM_BYTES + (BF16_WEIGHT_BYTES if bf16_weights else 0))
+# ---------------------------------------------------------------- the job
 
 
 def nodes_of(gpus: int, gpus_per_node: int) -> int:
@@ -79,120 +82,6 @@ def state_shards(tp: int, pp: int, dp_shard: int, zero: int) -> int:
     model itself. Each GPU stages this share when it saves asynchronously.
     """
     return tp * pp * (dp_shard if zero >= 1 else 1)
-
-
-# ---------------------------------------------------------------- times
-
-
-def write_seconds(bytes_per_node: float, write_gbps_per_node: float) -> float:
-    """Time to write one node's share to storage: size per node / write bandwidth per node.
-
-    DCP writes each rank's shard from its own node and spreads replicated
-    tensors over ranks, so every node writes total / nodes. Published per-node
-    persist bandwidth on large parallel filesystems: 1-3 GB/s (reported for BLOOM and
-    for Llama 3, Dubey et al. 2024).
-    """
-    return bytes_per_node / (write_gbps_per_node * GB)
-
-
-def staging_seconds(bytes_per_gpu: float, host_copy_gbps: float = HOST_COPY_GBPS) -> float:
-    """Asynchronous stall: each GPU copies its state share to host memory, state / copy rate.
-
-    The copy rate is an assumption (`HOST_COPY_GBPS`), not a measurement.
-    Published bar: 6.3 s for a 7B model with DCP `async_save` (Pasqualin et al. 2024,
-    PyTorch blog "Reducing Model Checkpointing Times by Over 10x").
-    """
-    return bytes_per_gpu / (host_copy_gbps * GB)
-
-
-def stall_seconds(mode: Mode, write_s: float, staging_s: float) -> float:
-    """Time training is blocked per save: the whole write (sync) or the host copy (async)."""
-    return write_s if mode == "sync" else staging_s
-
-
-def persist_seconds(mode: Mode, write_s: float, staging_s: float) -> float:
-    """Time from a save's start until it is durable: write (sync), staging + write (async)."""
-    return write_s if mode == "sync" else staging_s + write_s
-
-
-def job_mtbf(node_mtbf: float, nodes: int) -> float:
-    """Job MTBF = node MTBF / nodes: independent exponential failures add their rates."""
-    return node_mtbf / nodes
-
-
-def outlives_restart(mtbf: float, restart: float, persist: float) -> bool:
-    """Whether job MTBF M > restart R + one save's persist time T_p (s). The forms here let
-    failures strike only while training (first order, R + T_p << M); at M <= R + T_p a failure
-    is expected before a new checkpoint is durable, and no interval bounds the lost work (in
-    Daly 2006's full model a restart alone takes M (e^(R/M) - 1) on average)."""
-    return mtbf > restart + persist
-
-
-# ---------------------------------------------------------------- intervals
-
-
-def young_interval(delta: float, mtbf: float) -> float:
-    """Young (1974): compute time between checkpoints tau = sqrt(2 delta M).
-
-    delta = blocking time per checkpoint, M = job MTBF (any one unit for both).
-    J. W. Young, "A first order approximation to the optimum checkpoint
-    interval", CACM 17(9), 1974.
-    """
-    return math.sqrt(2.0 * delta * mtbf)
-
-
-def daly_interval(delta: float, mtbf: float) -> float:
-    """Daly (2006) eq. 37: the higher-order optimum compute time between checkpoints.
-
-    tau = sqrt(2 delta M) [1 + (1/3) sqrt(delta / 2M) + (1/9) (delta / 2M)] - delta
-    for delta < 2M, else tau = M. J. T. Daly, "A higher order estimate of the
-    optimum checkpoint interval for restart dumps", FGCS 22(3), 2006. Published
-    vectors (R = 10 min, delta = 5 min): M = 24 h -> 117 min, 6 h -> 57 min,
-    15 min -> 9.1 min (tests/resilience/test_checkpoint.py).
-    """
-    if delta >= 2.0 * mtbf:
-        return mtbf
-    x = delta / (2.0 * mtbf)
-    return math.sqrt(2.0 * delta * mtbf) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
-
-
-# ---------------------------------------------------------------- lost work and ETTR
-
-
-def expected_lost(interval: float, persist: float, restart: float) -> float:
-    """Expected wall time lost per failure: I/2 + T_p + R.
-
-    A failure at a uniform point of the cycle loses the time since the last
-    durable snapshot: x if x >= T_p, else I + x; the mean is I/2 + T_p (for
-    T_p <= I). Then the restart R.
-    """
-    return interval / 2.0 + persist + restart
-
-
-def worst_lost(interval: float, persist: float, restart: float) -> float:
-    """Worst-case wall time lost per failure: I + T_p + R (failing just before a save is safe)."""
-    return interval + persist + restart
-
-
-def max_interval(max_lost: float, persist: float, restart: float) -> float:
-    """The longest interval whose worst case stays within `max_lost`: max_lost - T_p - R."""
-    return max_lost - persist - restart
-
-
-def ettr(interval: float, stall: float, persist: float, restart: float, mtbf: float) -> float:
-    """Effective training time ratio: (1 - delta / I) (M - I/2 - T_p + delta) / (M + R).
-
-    A first-order renewal model (in the spirit of Young 1974 and Daly 2006,
-    derived here, not copied): failures strike the running job at rate 1/M, so
-    M + R of wall time pass per failure on average, of which L = I/2 + T_p + R
-    is lost (`expected_lost`). The useful rest ends where the save that was
-    under way began, so it holds one stall fewer than its share: useful time
-    M - (L - R) + delta, of which 1 - delta / I trains. The simulation
-    (`failures.simulate`) agrees within its standard error while M >> I
-    (tests/resilience/test_failures.py). Llama 3 reports above 0.90 (Dubey et al. 2024, sec. 3.3.4).
-    """
-    lost_running = expected_lost(interval, persist, restart) - restart
-    return (1.0 - stall / interval) * (mtbf - lost_running + stall) / (mtbf + restart)
 
 
 # ---------------------------------------------------------------- the plan
@@ -260,17 +149,20 @@ def _infeasible(max_lost_min, restart_min, persist_s, bytes_per_node, write_gbps
 
 
 def _too_many_nodes(gpus, nodes, gpus_per_node, node_mtbf_hours, restart_min, persist_s, fits):
-    """The one-line refusal when the job fails within a restart plus a save (`outlives_restart`),
-    naming the largest whole-node GPU count `fits(nodes)` allows and the node MTBF needed."""
+    """The refusal when the job fails within a restart plus a save (`outlives_restart`), one
+    line naming the largest whole-node GPU count `fits(nodes)` allows and the node MTBF needed."""
     most = bisect.bisect_left(range(1, nodes), True, key=lambda n: not fits(n))  # fits, then not
+    mtbf_s = node_mtbf_hours * 3600.0 / nodes
     need_h = nodes * (restart_min * 60.0 + persist_s) / 3600.0
     need = f"{math.ceil(need_h):,}" if need_h >= 10 else f"{math.ceil(need_h * 1e3) / 1e3:g}"
     need = f"a node MTBF above {need} h, " if need_h < LIMITS["node_mtbf_hours"] else ""
     use = f"use at most {most * gpus_per_node:,} GPUs, " if most else ""
-    return (f"--node-mtbf-hours {node_mtbf_hours:g} is too short for --gpus {gpus} ({nodes:,} "
-            f"node{'s' * (nodes > 1)}): the job's MTBF, {node_mtbf_hours * 3600.0 / nodes:.3g} s, "
-            f"is within a restart ({restart_min:g} min) plus a save ({persist_s:.3g} s), so no "
-            f"interval bounds the lost work; {use}{need}or a faster restart")
+    return JobFailsTooOften(
+        f"--node-mtbf-hours {node_mtbf_hours:g} is too short for --gpus {gpus} ({nodes:,} "
+        f"node{'s' * (nodes > 1)}): the job's MTBF, {mtbf_s:.3g} s, is within a restart "
+        f"({restart_min:g} min) plus a save ({persist_s:.3g} s), so no interval bounds the lost "
+        f"work; {use}{need}or a faster restart", nodes=nodes, most_gpus=most * gpus_per_node,
+        job_mtbf_s=mtbf_s, restart_min=restart_min, persist_s=persist_s)
 
 
 def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
@@ -284,7 +176,8 @@ def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
     `shard_gpus` is how many GPUs one copy of the state is split over (default:
     all of them, as FSDP/ZeRO-3; `state_shards` for a layout); it sets what each
     GPU stages in an async save. Raises `CheckpointPlanError` for bad inputs and
-    for a limit no interval can meet (naming what would work).
+    for a limit no interval can meet (naming what would work), `JobFailsTooOften`
+    (one of them) for a job that fails within a restart plus a save.
     """
     for name, value in (("node_mtbf_hours", node_mtbf_hours),
                         ("write_gbps_per_node", write_gbps_per_node),
@@ -324,8 +217,8 @@ def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
                                   staging_seconds(total / (given_shard or n * gpus_per_node),
                                                   host_copy_gbps))
             return outlives_restart(job_mtbf(node_mtbf_hours, n) * 3600.0, restart, t_p)
-        raise CheckpointPlanError(_too_many_nodes(gpus, nodes, gpus_per_node, node_mtbf_hours,
-                                                  restart_minutes, persist, fits))
+        raise _too_many_nodes(gpus, nodes, gpus_per_node, node_mtbf_hours, restart_minutes,
+                              persist, fits)
     young, daly = young_interval(stall, mtbf), daly_interval(stall, mtbf)
     optimum = daly + stall  # Daly's tau is compute time; the interval adds the stall
     if math.ceil(longest) - 1 > persist:  # whole seconds, so the worst case stays strictly under

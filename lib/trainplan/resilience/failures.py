@@ -1,7 +1,7 @@
 """Monte Carlo of node failures over a whole run: the distribution of lost work and wall time.
 
-Checks the closed forms of `trainplan.resilience.checkpoint` and shows their spread.
-Model (the same cycle as `checkpoint`'s docstring): after each (re)start the
+Checks the closed forms of `trainplan.resilience.cycle` and shows their spread.
+Model (the same cycle as `cycle`'s docstring): after each (re)start the
 job trains `tau` = interval - stall, then saves (stall delta, durable T_p after
 the save starts), and so on until `train_hours` of training are done.
 Failures of the job arrive as a Poisson process at rate nodes / node MTBF
@@ -20,12 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainplan.resilience.checkpoint import (
-    CheckpointPlan,
-    CheckpointPlanError,
-    job_mtbf,
-    outlives_restart,
-)
+from trainplan.resilience.checkpoint import CheckpointPlan, CheckpointPlanError
+from trainplan.resilience.cycle import job_mtbf, outlives_restart
 
 # Published failure statistics: Dubey et al. 2024 (Llama 3) and Zhang et al. 2022 (OPT).
 LLAMA3_NODES = 2048  # 16,384 H100s, 8 a node (Llama 3 paper, 2024, sec. 3.3.4)
@@ -135,7 +131,7 @@ def simulate(train_hours: float, interval_min: float, stall_s: float, persist_s:
         raise CheckpointPlanError(
             f"job_mtbf_hours = {job_mtbf_hours:g} is not above the restart ({restart_min:g} min) "
             f"plus the persist time ({persist_s:g} s): this model, failures only while training, "
-            "does not hold there (`checkpoint.outlives_restart`)")
+            "does not hold there (`cycle.outlives_restart`)")
     interval, stall = interval_min / 60.0, stall_s / 3600.0
     persist, restart = persist_s / 3600.0, restart_min / 60.0
     tau = interval - stall

@@ -17,15 +17,20 @@ import shutil
 import time
 from pathlib import Path
 
+from trainplan.errors import TrainplanError
+from trainplan.loader import nearest_existing, shown
+
 MiB, GiB = 1 << 20, 1 << 30
 
 
 def free_bytes(folder: Path) -> int:
-    """Free bytes of the file system holding `folder` (or its nearest existing parent)."""
-    folder = Path(folder)
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return shutil.disk_usage(folder).free
+    """Free bytes of the file system holding `folder` (or its nearest existing parent,
+    `loader.nearest_existing`); TrainplanError where the path cannot be looked at."""
+    found, why = nearest_existing(folder)
+    if found is None:  # `why` is the OS's reason
+        raise TrainplanError(f"{shown(folder)} cannot be used ({why}); name a folder you can "
+                             "write to")
+    return shutil.disk_usage(found).free
 
 
 def fsync_dir(folder: Path) -> None:

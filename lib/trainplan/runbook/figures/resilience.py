@@ -10,30 +10,40 @@ import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
 from trainplan.records import schema as records
+from trainplan.resilience.checkpoint import digits
 
 CASE_COLOURS = {"conservative": "#c44e52", "nominal": "#4c72b0"}
 
 
 def checkpoint_table(plans: dict) -> pd.DataFrame:
-    """The terms of each `checkpoint.CheckpointPlan`, one column per MTBF case (page 5)."""
-    rows = {  # attribute -> (label, format)
-        "job_mtbf_hours": ("job MTBF (hours)", "{:,.0f}"),
-        "checkpoint_gb": ("checkpoint, all nodes (GB)", "{:,.1f}"),
-        "per_node_gb": ("written per node (GB)", "{:,.1f}"),
-        "stall_s": ("training stalled per save (s)", "{:,.2f}"),
-        "persist_s": ("save durable after (s)", "{:,.1f}"),
-        "young_min": ("Young interval (min)", "{:,.1f}"),
-        "daly_min": ("Daly interval (min)", "{:,.1f}"),
-        "interval_min": ("chosen interval (min)", "{:,.1f}"),
-        "limited_by": ("interval set by", "{}"),
-        "expected_lost_min": ("expected lost per failure (min)", "{:,.1f}"),
-        "worst_lost_min": ("worst-case lost per failure (min)", "{:,.2f}"),
-        "max_lost_min": ("limit (min)", "{:,.0f}"),
-        "ettr": ("effective training time ratio", "{:.2%}"),
-        "retention_gb": ("retained checkpoints (GB)", "{:,.0f}"),
-        "peak_storage_gb": ("storage while a save is in flight (GB)", "{:,.0f}"),
+    """The terms of each `checkpoint.CheckpointPlan`, one column per MTBF case (page 5).
+
+    Numbers keep their digits (`checkpoint.digits`): a positive one never shows as 0,
+    as intervals of seconds do on tens of thousands of GPUs."""
+    rows = {  # attribute -> (label, decimals; "%": a percentage, None: text)
+        "job_mtbf_hours": ("job MTBF (hours)", 0),
+        "checkpoint_gb": ("checkpoint, all nodes (GB)", 1),
+        "per_node_gb": ("written per node (GB)", 1),
+        "stall_s": ("training stalled per save (s)", 2),
+        "persist_s": ("save durable after (s)", 1),
+        "young_min": ("Young interval (min)", 1),
+        "daly_min": ("Daly interval (min)", 1),
+        "interval_min": ("chosen interval (min)", 1),
+        "limited_by": ("interval set by", None),
+        "expected_lost_min": ("expected lost per failure (min)", 1),
+        "worst_lost_min": ("worst-case lost per failure (min)", 2),
+        "max_lost_min": ("limit (min)", 0),
+        "ettr": ("effective training time ratio", "%"),
+        "retention_gb": ("retained checkpoints (GB)", 0),
+        "peak_storage_gb": ("storage while a save is in flight (GB)", 0),
     }
-    return pd.DataFrame({case: [fmt.format(getattr(p, k)) for k, (_, fmt) in rows.items()]
+
+    def cell(value, places) -> str:
+        if places is None:
+            return str(value)
+        return f"{digits(100.0 * value, 2)}%" if places == "%" else digits(value, places)
+
+    return pd.DataFrame({case: [cell(getattr(p, k), places) for k, (_, places) in rows.items()]
                          for case, p in plans.items()}, index=[v[0] for v in rows.values()])
 
 
