@@ -58,6 +58,17 @@ def test_the_plan_names_the_model_gpu_and_cluster(tmp_path, capsys):
     assert (tmp_path / "o" / "torchrun.sh").is_file()
 
 
+@pytest.mark.parametrize("key, value", [("precision", "fp8"), ("loss", "fused")])
+def test_a_plan_for_what_launch_does_not_run_is_refused(key, value, tmp_path, capsys):
+    """launch prices and writes bf16 with the standard loss: an fp8 or fused-loss plan would
+    be launched as something else, so it is refused (a bf16 one, named so, launches)."""
+    path = _write(tmp_path, {**PLAN, key: value})
+    _one_line_exit_2([*LAUNCH, "--plan", str(path)], capsys, tmp_path,
+                     f"was made for {key} '{value}'", f"--{key} {value}")
+    path = _write(tmp_path, {**PLAN, "precision": "bf16", "loss": "standard"})
+    assert cli.main([*LAUNCH, "--plan", str(path), "--out", str(tmp_path / "o")]) == 0
+
+
 MISMATCH = {  # flags (or a scenario) that differ from PLAN's: (argv, needles)
     "model": (["--model", "llama-7b"], ["made for model 'llama-1.3b'", "not --model 'llama-7b'",
                                         "leave --model out"]),

@@ -105,6 +105,7 @@ _PLAN_TYPES = {"recompute": str, "pp_schedule": str, "sequence_parallel": bool, 
                "gpu": str, "cluster": str}  # the rest: whole numbers >= 1
 PLAN_SPECS = ("model", "gpu", "cluster")  # the specs a plan file names (model always)
 PLAN_SIZES = ("gpus", "seq_len", "global_batch_tokens")
+LAUNCHED = {"precision": "bf16", "loss": "standard"}  # a plan made for others is refused
 _MISSING = object()
 
 
@@ -161,6 +162,12 @@ def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
             for k in PLAN_FIELDS if k in parallel or k == "dp"}
     facts = {k: _value(out, k, k, path) for k in (*PLAN_SPECS, *PLAN_SIZES)
              if k in out or k not in ("gpu", "cluster")}  # older files name neither
+    for key, runs in LAUNCHED.items():  # what launch prices and writes into the job
+        if out.get(key, runs) != runs:
+            raise TrainplanError(
+                f"--plan {quote(str(path))} was made for {key} {quote(out[key])}; launch "
+                f"prices and runs {key} {runs!r} only: plan again without --{key}, or run "
+                f"`trainplan train --{key} {out[key]}` with the plan's layout yourself")
     return pins, facts
 
 
