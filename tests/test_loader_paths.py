@@ -154,3 +154,16 @@ def test_a_name_with_a_newline_or_nul_stays_on_one_line(tmp_path):
     with pytest.raises(CheckpointError) as err:
         check_root(tmp_path / "x\ny\x00", make=True)
     assert "\n" not in str(err.value) and "x\\x0ay\\x00" in str(err.value)
+
+
+def test_a_link_to_nowhere_takes_the_name(tmp_path):
+    """A dangling link is no free name: refused up front, not after the work (data prepare
+    tokenised the whole corpus before the rename into it failed)."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert nearest_existing(tmp_path / "dangling") == (tmp_path / "dangling", "not a folder")
+    _says(SpecError, lambda: shards._check_out(tmp_path / "dangling"),
+          r"--out '.*/dangling' exists; give a new folder \(nothing is overwritten\)")
+    _says(CheckpointError, lambda: check_root(tmp_path / "dangling" / "ck", make=True),
+          r"--ckpt-dir .*/dangling/ck is in .*/dangling, which is not a folder; name a folder "
+          r"for the run's files \(new, or the run's own\)")
+    assert not (tmp_path / "nowhere").exists()

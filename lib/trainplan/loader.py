@@ -64,15 +64,16 @@ def shown(path) -> str:
 
 def nearest_existing(path: str | Path) -> tuple[Path | None, str | None]:
     """Where a folder `path` would be made: the nearest of `path` (made absolute) and its
-    parents that exists, and None where that is a folder this user can write in and search
-    (os.access W_OK | X_OK), else "not a folder" or "not writable". (None, why) where a name
-    cannot be looked at: the OS's reason ("File name too long", "Permission denied" for a
-    folder above that cannot be searched), or "not a path" (a NUL byte). Nothing is made."""
+    parents that exists (a dangling link does), and None where that is a folder this user
+    can write in and search (os.access W_OK | X_OK), else "not a folder" or "not writable".
+    (None, why) where a name cannot be looked at: the OS's reason ("File name too long",
+    "Permission denied" for a folder above that cannot be searched), or "not a path" (a NUL
+    byte). Nothing is made."""
     def exists(p: Path) -> bool:
         try:
             p.stat()
         except (FileNotFoundError, NotADirectoryError):  # not there, or under a file
-            return False
+            return p.is_symlink()  # a link to nowhere still takes the name
         return True
 
     try:

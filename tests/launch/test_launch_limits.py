@@ -162,3 +162,27 @@ def test_more_gpus_than_page_5_plans_name_the_gpus_launch_can_use(gpus, nodes, t
                           f"5's conservative node MTBF (1,536 h) its {nodes} nodes fail every ")
     assert re.search(r"; use at most [\d,]+ GPUs \(launch --gpus N, runbook -p gpus=N\)$", err)
     assert "--node-mtbf-hours" not in err and "faster restart" not in err
+
+
+def test_a_failed_replace_with_force_puts_the_old_folder_back(tmp_path, monkeypatch):
+    """--force moves the old folder aside, then renames the new one in; where that second
+    rename fails the old folder comes back as it was and nothing else is left beside it."""
+    from trainplan.launch import folder
+
+    out = tmp_path / "job"
+    out.mkdir()
+    (out / "mine.txt").write_text("kept")
+    real = os.rename
+
+    def rename(src, dst):  # the new folder's rename fails; the old one's way back does not
+        if str(dst) == str(out) and ".old." not in str(src):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    made = type("Launch", (), {"files": {"torchrun.sh": "echo new\n"}})()
+    monkeypatch.setattr(folder.os, "rename", rename)
+    with pytest.raises(OSError, match="No space"):
+        folder.write(made, out, force=True)
+    monkeypatch.setattr(folder.os, "rename", real)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job"]
+    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]

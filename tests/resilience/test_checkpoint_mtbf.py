@@ -88,6 +88,17 @@ def test_the_largest_count_named_is_planned_and_one_node_more_is_not(kw):
         plan_checkpoints(**asked, gpus=most + 8)
 
 
+@pytest.mark.parametrize("shard", [32, 128, 3200])
+def test_with_shard_gpus_the_count_named_is_one_it_divides(shard):
+    """--shard-gpus S must divide --gpus: the count named is the largest that plans with S."""
+    with pytest.raises(CheckpointPlanError) as err:
+        plan_checkpoints(**ASKED, gpus=320_000, shard_gpus=shard)
+    most = int(re.search(r"use at most ([\d,]+) GPUs", str(err.value))[1].replace(",", ""))
+    assert most % shard == 0 and plan_checkpoints(**ASKED, gpus=most, shard_gpus=shard)
+    with pytest.raises(CheckpointPlanError, match=f"too short for --gpus {most + shard} "):
+        plan_checkpoints(**ASKED, gpus=most + shard, shard_gpus=shard)  # the next S divides
+
+
 @pytest.mark.parametrize(("flags", "interval"), [
     (["--gpus", str(MOST)], "interval        0.0047 min"),  # 0.28 s: stalls of 65 us
     (["--gpus", "32", "--write-gbps-per-node", "1e6", "--sync"], "interval        0.2 min"),

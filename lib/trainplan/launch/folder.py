@@ -77,6 +77,7 @@ def write(launch, out: Path, force: bool = False) -> Path:
     check_out_dir(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    old = None
     try:
         for fname, text in launch.files.items():
             path = tmp / fname
@@ -84,14 +85,17 @@ def write(launch, out: Path, force: bool = False) -> Path:
             if fname.endswith((".sh", ".sbatch")):
                 path.chmod(0o755)
         tmp.chmod(0o755)
-        old = None
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             os.rename(out, old / "d")
         os.rename(tmp, out)
-        if old:
-            shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            if (old / "d").exists() and not out.exists():
+                os.rename(old / "d", out)  # the folder it replaced comes back, as it was
+            shutil.rmtree(old, ignore_errors=True)
         raise
+    if old:
+        shutil.rmtree(old)
     return out

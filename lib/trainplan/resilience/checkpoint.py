@@ -148,10 +148,14 @@ def _infeasible(max_lost_min, restart_min, persist_s, bytes_per_node, write_gbps
     return head + fix
 
 
-def _too_many_nodes(gpus, nodes, gpus_per_node, node_mtbf_hours, restart_min, persist_s, fits):
+def _too_many_nodes(gpus, nodes, gpus_per_node, node_mtbf_hours, restart_min, persist_s, fits,
+                    shard=None):
     """The refusal when the job fails within a restart plus a save (`outlives_restart`), one
-    line naming the largest whole-node GPU count `fits(nodes)` allows and the node MTBF needed."""
+    line naming the largest whole-node GPU count `fits(nodes)` allows (a multiple of the
+    given `shard`, --shard-gpus) and the node MTBF needed."""
     most = bisect.bisect_left(range(1, nodes), True, key=lambda n: not fits(n))  # fits, then not
+    while shard and most and (most * gpus_per_node % shard or most * gpus_per_node < shard):
+        most -= 1  # fits(n) holds for every n below: the largest count --shard-gpus divides
     mtbf_s = node_mtbf_hours * 3600.0 / nodes
     need_h = nodes * (restart_min * 60.0 + persist_s) / 3600.0
     need = f"{math.ceil(need_h):,}" if need_h >= 10 else f"{math.ceil(need_h * 1e3) / 1e3:g}"
@@ -218,7 +222,7 @@ def plan_checkpoints(n_params: int, gpus: int, node_mtbf_hours: float,
                                                   host_copy_gbps))
             return outlives_restart(job_mtbf(node_mtbf_hours, n) * 3600.0, restart, t_p)
         raise _too_many_nodes(gpus, nodes, gpus_per_node, node_mtbf_hours, restart_minutes,
-                              persist, fits)
+                              persist, fits, given_shard)
     young, daly = young_interval(stall, mtbf), daly_interval(stall, mtbf)
     optimum = daly + stall  # Daly's tau is compute time; the interval adds the stall
     if math.ceil(longest) - 1 > persist:  # whole seconds, so the worst case stays strictly under
