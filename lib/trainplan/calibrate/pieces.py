@@ -9,9 +9,10 @@ what a collective running beside compute costs it. `fit` sets each piece's analy
 (the cost model's own functions, at the calibrated matmul and attention fractions) against
 its measured time and keeps the ratio as a scale (dimensionless; each formula is in the
 docstring of the function that fits it). The layouts other than FSDP2 (DDP, TP, PP, one
-GPU) keep fp32 weights under `torch.autocast`, so an fp32 residual stream: their pieces are
-measured apart (`bench.micro.model.PRECISIONS`, `bench.micro.layouts`) and give the
-autocast_, compiled_ and ddp_ scales. Host, tensor-parallel and allocator scales are fitted
+GPU) keep fp32 weights under `torch.autocast`, and all but one GPU an fp32 residual stream
+(`cost.memory_runtime.fp32_stream`): their pieces are measured apart
+(`bench.micro.model.PRECISIONS`, `bench.micro.layouts`) and give the autocast_, compiled_
+and ddp_ scales. Host, tensor-parallel and allocator scales are fitted
 in `calibrate.host`, `calibrate.tp` and `calibrate.memory` (fragmentation_scales).
 
 Every scale is a ratio of measured to modelled work on a microbenchmark, so it carries over

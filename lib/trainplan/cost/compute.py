@@ -110,13 +110,13 @@ def recompute_elementwise_factor(recompute):
 
 
 def autocast_layout(dp, zero, tp, pp, cp=1):
-    """True where the harness keeps fp32 weights under `torch.autocast` (an fp32 residual stream).
+    """True where the harness keeps fp32 weights under `torch.autocast` (see fp32_stream too).
 
     trainplan's harness (bench/train.py, bench/parallelize.py) uses FSDP2's
     bf16 mixed precision where FSDP2 runs: any cp > 1 (it shards over dp_shard x
     cp), dp > 1 with zero > 0, or beside tp or pp; everything else (one GPU, DDP,
-    TP or PP alone) autocasts fp32 weights.
-    """
+    TP or PP alone) autocasts fp32 weights; `memory_runtime.fp32_stream` says where the
+    residual stream is fp32 as well (not on one GPU, which casts it to bf16)."""
     dp, zero, tp, pp, cp = map(np.asarray, (dp, zero, tp, pp, cp))
     return ~((cp > 1) | ((dp > 1) & ((zero > 0) | (tp > 1) | (pp > 1))))
 

@@ -307,7 +307,8 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
 
     The terms are those of the harness's precision path
     (`memory_runtime.harness_path`): FSDP2 (fp32 shards, bf16 unsharded
-    copies), or fp32 weights under autocast (one data-parallel rank, DDP).
+    copies), or fp32 weights under autocast (one data-parallel rank, DDP; one GPU with a
+    bf16 stream).
     `grads` are those live at the peak (`grads_at_peak`). `other` is the
     communication buffers (`buffer_bytes`), the memory FSDP2's side streams
     hold reserved (`memory_runtime.stream_pool_bytes`), the compute stream's segment
