@@ -12,7 +12,7 @@ from trainplan.launch.artefacts import TARGETS, LaunchSettings, plan_and_generat
 from trainplan.launch.folder import check_out_dir, write
 from trainplan.launch.job import PLAN_SIZES, PLAN_SPECS
 from trainplan.launch.render import TARGET_FLAGS
-from trainplan.loader import quote
+from trainplan.loader import quote, shown
 from trainplan.specs import load_model
 
 # LaunchSettings' defaults, for the flags whose default is None here: a flag given is told
@@ -173,7 +173,7 @@ def _specs(args, got: dict):
         bad = [k for k in got["from_plan"] if quote(got[k]) in str(err)]  # the name it quotes
         if not bad:
             raise
-        raise UsageError(f"{err}; --plan {quote(args.plan)} names it: give --{bad[0]} with the "
+        raise UsageError(f"{err}; --plan '{shown(args.plan)}' names it: give --{bad[0]} with the "
                          "spec it was planned from") from None
 
 
@@ -190,7 +190,7 @@ def _check_planned(args, got: dict, used: dict) -> None:
             fix = f"leave {flag} out to launch the plan's, or plan again for it"
         else:
             source, fix = f"the --scenario's {key} {quote(used[key])}", "plan again for it"
-        raise UsageError(f"--plan {quote(args.plan)} was made for {key} {quote(planned)}, not "
+        raise UsageError(f"--plan '{shown(args.plan)}' was made for {key} {quote(planned)}, not "
                          f"{source}; {fix} (`trainplan plan --json`)")
 
 

@@ -24,7 +24,7 @@ from typing import NoReturn
 
 from trainplan.cost.memory_runtime import EXPANDABLE, allocator_of
 from trainplan.errors import TrainplanError
-from trainplan.loader import load_json, quote
+from trainplan.loader import load_json, quote, shown
 from trainplan.specs import PLAN_FIELDS
 from trainplan.specs.layouts import RECOMPUTE, SCHEDULES
 from trainplan.train.support import RUNNABLE_PINS, not_runnable
@@ -111,10 +111,10 @@ _MISSING = object()
 
 def _refuse(path: Path, field: str, value=_MISSING, want: str = "") -> NoReturn:
     """The one line for a plan file whose `field` is missing (no `value`) or not `want`."""
-    shown = ("null" if value is None else str(value).lower() if isinstance(value, bool)
-             else quote(value))
-    got = "is missing" if value is _MISSING else f"= {shown} is not valid"
-    raise TrainplanError(f"--plan {quote(str(path))}: {field} {got}; use {want} (as "
+    text = ("null" if value is None else str(value).lower() if isinstance(value, bool)
+            else quote(value))
+    got = "is missing" if value is _MISSING else f"= {text} is not valid"
+    raise TrainplanError(f"--plan '{shown(path)}': {field} {got}; use {want} (as "
                          "`trainplan plan --json` writes it)")
 
 
@@ -165,7 +165,7 @@ def plan_file_pins(path: str | Path) -> tuple[dict, dict]:
     for key, runs in LAUNCHED.items():  # what launch prices and writes into the job
         if out.get(key, runs) != runs:
             raise TrainplanError(
-                f"--plan {quote(str(path))} was made for {key} {quote(out[key])}; launch "
+                f"--plan '{shown(path)}' was made for {key} {quote(out[key])}; launch "
                 f"prices and runs {key} {runs!r} only: plan again without --{key}, or run "
                 f"`trainplan train --{key} {out[key]}` with the plan's layout yourself")
     return pins, facts
