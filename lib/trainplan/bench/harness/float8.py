@@ -78,8 +78,8 @@ def _torchao():
         import torchao.float8 as float8
     except ImportError:
         raise TrainplanError("--precision fp8 needs torchao (requirements.txt pins it; on the "
-                             "GPU machines carry its wheel: `make wheels`, then "
-                             "PYTHONPATH=.wheels/site)") from None
+                             "GPU machines carry the wheel `make wheels` puts in .whl/ and "
+                             "install it as that target's comment says)") from None
     finally:
         quiet.setLevel(level)
     return float8
