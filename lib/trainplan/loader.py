@@ -87,6 +87,24 @@ def nearest_existing(path: str | Path) -> tuple[Path | None, str | None]:
         return None, getattr(err, "strerror", None) or "not a path"
 
 
+def long_name(path: str | Path, above: Path, extra: int = 0) -> str | None:
+    """Where a name `path` would make below its existing folder `above` is longer than that
+    file system takes (PC_NAME_MAX bytes; 255 where it will not say), the last name counted
+    `extra` bytes longer (a temporary name made from it): "the name ... (N bytes) is too
+    long; at most M bytes here"; else None."""
+    try:
+        most = os.pathconf(above, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    made = Path(path).absolute().relative_to(above).parts
+    for i, name in enumerate(made):
+        room, size = most - (extra if i == len(made) - 1 else 0), len(os.fsencode(name))
+        if size > room:
+            return f"the name {quote(name, 40)} ({size:,} bytes) is too long; at most {room} " \
+                   "bytes here"
+    return None
+
+
 def read_text(path: str | Path, *, max_bytes: int = MAX_SPEC_BYTES, error=SpecError,
               what: str = "file") -> str:
     """The UTF-8 text of the regular file `path`, at most `max_bytes` bytes; else one `error`."""

@@ -44,7 +44,7 @@ import numpy as np
 
 from trainplan.data import corpus, tokenize
 from trainplan.errors import SpecError
-from trainplan.loader import MAX_LOG_BYTES, load_json, nearest_existing, quote
+from trainplan.loader import MAX_LOG_BYTES, load_json, long_name, nearest_existing, quote
 
 FORMAT, VERSION = "trainplan-token-shards", 1
 SPLITS = ("train", "val")
@@ -237,17 +237,9 @@ def _check_out(out: Path) -> None:
     if why:
         raise SpecError(f"--out {quote(str(out))}: {quote(str(above))} is not a folder this "
                         "user can write in; give a new folder where one can be made")
-    try:
-        name_max = os.pathconf(above, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = 255
     extra = len(os.fsencode(_partial(out).name)) - len(os.fsencode(out.name))
-    made = [(n, name_max) for n in out.absolute().relative_to(above).parts[:-1]]
-    for name, room in [*made, (out.name, name_max - extra)]:  # the partial folder's name
-        if len(os.fsencode(name)) > room:
-            raise SpecError(f"--out {quote(str(out))}: the name {quote(name, 40)} "
-                            f"({len(os.fsencode(name)):,} bytes) is too long; at most {room} "
-                            "bytes here")
+    if too_long := long_name(out, above, extra):  # the partial folder's name counted
+        raise SpecError(f"--out {quote(str(out))}: {too_long}")
 
 
 def _partial(out: Path) -> Path:

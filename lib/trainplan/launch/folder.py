@@ -14,21 +14,13 @@ import tempfile
 from pathlib import Path
 
 from trainplan.errors import TrainplanError
-from trainplan.loader import nearest_existing, quote
+from trainplan.loader import long_name, nearest_existing, quote
 
 TEMP_EXTRA = len("..old.") + 8  # `write`'s folders beside --out: .NAME.old.XXXXXXXX (mkdtemp)
 
 
 class OutDirError(TrainplanError):
     """An --out folder that would lose files, or that cannot be made where it is named."""
-
-
-def _name_max(folder: Path) -> int:
-    """The longest name, in bytes, the file system of `folder` takes (255 where it won't say)."""
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return 255
 
 
 def check_out_dir(out: Path, force: bool) -> None:
@@ -51,13 +43,8 @@ def check_out_dir(out: Path, force: bool) -> None:
     except OSError as err:
         raise OutDirError(f"--out {quote(str(out))}: cannot write in {quote(str(parent))} "
                           f"({err.strerror}); name a folder you can write to") from None
-    made = out.absolute().relative_to(parent).parts  # the folders `write` makes, --out last
-    room = _name_max(parent)
-    for name, most in [(n, room) for n in made[:-1]] + [(made[-1], room - TEMP_EXTRA)]:
-        if len(os.fsencode(name)) > most:
-            raise OutDirError(f"--out {quote(str(out))}: the name {quote(name, 40)} "
-                              f"({len(os.fsencode(name)):,} bytes) is too long; at most {most} "
-                              "bytes here")
+    if too_long := long_name(out, parent, TEMP_EXTRA):  # `write`'s temporary folders counted
+        raise OutDirError(f"--out {quote(str(out))}: {too_long}")
     if here and why == "not a folder":
         raise OutDirError(f"--out {quote(str(out))} is a file; name a folder")
     try:
