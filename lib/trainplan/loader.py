@@ -55,11 +55,11 @@ def quote(value, limit: int = QUOTE) -> str:
 _CONTROL = {i: f"\\x{i:02x}" for i in (*range(32), 127)}  # a name's newline: not a new line
 
 
-def shown(path) -> str:
+def shown(path, limit: int = 2 * QUOTE) -> str:
     """A path as a message names it, control characters escaped: whole, or its last
-    `2 * QUOTE` characters."""
+    `limit` characters."""
     text = str(path).translate(_CONTROL)
-    return text if len(text) <= 2 * QUOTE else "..." + text[-2 * QUOTE + 3:]
+    return text if len(text) <= limit else "..." + text[-limit + 3:]
 
 
 def nearest_existing(path: str | Path) -> tuple[Path | None, str | None]:

@@ -91,7 +91,20 @@ def test_a_plan_launched_for_another_model_or_size_is_refused(case, tmp_path, ca
     argv, needles = MISMATCH[case]
     path = _write(tmp_path, PLAN)
     _one_line_exit_2([*LAUNCH, "--plan", str(path), *argv], capsys, tmp_path,
-                     f"--plan {str(path)!r} was made for", *needles)
+                     "plan.json' was made for", *needles)
+
+
+def test_long_paths_keep_what_the_refusal_is_about(tmp_path, capsys):
+    """A plan and a model file deep in long folders (a CI checkout, pytest's tmp folders):
+    the line is cut to its limit but keeps both models and the fix."""
+    deep = tmp_path / ("p" * 60) / ("q" * 60)
+    deep.mkdir(parents=True)
+    model = deep / "llama-7b.yaml"
+    model.write_text((ROOT / "data/models/llama-7b.yaml").read_text())
+    path = _write(deep, PLAN)
+    _one_line_exit_2([*LAUNCH, "--plan", str(path), "--model", str(model)], capsys, tmp_path,
+                     "was made for model 'llama-1.3b'", "(model 'llama-7b')",
+                     "leave --model out, or plan again for it")
 
 
 def test_a_plan_for_a_model_file_asks_for_the_file(tmp_path, capsys):

@@ -12,7 +12,7 @@ from trainplan.launch.artefacts import TARGETS, LaunchSettings, plan_and_generat
 from trainplan.launch.folder import check_out_dir, write
 from trainplan.launch.job import PLAN_SIZES, PLAN_SPECS
 from trainplan.launch.render import TARGET_FLAGS
-from trainplan.loader import quote, shown
+from trainplan.loader import QUOTE, quote, shown
 from trainplan.specs import load_model
 
 # LaunchSettings' defaults, for the flags whose default is None here: a flag given is told
@@ -184,14 +184,15 @@ def _check_planned(args, got: dict, used: dict) -> None:
         if used[key] == planned:
             continue
         flag, value = f"--{key.replace('_', '-')}", getattr(args, key)
-        if value:  # a spec file's name is what it holds
+        if value:  # a spec file's name is what it holds; paths by their tails, so that
+            # both names and the fix fit the one line
             named = "" if str(value) == str(used[key]) else f" ({key} {quote(used[key])})"
-            source = f"{flag} {quote(value)}{named}"
-            fix = f"leave {flag} out to launch the plan's, or plan again for it"
+            given = f"'{shown(value, QUOTE // 2)}'" if named else quote(value)
+            source, fix = f"{flag} {given}{named}", f"leave {flag} out, or plan again for it"
         else:
             source, fix = f"the --scenario's {key} {quote(used[key])}", "plan again for it"
-        raise UsageError(f"--plan '{shown(args.plan)}' was made for {key} {quote(planned)}, not "
-                         f"{source}; {fix} (`trainplan plan --json`)")
+        raise UsageError(f"--plan '{shown(args.plan, QUOTE)}' was made for {key} "
+                         f"{quote(planned)}, not {source}; {fix} (`trainplan plan --json`)")
 
 
 def cmd_launch(args) -> dict:
