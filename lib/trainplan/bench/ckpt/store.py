@@ -40,7 +40,7 @@ from trainplan.bench.ckpt.dcp_io import (
 )
 from trainplan.bench.ckpt.faults import Faults, Signals, digest_steps
 from trainplan.bench.ckpt.save import FORMAT, SaveMixin  # noqa: F401 (FORMAT: re-exported)
-from trainplan.bench.flags import CKPT_DEFAULTS
+from trainplan.bench.flags import CKPT_DEFAULTS, MAX_COLLECTIVE_TIMEOUT_S
 from trainplan.bench.flags import add_checkpoint_arguments as add_arguments  # noqa: F401
 from trainplan.loader import nearest_existing, shown
 
@@ -71,8 +71,9 @@ def check_args(args) -> None:
     if args.ckpt_threads < 1:
         raise CheckpointError(f"--ckpt-threads = {args.ckpt_threads} must be >= 1")
     t = args.collective_timeout_s
-    if t is not None and not (math.isfinite(t) and t > 0):
-        raise CheckpointError(f"--collective-timeout-s = {t} must be a number of seconds > 0")
+    if t is not None and not (math.isfinite(t) and 0 < t <= MAX_COLLECTIVE_TIMEOUT_S):
+        raise CheckpointError(f"--collective-timeout-s = {t} must be a number of seconds > 0, "
+                              f"at most {MAX_COLLECTIVE_TIMEOUT_S} (7 days)")
 
 
 def resume_choice(root: Path, resume: bool, fresh: bool, contents: bool = True) -> tuple:
