@@ -106,6 +106,23 @@ def test_plans_carry_their_familys_band_from_the_suites_records(tmp_path):
     assert fsdp["validated"] is False and "tokens_per_s_per_gpu" not in fsdp
 
 
+def test_suite_bands_follow_the_files_on_disk(tmp_path):
+    """Bands are worked out once per set of files, and again when a file changes: a second
+    series of the config written into the same file makes the band of two configs; the
+    answer is a copy (a caller's edit does not reach the next)."""
+    pred, meas = tp2_records()
+    path = _write(tmp_path / "general-x.jsonl", [pred, *meas])
+    first = trust.suite_bands([path])
+    assert [(b["family"], b["configs"]) for b in first] == [("TP", 1)]
+    first[0]["configs"] = 99
+    assert trust.suite_bands([path])[0]["configs"] == 1
+    pred2 = copy.deepcopy(pred)
+    pred2["config"]["tag"] = "tp2-again"
+    again = [{**m, "tag": "tp2-again"} for m in _on_host(meas, 2, 0.9, "2026-11-28")]
+    _write(tmp_path / "general-x.jsonl", [pred, *meas, pred2, *again])
+    assert [(b["family"], b["configs"]) for b in trust.suite_bands([path])] == [("TP", 2)]
+
+
 def test_compare_reports_families_and_the_cli_prints_them(tmp_path, capsys):
     pred, meas = tp2_records()
     path = _write(tmp_path / "r.jsonl", [pred, *meas])

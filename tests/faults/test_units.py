@@ -47,16 +47,6 @@ def test_bad_checkpoint_flags_are_refused_in_one_line(kw, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_timeout_past_a_week_is_refused_where_args_skip_argparse():
-    """Args built without the flag's parser (a config, a caller) meet the same bound."""
-    args = _args(ckpt_dir="d")
-    args.collective_timeout_s = 9e15
-    with pytest.raises(ckpt.CheckpointError, match="at most 604800"):
-        ckpt.check_args(args)
-    args.collective_timeout_s = 604800.0
-    ckpt.check_args(args)
-
-
 def test_fault_specs_parse_and_bad_ones_name_the_clause():
     clauses = faults.parse("kill@step:7:rank:1; kill@save:writing:step:6;"
                            "kill@random:mtbf:10:seed:7:max:3;sleep@step:*:s:0.4:restart:*")

@@ -234,10 +234,13 @@ def superseded_by(series: list[tuple[list[dict], dict]]) -> dict[int, int]:
     latest predictions, and the earlier series stays listed with what replaced it. A later
     series compared with the same old prediction replaces nothing: both count."""
     out = {}
+    by_key = defaultdict(list)  # series of one config and kind of host, in order
+    for j, (b, _) in enumerate(series):
+        by_key[series_key(b[0])].append(j)
     for i, (a, _) in enumerate(series):
-        later = [j for j, (b, pred) in enumerate(series)
-                 if j > i and pred is not None and series_key(b[0]) == series_key(a[0])
-                 and a[0].get("tag") in (None, b[0].get("tag")) and stamp(pred) > stamp(a[-1])]
+        later = [j for j in by_key[series_key(a[0])] if j > i and series[j][1] is not None
+                 and a[0].get("tag") in (None, series[j][0][0].get("tag"))
+                 and stamp(series[j][1]) > stamp(a[-1])]
         if later:
             out[i] = later[-1]
     return out

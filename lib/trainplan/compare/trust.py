@@ -26,7 +26,10 @@ decides whether a plan fits with margin (`memory_margin`).
 
 from __future__ import annotations
 
+import copy
+import functools
 import glob
+import os
 import statistics
 from collections import defaultdict
 
@@ -157,9 +160,27 @@ def capped(tokens_per_s: float, factor: float, ceiling: float) -> float:
 
 def suite_bands(paths=None) -> list[dict]:
     """`family_bands` of the generalisation suite's committed runs (or of `paths`); [] where
-    there are none."""
+    there are none. Worked out once per set of files as they are on disk (name, size and
+    modification time): a plan, its launch and its pages ask for the same bands."""
     files = list(paths) if paths else sorted(glob.glob(SUITE_RECORDS))
-    return family_bands(compare(files, repredictions=False)) if files else []
+    if not files:
+        return []
+    return copy.deepcopy(_bands_of(tuple((str(f), *_stat(f)) for f in files)))
+
+
+def _stat(path) -> tuple:
+    """(size, modification time in ns) of `path`, or (None, None) where it cannot be read:
+    `compare` then names it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, None
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=8)
+def _bands_of(files: tuple) -> list[dict]:
+    return family_bands(compare([f[0] for f in files], repredictions=False))
 
 
 def memory_band(bands: list[dict], family: str, gpu: str) -> dict:

@@ -4,11 +4,14 @@ refusal is one line, exit 2 (or one TrainplanError), naming the value and what i
 
 from __future__ import annotations
 
+import argparse
 import shutil
 
 import pytest
 
 from trainplan import cli
+from trainplan.bench.ckpt import store
+from trainplan.bench.ckpt.dcp_io import CheckpointError
 from trainplan.bench.ckpt.disk import free_bytes
 from trainplan.bench.flags import MAX_COLLECTIVE_TIMEOUT_S
 from trainplan.errors import TrainplanError
@@ -78,3 +81,15 @@ def test_free_bytes_of_a_name_that_cannot_be_looked_at_is_one_line(name, why, tm
     assert "\n" not in text and text.endswith(f" cannot be used ({why}); name a folder you can "
                                               "write to"), text
     assert str(tmp_path) in text or text.startswith("..."), text
+
+
+def test_check_args_holds_the_bound_where_args_skip_the_parser():
+    """Args built without the flag's parser (a config, a caller) meet the same bound."""
+    parser = argparse.ArgumentParser()
+    store.add_arguments(parser)
+    args = parser.parse_args(["--ckpt-dir", "d"])
+    args.collective_timeout_s = 9e15
+    with pytest.raises(CheckpointError, match="at most 604800"):
+        store.check_args(args)
+    args.collective_timeout_s = float(MAX_COLLECTIVE_TIMEOUT_S)
+    store.check_args(args)
