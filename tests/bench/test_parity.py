@@ -81,8 +81,7 @@ LAYOUTS_4_WIDE = {
 LAYOUTS_8 = {
     "tp8": "--tp 8",
     "tp4-x-fsdp2": "--tp 4 --dp 2 --zero 3",
-    "fsdp8-zero3": "--dp 8 --zero 3",
-    "fsdp8-zero2": "--dp 8 --zero 2",
+    "fsdp8-zero3": "--dp 8 --zero 3",  # ZeRO-2's reshard rule: fsdp4-zero2, fsdp-zero2-*
     "pp2-x-tp4": "--pp 2 --tp 4 --grad-accum 2",
 }
 
