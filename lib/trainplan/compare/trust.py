@@ -165,15 +165,17 @@ def suite_bands(paths=None) -> list[dict]:
     files = list(paths) if paths else sorted(glob.glob(SUITE_RECORDS))
     if not files:
         return []
-    return copy.deepcopy(_bands_of(tuple((str(f), *_stat(f)) for f in files)))
+    return copy.deepcopy(_bands_of(tuple((str(f), os.path.abspath(f), *_stat(f))
+                                         for f in files)))
 
 
 def _stat(path) -> tuple:
     """(size, modification time in ns) of `path`, or (None, None) where it cannot be read:
-    `compare` then names it."""
+    `compare` then names it. With the name as given and made absolute, the key of
+    `_bands_of`."""
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the name
         return None, None
     return st.st_size, st.st_mtime_ns
 
