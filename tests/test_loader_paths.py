@@ -15,7 +15,7 @@ from trainplan.bench.ckpt.dcp_io import CheckpointError
 from trainplan.bench.ckpt.store import check_root
 from trainplan.data import shards
 from trainplan.errors import SpecError
-from trainplan.loader import nearest_existing
+from trainplan.loader import fit_line, nearest_existing
 
 NOT_AS_ROOT = pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere: os.access "
                              "says every folder is writable")
@@ -167,3 +167,13 @@ def test_a_link_to_nowhere_takes_the_name(tmp_path):
           r"--ckpt-dir .*/dangling/ck is in .*/dangling, which is not a folder; name a folder "
           r"for the run's files \(new, or the run's own\)")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_fit_line_keeps_paths_whole_where_the_line_fits_else_shares_the_room():
+    parts = ["a ", ("/x/" + "p" * 50,), " b ", ("/y/" + "q" * 50,), " end"]
+    whole = fit_line(parts, 300)
+    assert whole == f"a /x/{'p' * 50} b /y/{'q' * 50} end"
+    cut = fit_line(parts, 60)  # 9 characters of text, 25 for each path's tail
+    assert len(cut) <= 60 and cut.startswith("a ...") and cut.endswith(" end")
+    assert cut.count("...") == 2 and " b ..." in cut
+    assert fit_line(["only text"], 3) == "only text"  # nothing to cut: the caller's limit

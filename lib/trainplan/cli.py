@@ -16,11 +16,10 @@ import warnings
 
 from trainplan import __version__
 from trainplan.commands.args import Parser
-from trainplan.errors import TrainplanError
+from trainplan.errors import ERROR_PREFIX, MAX_LINE, TrainplanError
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # what a shell reports for a program ended by SIGINT
-MAX_LINE = 300  # characters of the one error line
 VERB_MODULES = ("planning", "validation", "resilience", "tuning", "launching", "benchmarking",
                 "data", "training")
 
@@ -37,7 +36,7 @@ def build_parser() -> Parser:
 def one_line(err: Exception, limit: int = MAX_LINE) -> str:
     """The message of `err` as the one stderr line, at most `limit` characters: a longer one
     keeps its start (the bad value) and its end (what is valid), the middle elided."""
-    line = f"trainplan: error: {' '.join(str(err).split())}"
+    line = f"{ERROR_PREFIX}{' '.join(str(err).split())}"
     if len(line) <= limit:
         return line
     head = (limit - 5) * 2 // 3

@@ -6,6 +6,9 @@ fix it without reading code.
 """
 
 
+MAX_LINE = 300  # characters of the one error line a command prints (`cli.one_line`)
+ERROR_PREFIX = "trainplan: error: "  # how that line starts
+
 class TrainplanError(Exception):
     """Base class: a problem with what the user asked for, not a bug."""
 

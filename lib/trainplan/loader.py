@@ -62,6 +62,22 @@ def shown(path, limit: int = 2 * QUOTE) -> str:
     return text if len(text) <= limit else "..." + text[-limit + 3:]
 
 
+def fit_line(parts: list, limit: int) -> str:
+    """`parts` joined into one message: strings as they are, each `(path,)` by `shown`, whole
+    (up to `2 * QUOTE` characters) where the text then fits `limit` characters, else cut to
+    its tail, the paths sharing equally what the strings leave (at least 12 characters
+    each), so that what the message says about them stays in its one line."""
+    paths = [p[0] for p in parts if isinstance(p, tuple)]
+
+    def join(width: int) -> str:
+        return "".join(shown(p[0], width) if isinstance(p, tuple) else p for p in parts)
+    text = join(2 * QUOTE)
+    if len(text) <= limit or not paths:
+        return text
+    fixed = sum(len(p) for p in parts if not isinstance(p, tuple))
+    return join(max((limit - fixed) // len(paths), 12))
+
+
 def nearest_existing(path: str | Path) -> tuple[Path | None, str | None]:
     """Where a folder `path` would be made: the nearest of `path` (made absolute) and its
     parents that exists (a dangling link does), and None where that is a folder this user

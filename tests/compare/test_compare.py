@@ -316,6 +316,11 @@ def test_a_prediction_whose_own_run_never_measured_its_config_is_not_refused(tmp
     out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, late])],
                           repredictions=False)
     assert [r["predicted_at"] for r in out["refused"]] == [late["recorded_at"]]
+    # a run id that is not text (a prediction's is not checked) names no run: not refused
+    odd = {**unrun, "run_id": [meas[0]["run_id"]]}
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, odd])],
+                          repredictions=False)
+    assert out["refused"] == [] and out["configs"] == 1
 
 
 def test_layer_slices_are_the_width_check_and_in_no_proxy_figure(committed):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 import pytest
 from tests.compare.test_compare import _on_host, _write, tp2_records
@@ -121,6 +122,21 @@ def test_suite_bands_follow_the_files_on_disk(tmp_path):
     again = [{**m, "tag": "tp2-again"} for m in _on_host(meas, 2, 0.9, "2026-11-28")]
     _write(tmp_path / "general-x.jsonl", [pred, *meas, pred2, *again])
     assert [(b["family"], b["configs"]) for b in trust.suite_bands([path])] == [("TP", 2)]
+
+
+def test_suite_bands_see_a_same_size_rewrite_with_its_time_set_back(tmp_path):
+    """A rewrite that keeps the size and sets the modification time back (cp -p, rsync -t)
+    is still another file: the prediction doubled doubles the band's low end."""
+    pred, meas = tp2_records()
+    fast, slow = copy.deepcopy(pred), copy.deepcopy(pred)
+    fast["predicted"]["step_time_s"], slow["predicted"]["step_time_s"] = 0.1, 0.2
+    path = _write(tmp_path / "general-x.jsonl", [fast, *meas])
+    low = trust.suite_bands([path])[0]["low"]
+    before = os.stat(path)
+    _write(tmp_path / "general-x.jsonl", [slow, *meas])
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_size == before.st_size
+    assert trust.suite_bands([path])[0]["low"] == pytest.approx(2 * low)
 
 
 def test_compare_reports_families_and_the_cli_prints_them(tmp_path, capsys):

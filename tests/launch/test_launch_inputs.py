@@ -105,6 +105,17 @@ def test_long_paths_keep_what_the_refusal_is_about(tmp_path, capsys):
     _one_line_exit_2([*LAUNCH, "--plan", str(path), "--model", str(model)], capsys, tmp_path,
                      "was made for model 'llama-1.3b'", "(model 'llama-7b')",
                      "leave --model out, or plan again for it")
+    long_name = "llama-2-7b-chat-finetuned-sft-v2-8k-" + "x" * 34  # 70: quoted whole
+    model.write_text(f"name: {long_name}\n" + model.read_text())
+    _one_line_exit_2([*LAUNCH, "--plan", str(path), "--model", str(model)], capsys, tmp_path,
+                     "was made for model 'llama-1.3b'", f"(model '{long_name}')",
+                     "leave --model out, or plan again for it")
+
+
+def test_a_short_plan_path_is_named_whole(tmp_path, capsys):
+    path = _write(tmp_path, PLAN)
+    _one_line_exit_2([*LAUNCH, "--plan", str(path), "--model", "llama-7b"], capsys, tmp_path,
+                     f"--plan '{path}' was made for model 'llama-1.3b'")
 
 
 def test_a_plan_for_a_model_file_asks_for_the_file(tmp_path, capsys):

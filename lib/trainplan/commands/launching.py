@@ -7,12 +7,12 @@ from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_int
 from trainplan.commands.planning import LAYOUT_FLAGS, add_layout, hardware, layout_pins
-from trainplan.errors import PresetNotFound
+from trainplan.errors import ERROR_PREFIX, MAX_LINE, PresetNotFound
 from trainplan.launch.artefacts import TARGETS, LaunchSettings, plan_and_generate
 from trainplan.launch.folder import check_out_dir, write
 from trainplan.launch.job import PLAN_SIZES, PLAN_SPECS
 from trainplan.launch.render import TARGET_FLAGS
-from trainplan.loader import QUOTE, quote, shown
+from trainplan.loader import fit_line, quote, shown
 from trainplan.specs import load_model
 
 # LaunchSettings' defaults, for the flags whose default is None here: a flag given is told
@@ -184,15 +184,17 @@ def _check_planned(args, got: dict, used: dict) -> None:
         if used[key] == planned:
             continue
         flag, value = f"--{key.replace('_', '-')}", getattr(args, key)
-        if value:  # a spec file's name is what it holds; paths by their tails, so that
-            # both names and the fix fit the one line
-            named = "" if str(value) == str(used[key]) else f" ({key} {quote(used[key])})"
-            given = f"'{shown(value, QUOTE // 2)}'" if named else quote(value)
-            source, fix = f"{flag} {given}{named}", f"leave {flag} out, or plan again for it"
+        if value and str(value) != str(used[key]):  # a spec file: named by what it holds
+            source = [f"{flag} '", (value,), f"' ({key} {quote(used[key])})"]
+        elif value:
+            source = [f"{flag} {quote(value)}"]
         else:
-            source, fix = f"the --scenario's {key} {quote(used[key])}", "plan again for it"
-        raise UsageError(f"--plan '{shown(args.plan, QUOTE)}' was made for {key} "
-                         f"{quote(planned)}, not {source}; {fix} (`trainplan plan --json`)")
+            source = [f"the --scenario's {key} {quote(used[key])}"]
+        fix = f"leave {flag} out, or plan again for it" if value else "plan again for it"
+        raise UsageError(fit_line(["--plan '", (args.plan,), f"' was made for {key} "
+                                   f"{quote(planned)}, not ", *source,
+                                   f"; {fix} (`trainplan plan --json`)"],
+                                  MAX_LINE - len(ERROR_PREFIX)))
 
 
 def cmd_launch(args) -> dict:

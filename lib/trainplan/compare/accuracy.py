@@ -86,11 +86,12 @@ def compare(paths=None, repredictions: bool = True) -> dict:
                                     "first_measured_at": rows[j]["first_measured_at"]}
     compared = [r for r in rows
                 if r["predicted_step_time_s"] is not None and "superseded_by" not in r]
-    by_run = defaultdict(list)  # measurements by run id
+    by_run = defaultdict(list)  # measurements by run id (a string: the schema's)
     for m in kinds["measurement"]:
         by_run[m.get("run_id")].append(m)
     kept = chosen | eligible | {p["_where"] for p in kinds["prediction"] if p.get("run_id")
-                                and not any(same_config(p, m) for m in by_run[p["run_id"]])}
+                                and not any(same_config(p, m) for m in (
+                                    by_run[p["run_id"]] if isinstance(p["run_id"], str) else ()))}
     slices = [r for r in compared if SLICE.fullmatch(r["model"])]
     compared = [r for r in compared if r not in slices]
     hosts = by_host(compared)

@@ -160,8 +160,8 @@ def capped(tokens_per_s: float, factor: float, ceiling: float) -> float:
 
 def suite_bands(paths=None) -> list[dict]:
     """`family_bands` of the generalisation suite's committed runs (or of `paths`); [] where
-    there are none. Worked out once per set of files as they are on disk (name, size and
-    modification time): a plan, its launch and its pages ask for the same bands."""
+    there are none. Worked out once per set of files as they are on disk (`_stat`): a plan,
+    its launch and its pages ask for the same bands."""
     files = list(paths) if paths else sorted(glob.glob(SUITE_RECORDS))
     if not files:
         return []
@@ -170,14 +170,15 @@ def suite_bands(paths=None) -> list[dict]:
 
 
 def _stat(path) -> tuple:
-    """(size, modification time in ns) of `path`, or (None, None) where it cannot be read:
-    `compare` then names it. With the name as given and made absolute, the key of
-    `_bands_of`."""
+    """(inode, size, modification and change times in ns) of `path`, or Nones where it cannot
+    be read (`compare` then names it): any write changes the change time, even one that
+    keeps the size and sets the modification time back. With the name as given and made
+    absolute, the key of `_bands_of`."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):  # ValueError: a NUL in the name
-        return None, None
-    return st.st_size, st.st_mtime_ns
+        return None, None, None, None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 @functools.lru_cache(maxsize=8)
