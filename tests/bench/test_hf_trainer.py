@@ -154,6 +154,15 @@ def test_compile_scope_reads_the_module_tree():
     assert hf_trainer.compile_scope(model) == "regions"
 
 
+def test_compile_scope_sees_modules_compiled_in_place():
+    """accelerate compiles FSDP2's regions with `module.compile()`: the class stays."""
+    model = hf_trainer.build_model(TINY, 16, seed=0)
+    model.model.layers[1].compile()
+    assert hf_trainer.compile_scope(model) == "regions"
+    model.compile()
+    assert hf_trainer.compile_scope(model) == "whole model"
+
+
 @pytest.mark.parametrize("switch, scope", [(None, "regions"), ("0", "whole model")])
 def test_compile_is_regional_unless_accelerate_is_told(switch, scope, tiny, monkeypatch,
                                                        capsys):

@@ -133,12 +133,17 @@ def trainer_arguments(args, cfg, out_dir: str, cuda: bool) -> dict:
 
 def compile_scope(model) -> str:
     """What torch.compile wrapped in the model Trainer trained: "whole model" (the model is
-    one compiled module), "regions" (compiled submodules under an eager top) or "none"."""
+    one compiled module), "regions" (compiled submodules under an eager top) or "none".
+    Compiled is either wrapped (`torch.compile(m)`) or compiled in place (`m.compile()`, as
+    accelerate compiles FSDP2's regions: the module keeps its class)."""
     from torch._dynamo.eval_frame import OptimizedModule
 
-    if isinstance(model, OptimizedModule):
+    def compiled(m) -> bool:
+        return isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None
+
+    if compiled(model):
         return "whole model"
-    return "regions" if any(isinstance(m, OptimizedModule) for m in model.modules()) else "none"
+    return "regions" if any(compiled(m) for m in model.modules()) else "none"
 
 
 def step_clock(device, holder: dict):
