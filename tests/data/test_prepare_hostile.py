@@ -279,6 +279,12 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT as a terminal delivers it, even where this test runs
+    as a shell's background job (which starts with SIGINT ignored, and Python keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stopped_prepare(tmp_path, sig) -> str:
     """Send `sig` to a `data prepare` once it has written its first shard; its stderr."""
     src = tmp_path / "src"
@@ -290,7 +296,8 @@ def _stopped_prepare(tmp_path, sig) -> str:
     proc = subprocess.Popen([sys.executable, "-c", STOPPED, "data", "prepare", str(src),
                              "--out", str(tmp_path / "out"), "--tokenizer", str(tok),
                              "--no-progress"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob(".out.partial-*/train-00000.bin")):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
