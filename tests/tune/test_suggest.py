@@ -9,8 +9,11 @@ import pytest
 
 from conftest import ROOT, trainplan_cli
 from trainplan import cli
+from trainplan.calibrate.store import load_gpu
+from trainplan.compare import trust
 from trainplan.cost import params
-from trainplan.specs import load_model
+from trainplan.plan.planner import plan
+from trainplan.specs import load_cluster, load_model
 from trainplan.tune import report as tune_report
 from trainplan.tune import suggest
 
@@ -138,3 +141,21 @@ def test_impossible_requests_exit_2_with_one_line(args, needle, no_study, capsys
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], err
+
+
+
+def test_time_to_train_says_what_the_records_say_of_the_family(no_study):
+    """The sentence on the planner's accuracy is the plan's family band, not typed words."""
+    out = suggest.suggest("13B", gpus=32, dataset_tokens=2.6e11)
+    m, gpu = load_model(out["model"]["name"]), load_gpu("h100-sxm")
+    planned = plan(m, gpu, load_cluster("dgx-h100"), gpus=32, seq_len=out["request"]["seq_len"],
+                   global_batch_tokens=out["config"]["global_batch_tokens"], top=1)
+    v = trust.validation(planned, m, gpu)["plans"][0]["validation"]
+    assert out["reasons"]["time_to_train"].endswith(suggest._trust_clause(v))
+    band = {"validated": True, "family": "HSDP", "low": 0.93, "high": 1.01, "configs": 2,
+            "card_class": "Hopper"}
+    assert suggest._trust_clause(band) == \
+        "HSDP layouts measured 0.93-1.01x these tokens/s (2 configs on Hopper cards, page 4)"
+    assert suggest._trust_clause({**band, "validated": False}) == \
+        "HSDP is not validated against GPU measurements on Hopper cards (page 4)"
+    assert "not validated" in suggest._trust_clause(None)

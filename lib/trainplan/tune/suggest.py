@@ -173,7 +173,9 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
                    top=1)
     except LayoutError as err:
         raise SuggestError(f"--model-size {model_size} on --gpus {gpus}: {err}") from None
-    best = out["plans"][0]
+    from trainplan.compare.trust import validation  # reads the committed records once
+
+    best = validation(out, m, g)["plans"][0]
     par = best["parallel"]
     ttt = time_to_train(dataset_tokens, best["tokens_per_s"], gpus)
     steps = math.ceil(dataset_tokens / global_batch_tokens)
@@ -207,7 +209,7 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
                           f"{best['tokens_per_s']:,.0f} tokens/s ({best['mfu']:.0%} MFU): "
                           f"{steps:,} steps; steady state only, failures, restarts and "
                           "checkpoint stalls come on top (page 5); "
-                          "the planner has been optimistic against proxy measurements (page 4)"),
+                          f"{_trust_clause(best.get('validation'))}"),
     }
     if steps < 100:
         reasons["global_batch"] += (f"; only {steps} optimizer steps: consider a smaller global "
@@ -226,6 +228,17 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
         "study": cited,
         "effects": {"family": family, "knobs": effects},
     }
+
+
+def _trust_clause(v: dict | None) -> str:
+    """What the committed records say of the plan's layout family (`plan`'s `validation`):
+    its measured over predicted tokens/s band, or that it is not validated (page 4)."""
+    if not v or not v.get("validated"):
+        family = (v or {}).get("family") or "this layout"
+        where = f" on {v['card_class']} cards" if (v or {}).get("card_class") else ""
+        return f"{family} is not validated against GPU measurements{where} (page 4)"
+    return (f"{v['family']} layouts measured {v['low']:.2f}-{v['high']:.2f}x these tokens/s "
+            f"({v['configs']} configs on {v['card_class']} cards, page 4)")
 
 
 def _params(m) -> int:
