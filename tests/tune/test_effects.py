@@ -339,7 +339,9 @@ def test_a_killed_stage_resumes_with_no_pair_lost_or_repeated(tmp_path, monkeypa
                                            rec.read_text().count('"record": "pair"') < 3):
         assert child.poll() is None, child.stderr.read()
         time.sleep(0.05)
-    while not live.is_file() and time.monotonic() < deadline:  # the next pair is under way
+    deadline = time.monotonic() + 60  # its own: the first wait may have used up the other
+    while not live.is_file():  # the next pair is under way: the kill interrupts it
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
         time.sleep(0.01)
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=10)
