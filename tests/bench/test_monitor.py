@@ -86,7 +86,10 @@ def test_stragglers_from_host_time(tmp_path):
 
 @pytest.mark.parametrize("flag, value", [("straggler_tolerance", -0.1), ("alert_window", 0),
                                          ("straggler_window", 0),
-                                         ("alert_tokens_per_s_per_gpu", 0.0)])
+                                         ("alert_tokens_per_s_per_gpu", 0.0),
+                                         ("straggler_tolerance", float("nan")),
+                                         ("straggler_tolerance", float("inf")),
+                                         ("alert_tokens_per_s_per_gpu", float("inf"))])
 def test_bad_flags_name_the_value(tmp_path, flag, value):
     with pytest.raises(monitor.MonitorError, match=f"--{flag.replace('_', '-')} = {value}"):
         monitor.check_args(_args(tmp_path, **{flag: value}))

@@ -124,12 +124,18 @@ def test_large_vocabularies_take_32_bits():
     ("ok", ["DIR", "--vocab-size", "300", "--val-fraction", "1.5"], "not a fraction"),
     ("ok", ["DIR", "--tokenizer", "DIR/a.txt"], "not a tokenizers tokenizer.json"),
     ("ok", ["DIR", "--text-field", "body"], "--text-field 'body' names a JSONL key"),
+    ("ok", ["DIR", "DIR"], r"a.txt' is given twice .*: its documents would count twice"),
+    ("ok", ["DIR", "DIR/a.txt"],
+     r"src/a.txt' is given twice \(in '.*src', then as '.*src/a.txt' in '.*src/a.txt'\)"),
+    ("ok", ["DIR/a.txt", "DIR/./a.txt"], "is given twice"),
+    ("twokeys", ["DIR"], r"x.jsonl:2 refused: key 'text' given twice"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, capsys, setup, args, match):
     src = tmp_path / "src"
     src.mkdir()
     files = {"empty": {"a.txt": ""}, "badjson": {"x.jsonl": '{"text": "a"}\n{oops\n'},
              "nofield": {"x.jsonl": '{"body": "a"}\n'}, "csv": {"x.csv": "a,b\n"},
+             "twokeys": {"x.jsonl": '{"text": "a"}\n{"text": "b", "text": "c"}\n'},
              "ok": {"a.txt": "some text"}}.get(setup, {})
     for name, text in files.items():
         (src / name).write_text(text)
@@ -161,3 +167,16 @@ def test_the_command_prints_a_summary_and_json(corpus, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["vocab_size"] == 400 and out["splits"]["train"]["tokens"] > 10_000
     assert json.loads((tmp_path / "o" / "index.json").read_text())["splits"] == out["splits"]
+
+
+def test_a_folder_given_again_through_a_link_is_refused(tmp_path, capsys):
+    """The same files under two names (a link to the folder) would count every document
+    twice: one line naming both, exit 2, nothing written."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("some text")
+    (tmp_path / "again").symlink_to(tmp_path / "src")
+    assert main(["data", "prepare", str(tmp_path / "src"), str(tmp_path / "again"), "--out",
+                 str(tmp_path / "out"), "--vocab-size", "300", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is given twice" in err and "again/a.txt" in err, err
+    assert not (tmp_path / "out").exists()

@@ -279,3 +279,36 @@ def test_export_of_a_run_whose_newest_checkpoint_is_corrupt_says_so(run, work, t
                    "--out", str(tmp_path / "hf2")])  # intact: no warning
     out, err = capsys.readouterr()
     assert rc == 0 and err == "" and "step-000004" in out, err
+
+
+@pytest.mark.parametrize("how", ["step-folder", "run-folder", "link"])
+def test_export_into_the_checkpoint_it_reads_is_refused_and_the_checkpoint_kept(
+        run, work, tmp_path, capsys, how):
+    """--out inside --ckpt (a step folder of it, the run's folder, or by a link to it) would
+    put a folder the manifest does not list into the checkpoint: one line, exit 2, nothing
+    written; the checkpoint still verifies and exports elsewhere."""
+    root = tmp_path / "ck"
+    shutil.copytree(run["root"], root)
+    (tmp_path / "link").symlink_to(root / "step-000004")
+    out = {"step-folder": root / "step-000004" / "hf", "run-folder": root / "hf",
+           "link": tmp_path / "link" / "hf"}[how]
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    rc = cli.main(["export", "--ckpt", str(root), "--model", str(work / "tiny.yaml"),
+                   "--out", str(out)])
+    _one_line(rc, capsys.readouterr().err, f"{out.parent.name}/hf is inside --ckpt ",
+              "ck, the checkpoint it is exported from", "name a folder outside it")
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    assert mf.verify(root / "step-000004")[0] is not None
+    rc = cli.main(["export", "--ckpt", str(root), "--model", str(work / "tiny.yaml"),
+                   "--out", str(tmp_path / "hf")])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_export_seq_len_is_bounded_by_the_planners_longest_sequence(run, work, tmp_path,
+                                                                    capsys):
+    """max_position_embeddings of 1e15 is no model's: refused before anything is read."""
+    rc = cli.main(["export", "--ckpt", str(run["root"]), "--model", str(work / "tiny.yaml"),
+                   "--out", str(tmp_path / "hf"), "--seq-len", "1e15"])
+    _one_line(rc, capsys.readouterr().err, "--seq-len 1000000000000000 is not valid; use 1 to "
+              "16,777,216")
+    assert not (tmp_path / "hf").exists()

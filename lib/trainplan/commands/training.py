@@ -38,11 +38,13 @@ import sys
 from trainplan.commands.args import (
     UsageError,
     check_endpoint,
+    non_negative_int,
     positive_int,
     single_node_flags,
 )
 
 LAUNCH = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "dry_run")
+ZERO_OK = ("zero", "dp_shard", "lr_warmup", "seed", "eval_every", "ckpt_every")  # 0: a setting
 RDZV_ID = "trainplan"  # --rdzv-id of a multi-node run that names none
 DRAIN_S = 10.0  # after torchrun exits: seconds its ranks' last output may still take
 
@@ -59,6 +61,7 @@ def register(verbs) -> None:
                    help=f"the job's rendezvous id (with --nnodes N > 1; default {RDZV_ID})")
     g.add_argument("--dry-run", action="store_true", help="check and print the command only")
     add_arguments(p)
+    whole_numbers(p)
     p.set_defaults(run=cmd_train, fmt=format_train)
 
     e = verbs.add_parser("export", help="a training checkpoint as a Hugging Face folder")
@@ -71,6 +74,15 @@ def register(verbs) -> None:
     e.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     e.add_argument("--json", action="store_true")
     e.set_defaults(run=cmd_export, fmt=lambda out: f"exported {out['ckpt']} to {out['out']}")
+
+
+def whole_numbers(parser) -> None:
+    """The trainer's integer flags parsed as every verb parses its counts (`positive_int`, or
+    `non_negative_int` for `ZERO_OK`): '1e3' and '4_096' are taken, and a refusal names the
+    range; the trainer gets them back as plain integers (`trainer_argv`)."""
+    for action in parser._actions:
+        if action.type is int:
+            action.type = non_negative_int if action.dest in ZERO_OK else positive_int
 
 
 def trainer_argv(args) -> list[str]:
@@ -104,12 +116,14 @@ def check(args) -> None:
     from trainplan.data.shards import open_shards
     from trainplan.specs import load_model
     from trainplan.specs.bounds import check_run
+    from trainplan.specs.checks import check_positions
     from trainplan.train import batches, loop
 
     check_rendezvous(args)
     loop.check_args(args)
     check_run(seq_len=args.seq_len, micro_batch=args.micro_batch)
     spec = load_model(args.model)
+    check_positions(spec, args.seq_len)
     if args.export:  # a model the export cannot write is refused now, not after the run
         from trainplan.train import export
 
@@ -265,8 +279,14 @@ def cmd_export(args) -> dict:
 
     from trainplan.bench.ckpt import manifest as mf
     from trainplan.specs import load_model
+    from trainplan.specs.bounds import check_run
     from trainplan.train import export  # torch: not loaded for --help
+    from trainplan.train.paths import check_apart
 
+    check_run(seq_len=args.seq_len)  # max_position_embeddings: the planner's longest sequence
+    check_apart("--out", args.out, [("--ckpt", args.ckpt, "the checkpoint it is exported from"
+                                     ", where a folder its manifest does not list fails "
+                                     "verification; name a folder outside it")])
     spec, skipped = load_model(args.model), []
     export.check_export(spec, Path(args.out), dtype=args.dtype, max_positions=args.seq_len)
     folder = export.checkpoint_folder(Path(args.ckpt), skipped)  # reads it: after the rest

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainplan.errors import SpecError
-from trainplan.loader import quote
+from trainplan.errors import ERROR_PREFIX, MAX_LINE, SpecError
+from trainplan.loader import fit_line, quote
 
 SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 CHUNK_CHARS = 2**20  # characters encoded at once: tokenizers takes ~100-200 bytes a character
@@ -47,26 +47,36 @@ def stdlib_files(root: str | Path | None = None) -> list[Path]:
 
 
 def expand(paths: list[str | Path]) -> list[Path]:
-    """The files `paths` name, folders expanded to their corpus files (sorted); at least one."""
+    """The files `paths` name, folders expanded to their corpus files (sorted); at least one,
+    and each once: a file named twice (the same path resolved, or a file also in a folder
+    given, or a folder in another) is refused, as its documents would count twice."""
     files: list[Path] = []
+    given: dict[Path, tuple[Path, Path]] = {}  # a file, resolved -> (path given, file)
     for p in map(Path, paths):
+        before = len(files)
         try:
             mode = os.stat(p).st_mode
             if stat.S_ISDIR(mode):
                 files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SUFFIXES)
-                continue
         except (FileNotFoundError, NotADirectoryError):
             raise SpecError(f"corpus path {quote(str(p))} does not exist") from None
         except (OSError, ValueError) as err:  # a name too long, no permission; a NUL byte
             raise SpecError(f"corpus path {quote(str(p))} cannot be read "
                             f"({getattr(err, 'strerror', None) or 'not a path'})") from None
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISDIR(mode) and not stat.S_ISREG(mode):
             raise SpecError(f"corpus path {quote(str(p))} is not a regular file or a folder; "
                             f"give files ({', '.join(SUFFIXES)}) or folders of them")
-        if p.suffix not in SUFFIXES:
+        if stat.S_ISREG(mode) and p.suffix not in SUFFIXES:
             raise SpecError(f"corpus file {str(p)!r} has suffix {p.suffix!r}; use one of "
                             f"{list(SUFFIXES)}")
-        files.append(p)
+        files += [] if stat.S_ISDIR(mode) else [p]
+        for f in files[before:]:
+            if (first := given.setdefault(f.resolve(), (p, f)))[1] is not f:
+                raise SpecError(fit_line(
+                    ["corpus file '", (first[1],), "' is given twice (in '", (first[0],),
+                     "', then as '", (f,), "' in '", (p,), "'): its documents would count "
+                     "twice; give each file once (a folder stands for the files under it)"],
+                    MAX_LINE - len(ERROR_PREFIX)))
     if not files:
         raise SpecError(f"no corpus files ({', '.join(SUFFIXES)}) under {[str(p) for p in paths]}")
     return files
@@ -185,6 +195,19 @@ def _text(path: Path) -> Iterator[Document]:
     yield Document(path, text.replace("\r\n", "\n").replace("\r", "\n"))  # universal newlines
 
 
+class _TwiceKey(ValueError):
+    """A JSON object that gives one key twice (json.loads would keep the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple]) -> dict:
+    """An object's pairs as a dict, where no key comes twice; else `_TwiceKey` naming it."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        raise _TwiceKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
+
+
 def _jsonl(path: Path, field: str) -> Iterator[Document]:
     with _open(path) as f:
         n = 0
@@ -197,7 +220,10 @@ def _jsonl(path: Path, field: str) -> Iterator[Document]:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                obj = json.loads(raw, object_pairs_hook=_unique_keys)
+            except _TwiceKey as err:
+                raise SpecError(f"{path}:{n} refused: key {quote(err.args[0], 40)} given twice; "
+                                "a line holds one object, each key once") from None
             except RecursionError:
                 raise SpecError(f"{path}:{n} is nested too deeply to read; a line holds one "
                                 f"object with a string field {field!r}") from None

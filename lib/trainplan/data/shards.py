@@ -18,8 +18,11 @@ the order or the number of files. index.json:
     {"format": "trainplan-token-shards", "version": 1, "dtype": "uint16", "vocab_size": V,
      "eos_id": E, "tokenizer": {"file": "tokenizer.json", "sha256": ...},
      "val_fraction": f, "text_field": "text", "sources": [{"path", "documents"}, ...],
-     "splits": {"train": {"tokens", "documents", "shards": [{"file", "tokens", "sha256"}]},
-                "val": {...}}}
+     "splits": {"train": {"tokens", "documents", "shards": [{"file", "tokens", "sha256",
+                                                             "max_id"}]}, "val": {...}}}
+
+`max_id` is the largest id in the shard (older folders have none). The reader checks the
+index (`data.shard_index`) and, against a model's vocabulary, each window of ids it reads.
 
 The writer builds the folder beside its destination and renames it into place when done,
 so a stopped run leaves nothing half-written (on an error, Ctrl-C or SIGTERM the partial
@@ -43,10 +46,10 @@ from typing import NamedTuple
 import numpy as np
 
 from trainplan.data import corpus, tokenize
+from trainplan.data.shard_index import FORMAT, VERSION, read_index
 from trainplan.errors import SpecError
-from trainplan.loader import MAX_LOG_BYTES, load_json, long_name, nearest_existing, quote
+from trainplan.loader import long_name, nearest_existing, quote, shown
 
-FORMAT, VERSION = "trainplan-token-shards", 1
 SPLITS = ("train", "val")
 SHARD_TOKENS = 2**26  # 128 MiB of uint16 ids a shard
 BATCH_DOCS = 256  # pieces of documents encoded together (tokenizers encodes a batch in parallel)
@@ -81,7 +84,7 @@ class _SplitWriter:
     def _open(self):
         name = f"{self.split}-{len(self.shards):05d}.bin"
         self._file = (self.folder / name).open("wb")
-        self.shards.append({"file": name, "tokens": 0, "sha256": hashlib.sha256()})
+        self.shards.append({"file": name, "tokens": 0, "sha256": hashlib.sha256(), "max_id": 0})
 
     def write(self, ids: np.ndarray, end_of_document: bool = True) -> None:
         self.documents += end_of_document
@@ -95,6 +98,7 @@ class _SplitWriter:
             self._file.write(data)
             self.shards[-1]["sha256"].update(data)
             self.shards[-1]["tokens"] += len(part)
+            self.shards[-1]["max_id"] = max(self.shards[-1]["max_id"], int(part.max()))
             self.tokens += len(part)
 
     def close_shard(self) -> None:
@@ -290,12 +294,14 @@ def _write(files, tmp: Path, tok, tokenizer, val_fraction, text_field, progress)
 
 @dataclass
 class Shards:
-    """A prepared folder: its index and one split's ids as read-only memory maps."""
+    """A prepared folder: its index and one split's ids as read-only memory maps; with
+    `vocab_size`, the model's, every window's ids are checked to be below it."""
 
     folder: Path
     index: dict
     split: str
     arrays: list[np.memmap]
+    vocab_size: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -316,23 +322,23 @@ class Shards:
         got = np.concatenate(out) if out else np.empty(0, dtype=np.int64)
         if need:
             raise IndexError(f"window {start}+{length} is past the split's {self.tokens} ids")
+        if self.vocab_size is not None and len(got) and int(got.max()) >= self.vocab_size:
+            raise SpecError(f"{shown(self.folder)}: the {self.split} split holds id "
+                            f"{int(got.max()):,} (at ids {start:,}..{start + length - 1:,}), "
+                            f"outside the model's vocabulary of {self.vocab_size:,} though its "
+                            f"index.json says vocab_size {self.index['vocab_size']:,}; prepare "
+                            "the folder again with the model's tokenizer")
         return got.astype(np.int64)
 
 
 def open_shards(folder: str | Path, split: str = "train", tokenizer: str | Path | None = None,
                 vocab_size: int | None = None) -> Shards:
-    """The `split` of a prepared folder, checked: its format, every shard's size, and where
-    given, that it was made with `tokenizer` (by SHA-256) and fits a model of `vocab_size`."""
+    """The `split` of a prepared folder, checked: its index (`shard_index.read_index`), every
+    shard's size, and where given, that it was made with `tokenizer` (by SHA-256) and fits a
+    model of `vocab_size` (the index's, then the ids of each window read)."""
     folder = Path(folder)
-    try:
-        index = load_json(folder / "index.json", error=ValueError, max_bytes=MAX_LOG_BYTES)
-        ok = index.get("format") == FORMAT and index.get("version") == VERSION
-        shards, dtype = index["splits"][split]["shards"], np.dtype(index["dtype"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        ok = False
-    if not ok:
-        raise SpecError(f"{str(folder)!r} is not a {FORMAT} folder of version {VERSION} with a "
-                        f"{split!r} split; make one with `trainplan data prepare`")
+    index = read_index(folder, split)
+    shards, dtype = index["splits"][split]["shards"], np.dtype(index["dtype"])
     try:
         digest = None if tokenizer is None else tokenize.sha256(Path(tokenizer))
     except OSError as err:  # missing, a folder, unreadable
@@ -350,5 +356,6 @@ def open_shards(folder: str | Path, split: str = "train", tokenizer: str | Path 
         if not path.is_file() or path.stat().st_size != s["tokens"] * dtype.itemsize:
             raise SpecError(f"shard {str(path)!r} is missing or not {s['tokens']:,} ids long; "
                             "prepare the folder again")
-        arrays.append(np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r"))
-    return Shards(folder, index, split, arrays)
+        arrays.append(np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r") if s["tokens"]
+                      else np.empty(0, dtype=dtype))  # an empty file cannot be mapped
+    return Shards(folder, index, split, arrays, vocab_size)

@@ -186,3 +186,12 @@ def _rows(label: str, value, error):
     if not isinstance(value, (list, tuple)):
         raise error(f"{label} = {quote(value)} is not valid; use a list of rows")
     return value
+
+
+def check_positions(spec, seq_len: int) -> None:
+    """SpecError where a model with learned positions (`ModelSpec.positions`) has fewer rows
+    in its position table (`max_positions`) than a sequence of `seq_len` tokens needs."""
+    if spec.positions == "learned" and seq_len > spec.max_positions:
+        raise SpecError(f"--seq-len {seq_len} is longer than model {spec.name!r} has learned "
+                        f"positions for (max_positions {spec.max_positions}); use --seq-len "
+                        f"{spec.max_positions} or less")

@@ -24,14 +24,16 @@ import torch
 from trainplan.data.sampler import SequenceSampler
 from trainplan.data.shards import Shards, open_shards
 from trainplan.errors import SpecError
+from trainplan.train.paths import resolved
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # input_ids, labels: (micro_batch, seq_len) each
 
 
 def parse_mixture(items: list[str]) -> list[tuple[Path, float]]:
-    """['a', 'b:3'] -> [(a, 1.0), (b, 3.0)]: shard folders with their relative weights."""
-    out = []
-    for item in items:
+    """['a', 'b:3'] -> [(a, 1.0), (b, 3.0)]: shard folders with their relative weights; a
+    folder named twice (the same folder resolved) is refused: its weight would count twice."""
+    out, seen = [], {}
+    for i, item in enumerate(items):
         path, sep, weight = item.rpartition(":")
         if not sep:
             path, weight = item, "1"
@@ -43,6 +45,9 @@ def parse_mixture(items: list[str]) -> list[tuple[Path, float]]:
             raise SpecError(f"--data {item!r}: the weight {weight!r} is not valid; use "
                             "FOLDER or FOLDER:WEIGHT with a weight > 0")
         out.append((Path(path), w))
+        if (first := seen.setdefault(resolved(path), i)) != i:
+            raise SpecError(f"--data {item!r} names the folder of {items[first]!r} again; give "
+                            "each folder once, with FOLDER:WEIGHT for a larger share")
     if not out:
         raise SpecError("--data: name at least one folder made by `trainplan data prepare`")
     return out

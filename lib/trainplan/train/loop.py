@@ -37,8 +37,9 @@ from trainplan.bench.harness import step as step_mod
 from trainplan.bench.harness import train as harness
 from trainplan.errors import TrainplanError
 from trainplan.specs import load_model
+from trainplan.specs.checks import check_positions
 from trainplan.train import batches as batches_mod
-from trainplan.train import logs, optim
+from trainplan.train import logs, optim, paths
 from trainplan.train.flags import EVAL_BATCHES, LR_FLOOR, add_arguments
 
 
@@ -83,6 +84,7 @@ def check_args(args) -> None:
     for flag, folder in (("--log-dir", args.log_dir), ("--export", args.export)):
         if folder:  # where it can be made (a long name, a file in the way): before training
             ckpt.check_root(Path(folder), flag=flag)
+    paths.check_outputs(args, [folder for folder, _ in batches_mod.parse_mixture(args.data)])
     loss_mod.check(args)  # --loss fused: one process, DDP, FSDP2 (not tp, pp, cp)
     context.check_device(args.cp, "cpu" if args.cpu else None)  # None: may be for a GPU host
     float8.check(args, args.cpu)  # fp8: a GPU of compute capability >= 8.9, else one line
@@ -151,6 +153,7 @@ def eval_groups(args, cfg, spec, dp_rank, dp, device) -> list:
 def run(args) -> dict:
     check_args(args)
     spec = load_model(args.model)
+    check_positions(spec, args.seq_len)
     cfg = harness.layout(args)
     device = harness.init_distributed(args.cpu, ckpt.timeout(args))
     world = dist.get_world_size() if dist.is_initialized() else 1

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from trainplan.bench.harness.train import LR_RANGE
 from trainplan.errors import SpecError
 from trainplan.train.flags import SCHEDULES
 
@@ -50,8 +51,9 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str, floor: float
 def check(*, lr: float, warmup: int, total: int, schedule: str, floor: float,
           weight_decay: float) -> None:
     """One line naming the first setting that is not valid."""
-    if not (lr > 0 and math.isfinite(lr)):
-        raise SpecError(f"--lr = {lr} is not valid; use a learning rate > 0, e.g. 3e-4")
+    if not LR_RANGE[0] <= lr <= LR_RANGE[1]:  # nan too
+        raise SpecError(f"--lr = {lr} is not valid; use a learning rate in "
+                        f"[{LR_RANGE[0]:g}, {LR_RANGE[1]:g}], e.g. 3e-4")
     if schedule not in SCHEDULES:
         raise SpecError(f"--lr-schedule {schedule!r} is not valid; use one of {SCHEDULES}")
     if not 0 <= warmup < total:

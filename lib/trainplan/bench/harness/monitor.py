@@ -98,15 +98,17 @@ def launch_flags(watch: dict, path: str = "metrics.jsonl") -> list[str]:
 
 
 def check_args(args) -> None:
-    if args.straggler_tolerance < 0:
-        raise MonitorError(f"--straggler-tolerance = {args.straggler_tolerance} must be >= 0")
+    """MonitorError naming the first monitoring flag out of its range (nan is in none)."""
+    if not (math.isfinite(args.straggler_tolerance) and args.straggler_tolerance >= 0):
+        raise MonitorError(f"--straggler-tolerance = {args.straggler_tolerance} must be a "
+                           "finite number >= 0 (a share above the median over ranks)")
     for name in ("straggler_window", "alert_window"):
         if getattr(args, name) < 1:
             raise MonitorError(f"--{name.replace('_', '-')} = {getattr(args, name)} must be >= 1")
     threshold = args.alert_tokens_per_s_per_gpu
-    if threshold is not None and not threshold > 0:
-        raise MonitorError(f"--alert-tokens-per-s-per-gpu = {threshold} must be > 0 "
-                           "(leave it out for no alert)")
+    if threshold is not None and not (math.isfinite(threshold) and threshold > 0):
+        raise MonitorError(f"--alert-tokens-per-s-per-gpu = {threshold} must be a finite "
+                           "number > 0 (leave it out for no alert)")
 
 
 class Monitor:

@@ -38,9 +38,12 @@ from trainplan.bench.harness.model import Transformer, count_params, slice_spec
 from trainplan.errors import TrainplanError
 from trainplan.records import schema as records
 from trainplan.specs import ModelSpec, ParallelConfig, load_model, slice_name
+from trainplan.specs.bounds import check_run
+from trainplan.specs.checks import check_positions
 
 LOOP_IMPLS = ("trainplan", "hf-baseline")  # the models this loop trains (Trainer: hf_trainer)
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # bf16 dense, vendor datasheets
+LR_RANGE = (1e-10, 1.0)  # AdamW's peak learning rate: an update moves a weight about lr
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -103,6 +106,10 @@ def check_args(args) -> None:
     for name in ("seq_len", "steps"):
         if getattr(args, name) < 1:
             raise TrainplanError(f"--{name.replace('_', '-')} = {getattr(args, name)} must be >= 1")
+    check_run(seq_len=args.seq_len, micro_batch=args.micro_batch)  # the planner's limits
+    if not LR_RANGE[0] <= args.lr <= LR_RANGE[1]:
+        raise TrainplanError(f"--lr = {args.lr} is not valid; use a learning rate in "
+                             f"[{LR_RANGE[0]:g}, {LR_RANGE[1]:g}], e.g. 3e-4")
     if not 0 <= args.warmup < args.steps:
         raise TrainplanError(f"--warmup = {args.warmup} must be >= 0 and < --steps = {args.steps}")
     if args.peak_tflops is not None and not args.peak_tflops > 0:
@@ -186,8 +193,10 @@ def sync(device) -> None:
 
 
 def load_spec(args) -> ModelSpec:
-    """The --model spec, cut to its first --layers blocks when asked (a layer slice)."""
+    """The --model spec, cut to its first --layers blocks when asked (a layer slice), with
+    the positions --seq-len needs (`specs.checks.check_positions`)."""
     spec = load_model(args.model)
+    check_positions(spec, args.seq_len)
     if not args.layers:
         return spec
     if args.layers > spec.n_layers:
