@@ -419,6 +419,17 @@ FIXED_BAD_INPUTS = [
     pytest.param([*PLAN13, "--global-batch-tokens", str(2**63)], "--global-batch-tokens",
                  id="batch-tokens-int64-wraps"),
     pytest.param([*PLAN13, "--pp-virtual", "3"], "--pp-virtual", id="pp-virtual-message"),
+    pytest.param(["memory", "--model", "gpt2-xl", "--gpu", "h100-sxm", "--seq-len", "8192"],
+                 "--seq-len 8192 is longer than model 'gpt2-xl' has learned positions for "
+                 "(max_positions 1024)",
+                 id="memory-seq-len-beyond-learned-positions"),
+    pytest.param(["plan", "--model", "gpt2-xl", *G8, "--seq-len", "8192"],
+                 "--seq-len 8192 is longer than model 'gpt2-xl' has learned positions for "
+                 "(max_positions 1024)",
+                 id="plan-seq-len-beyond-learned-positions"),
+    pytest.param(["plan", "--model", "llama-7b", *G8, "--tp", "4", "--pp", "4"],
+                 "the pins --tp 4 x --pp 4 need 16 GPUs, and 16 does not divide --gpus 8",
+                 id="plan-pins-product-beyond-gpus"),
 ]
 
 

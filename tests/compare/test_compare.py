@@ -12,6 +12,7 @@ from trainplan.cli import main
 from trainplan.compare import accuracy as compare
 from trainplan.compare import matching
 from trainplan.compare import views as compare_views
+from trainplan.loader import quote
 from trainplan.specs import SLICE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,6 +143,22 @@ def test_bad_record_file_is_one_line_exit_2(tmp_path, capsys, mutate, match):
 def test_missing_file_is_one_line_exit_2(tmp_path, capsys):
     assert main(["compare", "--records", str(tmp_path / "none.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_a_records_file_given_twice_is_refused(tmp_path, capsys):
+    """The same file twice (as given, spelled another way, or through a link) would count
+    every launch twice: narrower intervals, other flagged configs. One line, exit 2."""
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(MEAS)
+    for second in (MEAS, f"{ROOT}/data/./{MEAS.relative_to(ROOT / 'data')}", link):
+        argv = ["compare", "--records", str(PRED), str(MEAS), str(second), "--no-repredict",
+                "--json"]
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and err.startswith("trainplan: error: ")
+        assert f"--records {quote(str(MEAS))} is given twice (then as --records " \
+            f"{quote(str(second))})" in err
+        assert "give each file once" in err
 
 
 def test_leave_one_out_is_reported_apart(committed):

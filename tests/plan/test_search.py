@@ -135,6 +135,28 @@ def test_enumerate_refuses_impossible_pins(pins, fragment):
                           pins=pins)
 
 
+@pytest.mark.parametrize(("pins", "fragment"), [
+    (dict(tp=4, pp=4), "the pins --tp 4 x --pp 4 need 16 GPUs, and 16 does not divide --gpus 8"),
+    (dict(dp=4, tp=4), "the pins --dp 4 x --tp 4 need 16 GPUs"),
+    (dict(dp=1, tp=2, pp=2, cp=1), "--dp 1 x --tp 2 x --pp 2 x --cp 1 use 4 GPUs, not --gpus 8"),
+])
+def test_enumerate_pins_that_cannot_share_the_gpus_say_so(pins, fragment):
+    """Each pin valid on its own, their product not: the pins are named, not the batch."""
+    with pytest.raises(LayoutError, match=fragment) as err:
+        enumerate_layouts(tiny_model(), gpus=8, gpus_per_node=4, seq_len=16,
+                          global_batch_tokens=16 * 64, pins=pins)
+    assert "global batch" not in str(err.value)
+
+
+def test_a_sequence_longer_than_learned_positions_is_refused():
+    m = load_model("gpt2-xl")  # learned positions, max_positions 1024
+    words = r"--seq-len 8192 is longer than model 'gpt2-xl' has learned positions for \(max_"
+    with pytest.raises(LayoutError, match=words):
+        enumerate_layouts(m, gpus=8, gpus_per_node=8, seq_len=8192, global_batch_tokens=8192 * 64)
+    assert len(enumerate_layouts(m, gpus=8, gpus_per_node=8, seq_len=1024,
+                                 global_batch_tokens=1024 * 64)) > 0
+
+
 def test_enumerate_refuses_partial_sequences():
     with pytest.raises(LayoutError, match="not a multiple of --seq-len 64"):
         enumerate_layouts(tiny_model(), gpus=8, gpus_per_node=4, seq_len=64,

@@ -94,6 +94,13 @@ def test_dataset_tokens_set_the_steps_and_gpu_hours(no_study, capsys):
     assert outs[0]["request"]["dataset_tokens"] == 1e12
 
 
+def test_dataset_tokens_up_to_the_bound_are_priced(no_study, capsys):
+    rc, out, err = _run(capsys, ["suggest", "--model-size", "7B", "--gpus", "16",
+                                 "--dataset-tokens", "10000T", "--json"])  # 1e16: the bound
+    assert rc == 0, err
+    assert json.loads(out)["request"]["dataset_tokens"] == suggest.MAX_TOKENS
+
+
 @pytest.mark.parametrize("size,preset", [("7B", "llama-7b"), ("13b", "llama-13b"),
                                          ("1.3B", "llama-1.3b"), ("70B", "llama-70b"),
                                          ("8x7B", "mixtral-8x7b")])
@@ -123,6 +130,13 @@ def test_the_scenario_spec_can_replace_the_size(no_study):
     (["--model-size", "70B", "--gpus", "2"], "nothing fits"),
     (["--gpus", "12"], "--gpus 12 is not a multiple"),
     (["--dataset-tokens", "1e5"], "smaller than one global batch"),
+    # below one sequence it advised "--global-batch-tokens <= 0"; 1e30 was priced (1e20 days)
+    (["--dataset-tokens", "0.5"], "--dataset-tokens 0.5 is out of range; use one sequence "
+     "(--seq-len 4,096 tokens) to 10,000,000,000,000,000 tokens"),
+    (["--dataset-tokens", "4095"], "--dataset-tokens 4095 is out of range"),
+    (["--dataset-tokens", "1e30"], "--dataset-tokens 1e+30 is out of range"),
+    (["--dataset-tokens", "20000T"], "to 10,000,000,000,000,000 tokens"),
+    (["--dataset-tokens", "1e5"], "--global-batch-tokens <= 98,304 (whole sequences)"),
     (["--dataset-tokens", "-3"], "'-3'"),
     (["--dataset-tokens", "nan"], "'nan'"),
     (["--dataset-tokens", "1Q"], "--dataset-tokens '1Q' is not a token count"),

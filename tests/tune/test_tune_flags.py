@@ -59,6 +59,13 @@ BAD = {
                            "--base 999: trial 999 has no measurement"),
     "share-1-base-best": ([*RUN, "--effects-share", "1"], "--base best: the search has "
                           "measured no configuration"),
+    # a --storage naming no file: it was a ValueError traceback ("PosixPath('.') has an
+    # empty name"), exit 1
+    "storage-empty": ([*RUN, "--storage", ""], "--storage '' names no file; use a study file"),
+    "storage-journal-empty": ([*RUN, "--storage", "journal:"], "--storage 'journal:' names no"),
+    "storage-sqlite-empty": ([*RUN, "--storage", "sqlite:///"], "--storage 'sqlite:///' names"),
+    "storage-dot-dot": ([*RUN, "--storage", "journal:{dir}/.."], "/..' names no file"),
+    "report-storage-empty": (["--report", "--storage", ""], "--storage '' names no file"),
 }
 
 
@@ -158,17 +165,27 @@ def _two_studies(path: Path) -> None:
         optuna.create_study(storage=store, study_name=name)
 
 
-@pytest.mark.parametrize("case", ["missing", "not-json", "two-studies"])
+@pytest.mark.parametrize("case", ["missing", "not-json", "two-studies", "folder"])
 def test_suggest_names_study_and_its_value(case, tmp_path, capsys):
     path = tmp_path / "s.journal"
     if case == "not-json":
         path.write_text("x: 1\n")
     elif case == "two-studies":
         _two_studies(path)
-    value = "nosuch" if case == "missing" else str(path)
+    value = "nosuch" if case == "missing" else str(tmp_path if case == "folder" else path)
     rc = cli.main(["suggest", "--model-size", "7B", "--gpus", "8", "--dataset-tokens", "1B",
                    "--study", value])
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and err.count("\n") == 1, err
     assert err.startswith(f"trainplan: error: --study {value}"), err
     assert "--storage" not in err and "--study-name" not in err, err
+
+
+def test_suggest_study_that_is_a_folder_says_so(tmp_path, capsys):
+    """It said "no file" of a folder that is there."""
+    rc = cli.main(["suggest", "--model-size", "7B", "--gpus", "8", "--dataset-tokens", "1B",
+                   "--study", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert f"--study {tmp_path} is a folder; name the study file in it" in err
+    assert "journal:PATH" in err and "sqlite:///PATH" in err

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -50,6 +51,7 @@ from trainplan.loader import quote, shown
 from trainplan.records import schema as records
 from trainplan.specs import GPUSpec, load_model
 
+TMP_EXTRA = len("..XXXXXXXX.tmp")  # `write`'s temporary name: .NAME.XXXXXXXX.tmp (mkstemp)
 GEMM_COUNT = {"q": 1, "kv": 2, "out": 1, "gate_up": 2, "up": 1, "down": 1}  # per layer
 
 
@@ -304,13 +306,21 @@ def build(paths, gpu: GPUSpec, host_paths=None) -> dict:
 
 
 def write(calibration: dict, path: str | Path) -> Path:
-    """Write a calibration as YAML (a temporary file renamed into place: never half written)."""
+    """Write a calibration as YAML to `path` (through a link: to the file it leads to): a new
+    temporary file beside it, renamed into place when whole, so it is never half written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("# written by `trainplan calibrate` from microbenchmark records only\n"
-                   + yaml.safe_dump(calibration, sort_keys=False, width=100))
-    os.replace(tmp, path)
+    target = Path(os.path.realpath(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write("# written by `trainplan calibrate` from microbenchmark records only\n"
+                    + yaml.safe_dump(calibration, sort_keys=False, width=100))
+        os.chmod(tmp, 0o644)  # mkstemp's 0o600 would hide the calibration from the team
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

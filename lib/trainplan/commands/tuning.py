@@ -10,7 +10,7 @@ from trainplan.commands.args import UsageError, positive_float, positive_int
 from trainplan.commands.planning import add_hardware_extras, hardware
 from trainplan.loader import quote
 from trainplan.tune.knobs import EFFECT_KNOBS, without_loader_flags
-from trainplan.tune.study import make_suite
+from trainplan.tune.study import make_suite, storage_path
 
 
 def share(text: str) -> float:
@@ -195,6 +195,7 @@ def cmd_tune(args) -> dict:
     if args.storage is None:
         raise UsageError("--storage is required to run a study (a journal file to create or "
                          "resume)")
+    storage_path(args.storage)  # a value naming no file: refused before anything is made
     if args.gpu_hours is None:
         raise UsageError("--gpu-hours is required to run a study (or pass --report)")
     if bool(args.suite) == bool(args.model):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainplan.commands.args import positive_float, positive_int
+from trainplan.commands.args import check_out_file, distinct_files, positive_float, positive_int
 from trainplan.compare.scaling import format_scaling, weak_scaling
 from trainplan.errors import UsageError
 from trainplan.loader import quote
@@ -90,6 +90,7 @@ def cmd_compare(args) -> dict:
     from trainplan.compare.accuracy import compare  # numpy: not loaded for --help
     from trainplan.compare.trust import family_bands  # pandas: not loaded for --help
 
+    distinct_files(("--records", p) for p in args.records or ())  # else counted twice
     out = compare(args.records, repredictions=args.repredict)
     out["families"] = family_bands(out)
     out["scaling"] = weak_scaling(out["rows"])
@@ -126,12 +127,16 @@ def cmd_calibrate(args) -> dict:
     gpu = load_gpu(args.gpu, calibrated=False)
     if not args.records and not args.committed:
         raise UsageError("calibrate: give --records FILE ..., --committed, or both")
-    if args.out and Path(args.out).is_dir():
-        raise UsageError(f"--out = {quote(args.out)} is a folder; name the calibration file "
-                         "(.json) to write")
-    paths = [*(calibration.committed_sources(gpu.name) if args.committed else []), *args.records]
-    cal = calibrate.build(paths, gpu, args.host_records)  # raises before writing
-    path = calibrate.write(cal, args.out or calibration.path_for(gpu.name))
+    committed = calibration.committed_sources(gpu.name) if args.committed else []
+    named = [*(("--committed", p) for p in committed), *(("--records", p) for p in args.records)]
+    host = [("--host-records", p) for p in args.host_records or ()]
+    distinct_files(named)  # a file twice would count its records twice
+    distinct_files(host)  # beside --records it may be: their host records are set aside
+    out = args.out or calibration.path_for(gpu.name)
+    gpu_file = [("--gpu", args.gpu)] if Path(args.gpu).is_file() else []
+    check_out_file(out, [*named, *host, *gpu_file], extra=calibrate.TMP_EXTRA)
+    cal = calibrate.build([p for _, p in named], gpu, args.host_records)  # raises before writing
+    path = calibrate.write(cal, out)
     return {"path": str(path), **cal}
 
 

@@ -21,9 +21,10 @@ import pandas as pd
 
 from trainplan.cost.memory_runtime import EXPANDABLE
 from trainplan.cost.step_time import evaluate
-from trainplan.errors import LayoutError, NoFeasiblePlan
+from trainplan.errors import LayoutError, NoFeasiblePlan, SpecError
 from trainplan.specs import ClusterSpec, GPUSpec, ModelSpec
 from trainplan.specs.bounds import MAX_GPUS, check_run
+from trainplan.specs.checks import check_positions
 from trainplan.specs.layouts import RECOMPUTE, SCHEDULES, Layouts
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -65,12 +66,18 @@ def check_cluster_size(gpus: int, gpus_per_node: int) -> None:
 
 
 def check_pins(m: ModelSpec, pins: dict, gpus: int | None, gpn: int, seq_len: int) -> None:
-    """Refuse pinned degrees that can never be valid, with the valid values named.
+    """Refuse pinned degrees that can never be valid, with the valid values named: each on
+    its own, and dp x tp x pp x cp of those pinned against the GPU count; and a sequence
+    longer than a learned-positions model's table (max_positions).
 
     `gpus=None` checks a layout on its own (the `memory` verb), where the GPU
     count follows from the pins instead of bounding them.
     """
     check_run(seq_len=seq_len, micro_batch=pins.get("micro_batch"))
+    try:
+        check_positions(m, seq_len)
+    except SpecError as err:  # a layout of this model at this length cannot run
+        raise LayoutError(str(err)) from None
     pool = gpus if gpus is not None else 2**int(math.log2(seq_len)) * m.n_layers * gpn
     fit = f"for {m.name} on {gpus} GPUs" if gpus is not None else f"for {m.name}"
     pp_ok = [d for d in divisors(m.n_layers) if pool % d == 0]
@@ -95,6 +102,17 @@ def check_pins(m: ModelSpec, pins: dict, gpus: int | None, gpn: int, seq_len: in
     if m.n_layers % (pp * v):
         raise LayoutError(f"--pp {pp} x --pp-virtual {v} does not divide the {m.n_layers} "
                           f"layers of {m.name}; use pp x pp-virtual dividing {m.n_layers}")
+    grid = {k: pins[k] for k in ("dp", "tp", "pp", "cp") if k in pins}
+    ranks = math.prod(grid.values())
+    named = " x ".join(f"--{k} {v}" for k, v in grid.items())
+    if gpus is not None and len(grid) == 4 and ranks != gpus:
+        raise LayoutError(f"the pins {named} use {ranks} GPUs, not --gpus {gpus} (dp x tp x "
+                          f"pp x cp = --gpus); pin degrees whose product is {gpus}, or use "
+                          f"--gpus {ranks}")
+    if gpus is not None and gpus % ranks:
+        raise LayoutError(f"the pins {named} need {ranks} GPUs, and {ranks} does not "
+                          f"divide --gpus {gpus} (dp x tp x pp x cp = --gpus); pin degrees "
+                          f"whose product divides {gpus}, or use a multiple of {ranks} GPUs")
     if gpus is not None and "dp" in pins and "dp_shard" in pins and pins["dp"] % pins["dp_shard"]:
         raise LayoutError(f"--dp-shard {pins['dp_shard']} does not divide --dp {pins['dp']}")
 

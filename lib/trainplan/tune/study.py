@@ -122,14 +122,19 @@ def check_suite(suite: dict, where: str) -> None:
                         ">= 1")
 
 
-def storage_path(spec: str) -> tuple[str, Path]:
+def storage_path(spec: str, *, flag: str = "--storage") -> tuple[str, Path]:
     """('journal' | 'sqlite', file path) of a --storage value: `sqlite:///PATH` or a path
     ending in .db, .sqlite or .sqlite3 is SQLite; `journal:PATH` or any other path a journal
-    file."""
+    file. A value naming no file ('', 'journal:', 'sqlite:///', '.', '..') is one StudyError
+    naming `flag`."""
     if spec.startswith("sqlite:///"):
-        return "sqlite", Path(spec[len("sqlite:///"):])
-    path = Path(spec[len("journal:"):] if spec.startswith("journal:") else spec)
-    kind = "sqlite" if path.suffix in (".db", ".sqlite", ".sqlite3") else "journal"
+        kind, path = "sqlite", Path(spec[len("sqlite:///"):])
+    else:
+        path = Path(spec[len("journal:"):] if spec.startswith("journal:") else spec)
+        kind = "sqlite" if path.suffix in (".db", ".sqlite", ".sqlite3") else "journal"
+    if path.name in ("", ".."):
+        raise StudyError(f"{flag} {quote(spec)} names no file; use a study file: PATH or "
+                         "journal:PATH (an Optuna journal) or sqlite:///PATH")
     return kind, path
 
 
@@ -165,7 +170,10 @@ def open_storage(spec: str, *, must_exist: bool, flag: str = "--storage"):
     """(Optuna storage, file path) of a storage value, checked (`check_journal`, the SQLite
     signature) and replayed once here, so that a malformed file is one StudyError line naming
     the command's `flag`; the journal needs no SQLAlchemy."""
-    kind, path = storage_path(spec)
+    kind, path = storage_path(spec, flag=flag)
+    if must_exist and path.is_dir():
+        raise StudyError(f"{flag} {shown(spec)} is a folder; name the study file in it: PATH "
+                         "or journal:PATH (an Optuna journal) or sqlite:///PATH")
     if must_exist and not path.is_file():
         raise StudyError(f"{flag} {shown(spec)}: no study there (no file {shown(path)})")
     if not path.parent.is_dir():

@@ -27,7 +27,8 @@
 
 Refused, one line and exit 2: a size that does not parse or is out of range,
 a model that fits no layout on that many GPUs, a GPU count that is not whole
-nodes, a dataset smaller than one global batch.
+nodes, a dataset smaller than one global batch or outside one sequence to
+`MAX_TOKENS` tokens.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from trainplan.tune.knobs import NCCL_ALGO_ENV, NCCL_PROTO_ENV
 PRESETS = ("llama-1.3b", "llama-7b", "llama-13b", "llama-70b")
 PRESET_TOLERANCE = 0.15  # a size within 15% of a preset's count means that preset
 MIN_PARAMS, MAX_PARAMS = 1e8, 2e12
+MAX_TOKENS = 1e16  # --dataset-tokens: ~700x the largest published runs (Llama 3: 15T)
 VOCAB = 32000
 # (parameters, layers, hidden, heads, global batch tokens): GPT-3 Table 2.1 and Llama 1/2
 SHAPES = ((125e6, 12, 768, 12, 2**19), (350e6, 24, 1024, 16, 2**19),
@@ -161,10 +163,14 @@ def suggest(model_size: str, *, gpus: int, dataset_tokens: float, gpu: str = "h1
         global_batch_tokens, batch_reason = global_batch(m, gpus, seq_len)
     else:
         batch_reason = "as given (--global-batch-tokens)"
+    if not seq_len <= dataset_tokens <= MAX_TOKENS:
+        raise SuggestError(f"--dataset-tokens {dataset_tokens:g} is out of range; use one "
+                           f"sequence (--seq-len {seq_len:,} tokens) to {MAX_TOKENS:,.0f} tokens")
     if dataset_tokens < global_batch_tokens:
         raise SuggestError(f"--dataset-tokens {dataset_tokens:g} is smaller than one global "
                            f"batch ({global_batch_tokens:,} tokens); use more data or "
-                           f"--global-batch-tokens <= {int(dataset_tokens):,}")
+                           f"--global-batch-tokens <= "
+                           f"{int(dataset_tokens) // seq_len * seq_len:,} (whole sequences)")
     from trainplan.cost.step_time import time_to_train  # pandas: not loaded at import
     from trainplan.plan.planner import plan  # pandas: not loaded at import
 
