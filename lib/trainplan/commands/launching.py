@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 from trainplan.commands.args import UsageError, positive_int
 from trainplan.commands.planning import LAYOUT_FLAGS, add_layout, hardware, layout_pins
-from trainplan.errors import ERROR_PREFIX, MAX_LINE, PresetNotFound
-from trainplan.launch.artefacts import TARGETS, LaunchSettings, plan_and_generate
-from trainplan.launch.folder import check_out_dir, write
+from trainplan.errors import ERROR_PREFIX, MAX_LINE, PresetNotFound, TrainplanError
+from trainplan.launch.artefacts import TARGETS, LaunchError, LaunchSettings, plan_and_generate
+from trainplan.launch.folder import check_inputs, check_out_dir, write
+from trainplan.launch.inputs import env_settings, spec_file, train_arg_paths, train_args
 from trainplan.launch.job import PLAN_SIZES, PLAN_SPECS
 from trainplan.launch.render import TARGET_FLAGS
 from trainplan.loader import fit_line, quote, shown
@@ -20,6 +22,9 @@ from trainplan.specs import load_model
 DEFAULT = {f.name: f.default for f in dataclasses.fields(LaunchSettings)}
 DEFAULTED = ("warmup", "time_limit_min", "warn_s", "rdzv_port", "image")
 PLANNED = (*PLAN_SPECS, *PLAN_SIZES)  # what a plan file names, and a flag or scenario may too
+SPEC_KINDS = {"model": "models", "gpu": "hardware", "cluster": "clusters",
+              "scenario": "scenarios"}  # data/ folders of the presets
+FLAG_VALUE = re.compile(r"--([a-z][a-z-]*) ([^\s;,:()]+)")  # "--dp-shard 8" in a message
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -67,13 +72,16 @@ def register(verbs) -> None:
     a("--data", default="", help="shards of `trainplan data prepare`: the job runs the "
                                  "trainer on them (without: the proxy harness)")
     a("--train-arg", action="append", default=[], metavar="FLAG=VALUE",
-      help="a further trainer flag (with --data), e.g. --train-arg lr=2e-4 (repeatable)")
+      help="a further trainer flag (with --data), e.g. --train-arg lr=2e-4 (repeatable, each "
+           "flag once; not one launch writes itself, such as steps or data)")
     a("--target", required=True, help="torchrun | slurm | k8s")
-    a("--out", required=True, help="folder to write (must not exist, or be empty)")
+    a("--out", required=True, help="folder to write (must not exist, or be empty; never one "
+                                   "that is or holds what the job reads)")
     a("--force", action="store_true", help="replace a non-empty --out folder")
     a("--job-name", default="", help="default: MODEL-GPUSxGPU")
     a("--steps", type=_non_negative_int, default=0,
-      help="optimizer steps (default: the scenario's token budget over the global batch)")
+      help="optimizer steps, at most 1e9 (default: the scenario's token budget over the "
+           "global batch)")
     a("--warmup", type=_non_negative_int, default=None,
       help=f"steps not timed (the harness: without --data; default {DEFAULT['warmup']})")
     a("--ckpt-every", type=_non_negative_int, default=0,
@@ -92,22 +100,12 @@ def register(verbs) -> None:
       help=f"rendezvous port (torchrun, slurm; default {DEFAULT['rdzv_port']})")
     a("--image", default=None, help=f"container image (k8s; default {DEFAULT['image']})")
     a("--env", type=_env_pair, action="append", default=[], metavar="NAME=VALUE",
-      help="extra environment for every rank (repeatable), e.g. the knob study's NCCL_ALGO")
+      help="extra environment for every rank (repeatable, each NAME once), e.g. the knob "
+           "study's NCCL_ALGO")
     a("--cpu", action="store_true", help="CPU processes with gloo, no GPUs (tests, proxy)")
     a("--synthetic", action="store_true", help="synthetic tokens (harness, without --data)")
     a("--no-compile", action="store_true", help="do not torch.compile the blocks")
     p.set_defaults(run=cmd_launch, fmt=format_launch)
-
-
-def _train_args(items: list[str]) -> tuple:
-    out = []
-    for item in items:
-        flag, sep, value = item.partition("=")
-        if not sep or not flag or not value or "\n" in item or flag.startswith("-"):
-            raise UsageError(f"--train-arg {quote(item)} is not valid; use FLAG=VALUE without "
-                             "dashes, e.g. lr=2e-4")
-        out += [f"--{flag.replace('_', '-')}", value]
-    return tuple(out)
 
 
 def _check_used(args) -> None:
@@ -141,7 +139,8 @@ def resolve(args) -> dict:
     sc = load_scenario(args.scenario) if args.scenario else None
     pins, facts = job.plan_file_pins(args.plan) if args.plan else ({}, {})
     pins = {k: v for k, v in pins.items() if k in LAYOUT_FLAGS}  # what the search takes
-    pins.update(layout_pins(args))
+    flags = layout_pins(args)
+    pins.update(flags)
     given = {k: getattr(args, k) or (getattr(sc, k) if sc else None) for k in PLANNED}
     got = {**{k: given[k] or facts.get(k) for k in PLANNED},
            "seq_len": given["seq_len"] or facts.get("seq_len") or 4096,
@@ -150,6 +149,13 @@ def resolve(args) -> dict:
            "token_budget": sc.token_budget if sc else None,
            "title": sc.title if sc else "", "pins": pins, "planned": facts,
            "from_plan": [k for k in PLAN_SPECS if not given[k] and k in facts]}
+    # where each value no flag gave came from, as a message names it (`_attributed`)
+    got["named"] = {k: ("the plan's", v) for k, v in pins.items() if k not in flags}
+    for k in PLAN_SIZES:
+        source = ("the --scenario's" if given[k] else "the plan's" if k in facts else
+                  "the default")
+        if not getattr(args, k) and got[k] is not None:
+            got["named"][k] = (source, got[k])
     for key in ("model", "gpu", "gpus"):
         if got[key] is None:
             raise UsageError(f"launch needs --{key} (or a --scenario or --plan that names it)")
@@ -157,8 +163,8 @@ def resolve(args) -> dict:
         if int(pins.get("cp", 1)) > 1:
             from trainplan.bench.harness.context import NEEDS_CUDA  # no torch at import
 
-            raise UsageError(f"--cp {pins['cp']} with --cpu: {NEEDS_CUDA}; use --cp 1 or "
-                             "launch on GPUs")
+            cp = f"--cp {pins['cp']}" if "cp" in flags else f"the plan's cp {pins['cp']}"
+            raise UsageError(f"{cp} with --cpu: {NEEDS_CUDA}; use --cp 1 or launch on GPUs")
         pins["cp"] = 1
     return got
 
@@ -197,29 +203,85 @@ def _check_planned(args, got: dict, used: dict) -> None:
                                   MAX_LINE - len(ERROR_PREFIX)))
 
 
+def _check_positions(m, got: dict) -> None:
+    """Refuse a sequence longer than a model with learned positions has positions for,
+    naming where the length came from (a flag, the scenario, the plan file, the default)."""
+    n, most = got["seq_len"], m.max_positions
+    if m.positions != "learned" or n <= most:
+        return
+    source = got["named"].get("seq_len", ("",))[0]
+    who = f"{source} seq_len {n}" if source else f"--seq-len {n}"
+    if source == "the default":
+        who += " (no --seq-len, --scenario or --plan gives one)"
+    fix = "plan again with" if source == "the plan's" else "give"
+    raise UsageError(f"{who} is longer than model {quote(m.name)} takes: its learned "
+                     f"positions end at max_positions {most}; {fix} --seq-len {most} or less")
+
+
+def _attributed(text: str, named: dict) -> str:
+    """`text` with each `--flag VALUE` whose value no flag gave named by where it came from
+    (`named`: key -> (source, value)): "--dp-shard 8" -> "the plan's dp_shard 8", and "its"
+    where the source named just before is the same one."""
+    last = None
+
+    def name(match: re.Match) -> str:
+        nonlocal last
+        key = match[1].replace("-", "_")
+        if key not in named or match[2] not in (str(named[key][1]), quote(named[key][1])):
+            return match[0]
+        source = named[key][0]
+        said = "its" if source == last and source != "the default" else source
+        last = source
+        return f"{said} {key} {match[2]}"
+    return FLAG_VALUE.sub(name, text)
+
+
+def _inputs(args, got: dict | None = None) -> list[tuple[str, str]]:
+    """(how it was named, path) of each file and folder the job or launch reads: --data, the
+    spec files (the scenario's or plan's model too, with `got`), --plan, --calibration and
+    the --train-arg paths."""
+    found = [(f"--{k}", getattr(args, k)) for k in ("data", "plan", "calibration")
+             if getattr(args, k)]
+    for key, kind in SPEC_KINDS.items():
+        name = getattr(args, key) or (got or {}).get(key)
+        path = spec_file(str(name), kind) if name else None
+        if path is not None:
+            found.append((f"--{key}" if getattr(args, key) else
+                          f"the plan's {key}" if key in got["from_plan"] else
+                          f"the --scenario's {key}", str(path)))
+    return found + train_arg_paths(train_args(args.train_arg))
+
+
 def cmd_launch(args) -> dict:
     if args.target not in TARGETS:  # before any planning: a typo answers at once
         raise UsageError(f"--target {quote(args.target)} is not valid; use one of {list(TARGETS)}")
     _check_used(args)
     out = Path(args.out)
-    check_out_dir(out, args.force)
+    check_out_dir(out, args.force, _inputs(args))
     got = resolve(args)
+    check_inputs(out, _inputs(args, got))
     given = {k: getattr(args, k) for k in DEFAULTED if getattr(args, k) is not None}
     settings = LaunchSettings(
         target=args.target, steps=args.steps, ckpt_every=args.ckpt_every,
-        ckpt_keep=args.ckpt_keep, data=args.data, train_args=_train_args(args.train_arg),
+        ckpt_keep=args.ckpt_keep, data=args.data, train_args=train_args(args.train_arg),
         max_restarts=args.max_restarts, collective_timeout_s=args.collective_timeout_s,
         join_timeout_s=args.join_timeout_s, save_grace_s=args.save_grace_s, cpu=args.cpu,
         synthetic=args.synthetic, compile=not args.no_compile, job_name=args.job_name,
-        env=dict(args.env), **given)  # the rest: LaunchSettings' defaults
+        env=env_settings(args.env), **given)  # the rest: LaunchSettings' defaults
     m, gpu, cluster = _specs(args, got)
     _check_planned(args, got, {"model": m.name, "gpu": gpu.name, "cluster": cluster.name,
                                **{k: got[k] for k in PLAN_SIZES}})
-    launch = plan_and_generate(m, gpu, cluster, gpus=got["gpus"], seq_len=got["seq_len"],
-                               global_batch_tokens=got["global_batch_tokens"],
-                               settings=settings, model_arg=got["model"], pins=got["pins"],
-                               gpus_per_node=args.gpus_per_node, title=got["title"],
-                               token_budget=got["token_budget"])
+    _check_positions(m, got)
+    try:
+        launch = plan_and_generate(m, gpu, cluster, gpus=got["gpus"], seq_len=got["seq_len"],
+                                   global_batch_tokens=got["global_batch_tokens"],
+                                   settings=settings, model_arg=got["model"], pins=got["pins"],
+                                   gpus_per_node=args.gpus_per_node, title=got["title"],
+                                   token_budget=got["token_budget"])
+    except TrainplanError as err:  # the planner's line names flags: say where values came from
+        if not isinstance(err, LaunchError):  # the launched module's own flags: as they are
+            err.args = (_attributed(str(err), got["named"]),)
+        raise
     write(launch, out, force=args.force)
     return {"out": str(out), **launch.summary}
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from trainplan.bench.flags import MAX_COLLECTIVE_TIMEOUT_S
 from trainplan.errors import TrainplanError
 from trainplan.launch.folder import write  # noqa: F401 (re-exported: notebooks/06_launch.ipynb)
+from trainplan.launch.inputs import MAX_STEPS, STEPS_WORDS
 from trainplan.launch.render import MAX_TIME_LIMIT_MIN, readme, render_k8s, render_shell
 from trainplan.loader import QUOTE, quote
 
@@ -66,6 +67,7 @@ JOB_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # DNS-1123 label (
 WEEK_S = 7 * 24 * 3600
 # Ranges of the restart and timing settings (LaunchSettings): (least, most, the most in words).
 BOUNDS = {
+    "steps": (0, MAX_STEPS, STEPS_WORDS),  # the trainer has no bound; `inputs.MAX_STEPS`
     # 10,000 restarts at page 5's 10-minute restart are 69 days of restarting, not training
     "max_restarts": (0, 10_000, "restarts of all workers"),
     # the launched module's own bound (bench.flags): a collective stuck a week is a hang
@@ -110,6 +112,10 @@ class LaunchSettings:
         if self.target not in TARGETS:
             raise LaunchError(f"--target {quote(self.target)} is not valid; use one of "
                               f"{list(TARGETS)}")
+        for name, (least, most, words) in BOUNDS.items():
+            if not least <= getattr(self, name) <= most:
+                raise LaunchError(f"--{name.replace('_', '-')} {getattr(self, name)} is not "
+                                  f"valid; use {least}-{most} ({words})")
         if self.steps and not self.data and self.warmup >= self.steps:  # the harness's
             raise LaunchError(f"--warmup {self.warmup} must be < --steps {self.steps}")
         if self.ckpt_keep == 1:
@@ -118,10 +124,6 @@ class LaunchSettings:
         if not 1 <= self.time_limit_min <= MAX_TIME_LIMIT_MIN:
             raise LaunchError(f"--time-limit-min {self.time_limit_min} is not valid; use "
                               f"1-{MAX_TIME_LIMIT_MIN} (up to 365 days)")
-        for name, (least, most, words) in BOUNDS.items():
-            if not least <= getattr(self, name) <= most:
-                raise LaunchError(f"--{name.replace('_', '-')} {getattr(self, name)} is not "
-                                  f"valid; use {least}-{most} ({words})")
         slurm = self.target == "slurm"  # the one target with a time limit (render.TARGET_FLAGS)
         if slurm and self.warn_s <= self.save_grace_s:
             raise LaunchError(f"--warn-s {self.warn_s} must exceed --save-grace-s "

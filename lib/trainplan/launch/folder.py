@@ -2,7 +2,9 @@
 
 `check_out_dir` refuses, in one line, a folder that would lose files or cannot be made where
 it is named (a name the OS cannot look at, too long for the file system, in a folder this
-user cannot write in, or "." and ".."); `write` puts the artefacts into a temporary folder
+user cannot write in, or "." and ".."); `check_inputs` one that is, holds or would replace
+part of what the job reads (its data, specs, plan, or the checkpoints and logs of a run
+started in it); `write` puts the artefacts into a temporary folder
 beside it and renames that into place, so a failure leaves nothing half-written.
 """
 
@@ -13,21 +15,25 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from trainplan.errors import TrainplanError
-from trainplan.loader import long_name, nearest_existing, quote
+from trainplan.errors import ERROR_PREFIX, MAX_LINE, TrainplanError
+from trainplan.loader import fit_line, long_name, nearest_existing, quote
 
 TEMP_EXTRA = len("..old.") + 8  # `write`'s folders beside --out: .NAME.old.XXXXXXXX (mkdtemp)
+# What the scripts make in the folder they are started from (torchrun.sh: $PWD, Slurm:
+# $SLURM_SUBMIT_DIR), and a restarted or resubmitted job reads back: --out keeps them.
+RUN_FOLDERS = ("checkpoints", "logs")
 
 
 class OutDirError(TrainplanError):
     """An --out folder that would lose files, or that cannot be made where it is named."""
 
 
-def check_out_dir(out: Path, force: bool) -> None:
+def check_out_dir(out: Path, force: bool, inputs: list[tuple[str, str | Path]] = ()) -> None:
     """Refuse a folder that would lose files, or that cannot be made where it is named
     (`loader.nearest_existing`; ".", ".." and "/" are no folder of its own; names below it
     checked for length, the temporary folders' included; probed with a folder made and
-    removed in its nearest existing parent), before anything is computed or written."""
+    removed in its nearest existing parent), or would replace one of `inputs`
+    (`check_inputs`, before --force is asked for), before anything is computed or written."""
     out = Path(out)
     found, why = nearest_existing(out)
     if found is None:  # `why` is the OS's reason
@@ -52,9 +58,48 @@ def check_out_dir(out: Path, force: bool) -> None:
     except OSError as err:  # a folder this user cannot list
         raise OutDirError(f"--out {quote(str(out))} cannot be used ({err.strerror}); name a "
                           "folder you can write to") from None
+    check_inputs(out, inputs)
     if full and not force:
         raise OutDirError(f"--out {quote(str(out))} exists and is not empty; add --force to "
                           "replace it, or name a new folder")
+
+
+def _forms(path) -> set[Path]:
+    """`path` made absolute as given ("x/.." folded) and with its links resolved."""
+    forms = {Path(os.path.abspath(path))}
+    try:
+        forms.add(Path(os.path.realpath(path)))
+    except (OSError, ValueError):  # a name the OS cannot look at
+        pass
+    return forms
+
+
+def check_inputs(out: Path, inputs: list[tuple[str, str | Path]]) -> None:
+    """Refuse an --out that is or holds one of `inputs` ((how it was named, path): what the
+    job or launch reads), or lies inside one and exists (replacing it deletes part of it),
+    compared as given and with links resolved; or one holding `RUN_FOLDERS`."""
+    out = Path(out)
+    exists = os.path.lexists(out)
+    for label, path in inputs:
+        for o in _forms(out):
+            for p in _forms(path):
+                if o == p or o in p.parents:
+                    what = "is" if o == p else "holds"
+                    harm = "delete it"
+                elif exists and p in o.parents:
+                    what, harm = "is inside", "delete part of it"
+                else:
+                    continue
+                raise OutDirError(fit_line(
+                    ["--out '", (out,), f"' {what} {label} '", (path,), "', an input of "
+                     f"this launch: replacing --out would {harm}; name another folder"],
+                    MAX_LINE - len(ERROR_PREFIX)))
+    for name in RUN_FOLDERS if exists else ():
+        if os.path.lexists(out / name):
+            raise OutDirError(fit_line(
+                ["--out '", (out,), f"' holds {name}/, which the job writes and reads back "
+                 "when started there: replacing --out would delete it; move it, or name "
+                 "another folder"], MAX_LINE - len(ERROR_PREFIX)))
 
 
 def write(launch, out: Path, force: bool = False) -> Path:

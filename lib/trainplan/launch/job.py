@@ -24,6 +24,7 @@ from typing import NoReturn
 
 from trainplan.cost.memory_runtime import EXPANDABLE, allocator_of
 from trainplan.errors import TrainplanError
+from trainplan.launch.inputs import MAX_STEPS
 from trainplan.loader import load_json, quote, shown
 from trainplan.specs import PLAN_FIELDS
 from trainplan.specs.layouts import RECOMPUTE, SCHEDULES
@@ -89,8 +90,14 @@ def schedule(model, gpus: int, gpus_per_node: int, plan_row: dict) -> Checkpoint
 
 def steps_for(token_budget: float, tokens_per_step: int, warmup: int = 0) -> int:
     """Optimizer steps that train on the whole token budget (the last step may run over);
-    one line where they are not more than `warmup`, the steps the harness leaves untimed."""
+    one line where they are not more than `warmup`, the steps the harness leaves untimed,
+    or more than `MAX_STEPS`."""
     steps = max(1, math.ceil(token_budget / tokens_per_step))
+    if steps > MAX_STEPS:
+        raise TrainplanError(
+            f"the scenario's token_budget {token_budget:g} is {steps:,} steps of "
+            f"{tokens_per_step:,} tokens, more than launch's {MAX_STEPS:,}; give --steps N "
+            f"(at most {MAX_STEPS:,}), or a scenario with a smaller token_budget")
     if steps <= warmup:
         raise TrainplanError(
             f"the scenario's token_budget {token_budget:g} is {steps} step(s) of "
