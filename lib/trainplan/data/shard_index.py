@@ -7,7 +7,8 @@ relies on is checked here, and a hand-edited or damaged index is one line naming
 split's `tokens` and `documents` whole numbers >= 0, its `tokens` the sum of its shards';
 each shard's `file` a plain name in the folder (no "/", not ".."), listed once over all
 splits, its `tokens` a whole number >= 0 (its file's size is `open_shards`' check). The ids
-are not read here: where an index has no `max_id`, the batches check the ids they read.
+are not read here: the reader checks each window of ids it reads against the model's
+vocabulary (`shards.Shards`), the only check of the ids where an index has no `max_id`.
 """
 
 from __future__ import annotations
