@@ -466,3 +466,28 @@ def test_allocator_modes_never_share_a_series(tmp_path):
     # the same config re-predicted in the two modes: expandable holds less reserved
     mem = {r["allocator"]: r["repredicted"]["calibrated"]["memory_gib"] for r in (row, old)}
     assert mem["expandable"] < mem["caching"]
+
+
+def test_a_later_expandable_series_supersedes_a_caching_series_of_its_config(tmp_path):
+    """The harness runs under expandable segments since the planner priced the mode: a config
+    measured again that way, with a fresh prediction for that mode, replaces its caching
+    series in the headline (the two never pair with each other's prediction)."""
+    pred, meas = tp2_records()
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    new_pred = copy.deepcopy(pred)
+    new_pred.update(run_id="rerun", recorded_at="2026-11-27T09:00:00+00:00")
+    new_pred["config"]["allocator"] = "expandable"
+    new_pred["predicted"] = {**pred["predicted"], "step_time_s": 0.191}
+    new_meas = []
+    for i, m in enumerate(meas):
+        m2 = copy.deepcopy(m)
+        m2.update(run_id="rerun", recorded_at=f"2026-11-27T09:0{i + 1}:00+00:00")
+        m2["provenance"] = {**(m2.get("provenance") or {}), "env": env}
+        new_meas.append(m2)
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *meas, new_pred, *new_meas])],
+                          repredictions=False)
+    old, new = sorted(out["rows"], key=lambda r: r["first_measured_at"])
+    assert (old["allocator"], new["allocator"]) == ("caching", "expandable")
+    assert old["superseded_by"]["first_measured_at"] == new["first_measured_at"]
+    assert "superseded_by" not in new and out["configs"] == 1
+    assert new["predicted_step_time_s"] == 0.191

@@ -225,20 +225,30 @@ def _differs(pred: dict, other: dict | None) -> bool:
     return other is None or figures(pred) != figures(other)
 
 
+def successor_key(m: dict) -> tuple:
+    """`series_key` less the allocator mode: what a later series must share with an earlier
+    one to replace it. The harness runs every config under expandable segments since the
+    planner priced the mode, so a caching-allocator series is never measured again; its
+    config's later series, with today's prediction, is the one the headline judges."""
+    key, compiled, impl, fields, where = series_key(m)
+    return key, compiled, impl, tuple(f for f in fields if f[0] != "allocator"), where
+
+
 def superseded_by(series: list[tuple[list[dict], dict]]) -> dict[int, int]:
     """{index of a series: index of the later series that replaces it in the headline}.
 
     A series of launches whose prediction was recorded after an earlier series of the same
-    config on the same kind of host (untagged, or with the same tag) had ended, and before
-    its own first launch, replaces that series: the headline judges today's planner by its
-    latest predictions, and the earlier series stays listed with what replaced it. A later
-    series compared with the same old prediction replaces nothing: both count."""
+    config on the same kind of host (untagged, or with the same tag; either allocator mode,
+    `successor_key`) had ended, and before its own first launch, replaces that series: the
+    headline judges today's planner by its latest predictions, and the earlier series stays
+    listed with what replaced it. A later series compared with the same old prediction
+    replaces nothing: both count."""
     out = {}
     by_key = defaultdict(list)  # series of one config and kind of host, in order
     for j, (b, _) in enumerate(series):
-        by_key[series_key(b[0])].append(j)
+        by_key[successor_key(b[0])].append(j)
     for i, (a, _) in enumerate(series):
-        later = [j for j in by_key[series_key(a[0])] if j > i and series[j][1] is not None
+        later = [j for j in by_key[successor_key(a[0])] if j > i and series[j][1] is not None
                  and a[0].get("tag") in (None, series[j][0][0].get("tag"))
                  and stamp(series[j][1]) > stamp(a[-1])]
         if later:
