@@ -222,9 +222,16 @@ def test_activation_bytes_1f1b_first_stage(tiny):
 
 
 def test_activation_bytes_full_recompute_adds_one_rebuilt_block(tiny):
-    got = memory.activation_bytes(tiny, layouts(micro_batch=2, grad_accum=1, recompute=FULL,
-                                                sequence_parallel=False), seq_len=32).item()
-    assert got == 4 * 2 * 64 * 64 + 2 * 64 * 1_024 + 64_000
+    """Kept block inputs (4 blocks x 2 x 64 tokens x 64) plus one rebuilt block (2 x 64 tokens
+    x 1,024 B): beside the logits (64,000 B) under expandable segments, which lend the freed
+    logits' pages to the rebuilt block, on top of them under the caching allocator."""
+    L = layouts(micro_batch=2, grad_accum=1, recompute=FULL, sequence_parallel=False)
+    kept, rebuilt, logits = 4 * 2 * 64 * 64, 2 * 64 * 1_024, 64_000
+    got = {a: memory.activation_bytes(tiny, L, seq_len=32, allocator=a).item()
+           for a in rt.ALLOCATORS}
+    assert got[rt.CACHING] == kept + rebuilt + logits
+    assert got[rt.EXPANDABLE] == kept + max(rebuilt, logits)
+    assert memory.activation_bytes(tiny, L, seq_len=32).item() == got[rt.EXPANDABLE]
 
 
 def test_buffer_bytes(tiny):
@@ -257,9 +264,10 @@ def test_breakdown_sums_terms_with_the_runtime_terms(tiny):
     states = 4 * P / 4 + 4 * P / 4 + 8 * P / 4
     tokens = 2 * 32
     acts = 4 * 2 * 64 * 1_024 + 64_000 + tokens * 64 * (2 + 2)  # + final norm and head inputs
-    # reduce-scatter stream 4S/d; copy-in stream 2 bytes x (R' + B + R'/d), R' = max(root
-    # group, block): here a block (41,088) outweighs the root group (embeddings, norm, head)
-    pool = 4 * P / 4 + 2 * (2 * block + block / 4)
+    # reduce-scatter stream 4S/d; copy-in stream 2 bytes x (R + 2 B + R/d + B/d): here a
+    # block (41,088) outweighs the root group R (embeddings, norm, head: 2 x 100 x 64 + 64)
+    root = 2 * 100 * 64 + 64
+    pool = 4 * P / 4 + 2 * (root + 2 * block + root / 4 + block / 4)
     assert float(out["params"] + out["grads"] + out["optimizer"]) == pytest.approx(states)
     assert float(out["activations"]) == pytest.approx(acts)
     assert float(out["other"]) == pytest.approx(8 * block + pool + 0.08 * acts)

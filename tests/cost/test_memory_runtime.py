@@ -130,12 +130,29 @@ def test_copy_in_pool_holds_root_and_block_outputs_and_root_casts():
 
 
 def test_copy_in_pool_takes_two_blocks_where_a_block_outweighs_the_root():
+    """Beside the root's output and casts, the second block's output and the first block's
+    casts, which fit in nothing freed before them."""
     small_vocab = dataclasses.replace(M, vocab=8)  # root group far smaller than a block
     kw = dict(path=rt.FSDP, tp=1, pp=1, ep=1, zero=3, cp=1, dp_shard=4)
     block = params.layer_params_per_rank(small_vocab, 1, 1)
+    root = rt.root_group_params_per_rank(small_vocab, 1, 1, 1)
     s = params.stage_params_per_rank(small_vocab, 1, 1, 1)
     pool = float(rt.stream_pool_bytes(small_vocab, **kw))
-    assert pool - 4 * s / 4 == pytest.approx(2 * (2 * block + block / 4))
+    assert pool - 4 * s / 4 == pytest.approx(2 * (root + 2 * block + root / 4 + block / 4))
+
+
+def test_copy_in_pool_at_the_70b_width_is_the_pool_measured():
+    """llama-70b's first two blocks (block 1.6 x the root group): 4.81 GiB under ZeRO-3 on
+    4 GPUs and 2.73 under TP 2 x FSDP 2, where the copy-in pools of
+    data/measurements/validate-h200x4-20261129/ measured 4.82 and 2.73 (every rank)."""
+    m = load_model("llama-70b:2-layers")
+    copy_in = {}
+    for tp, d in ((1, 4), (2, 2)):
+        kw = dict(path=rt.FSDP, tp=tp, pp=1, ep=1, zero=3, cp=1, dp_shard=d)
+        s = params.stage_params_per_rank(m, tp, 1, 1)
+        copy_in[tp] = (float(rt.stream_pool_bytes(m, **kw)) - 4 * s / d) / 2**30
+    assert copy_in[1] == pytest.approx(4.8242, rel=0.01)
+    assert copy_in[2] == pytest.approx(2.7344, rel=0.01)
 
 
 def test_stream_pools_zero_off_fsdp_and_shrink_with_shard_degree():

@@ -209,12 +209,17 @@ def sequence_parallel_on(L: Layouts):
 
 def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale=1.0,
                      logits_scale=1.0, compiled_loss=False, path=None, compiled=None,
-                     fused_loss=False, fp8_kept=NO_FP8):
+                     fused_loss=False, fp8_kept=NO_FP8, allocator=rt.EXPANDABLE):
     """Peak activation bytes on the worst stage of each layout in `L`: the first (most in
     flight) or the last (logits).
 
     Full recompute also rebuilds one block's complete activations during its
-    backward, so one such block is added on top; context parallel's compiled blocks each
+    backward, so one such block is added on top of the blocks' kept bytes. Under the
+    EXPANDABLE allocator it stands beside the head's logits, not with them: the loss and
+    the output layer's backward free the logits before the last block is rebuilt, and
+    the segment lends their pages to it. The caching allocator strands freed segments
+    in other sizes (`memory_runtime.fragmentation_bytes`), so there both count (`allocator`:
+    `memory_runtime.ALLOCATORS`). Context parallel's compiled blocks each
     keep the gathered K, V (`ring.ring_kept_bytes`), and the ring holds its buffers
     during a block's backward (`ring.ring_peak_bytes`), the larger of them and the head's
     logits counting. `scale` (and `full_scale`
@@ -262,7 +267,9 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     # activations are held and the head's logits are already freed (`ring.ring_peak_bytes`)
     ring_peak = ring.ring_peak_bytes(m, **ring_kw)
     first = per_layer * layers * in_flight + rebuilt + buffers + ring_peak
-    last = per_layer * layers + rebuilt + np.maximum(logits, ring_peak) + buffers
+    beside = np.where(allocator == rt.EXPANDABLE, rebuilt, 0.0)  # the logits' pages reused
+    last = per_layer * layers + rebuilt - beside + np.maximum(logits, beside + ring_peak) \
+        + buffers
     return np.where(np.asarray(pp) > 1, np.maximum(first, last), last)
 
 
@@ -330,7 +337,7 @@ def breakdown(m: ModelSpec, L: Layouts, *, seq_len, activation_scale=1.0, rebuil
     activations = activation_bytes(
         m, L, seq_len=seq_len, scale=activation_scale, full_scale=rebuilt_scale,
         logits_scale=logits_scale, compiled_loss=compiled_loss, path=path, compiled=compiled,
-        fused_loss=fused_loss, fp8_kept=fp8_kept)
+        fused_loss=fused_loss, fp8_kept=fp8_kept, allocator=allocator)
     weights, optimizer = rt.state_bytes(m, path=path, **sharding)
     grads = rt.grad_bytes(m, path=path, grad_accum=grad_accum, **sharding)
     terms = {

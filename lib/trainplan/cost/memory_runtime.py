@@ -224,15 +224,20 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
       so the pool holds 4 S / d through the next forward, after
       `zero_grad(set_to_none=True)` freed the gradients;
     - all-gather copy-in stream: `foreach_all_gather` casts each fp32 shard to
-      bf16 and allocates the whole bf16 all-gather output there. Forward
-      starts with the root group's gather (casts R / d, output R), and the
-      first block's (output B, its casts fitting in the root's freed casts)
-      is issued while the root's output is still live; each later gather
-      fits in a freed output. The pool so holds 2 bytes x (R' + B + R' / d),
-      R' = max(R, B) (two blocks in flight where a block outweighs the root).
+      bf16 and allocates the whole bf16 all-gather output there; an output is
+      freed when the next gather is issued. Forward starts with the root
+      group's gather (casts R / d, output R), and the first block's (output B)
+      is issued while the root's output is still live. Where B <= R, the
+      block's casts fit in the root's freed casts and each later gather in a
+      freed output: 2 bytes x (R + B + R / d). Where a block outweighs the
+      root, the second block's output and the first block's casts fit in
+      nothing freed before them: 2 bytes x (R + 2 B + R / d + B / d).
       A check, not a fit: rank 0's copy-in pool in
       proxy-h100x4-20261126c-measurements.jsonl (`memory_pools`) is this to
-      0.01 GiB on all five FSDP layouts there (1.3B and 13B width, d = 2, 4).
+      0.01 GiB on all five FSDP layouts there (1.3B and 13B width, d = 2, 4,
+      B <= R); at the 70B width (B = 1.6 R) it is 4.81 GiB against 4.82
+      measured under ZeRO-3 on 4 GPUs and 2.73 against 2.73 under TP 2 x FSDP 2
+      (validate-h200x4-20261129/, both allocator modes alike).
 
     S = the stage's parameters on this rank, B = one block's, R = the root
     group's (`root_group_params_per_rank`), d = the shard degree. Source:
@@ -243,10 +248,11 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
 
     s = params.stage_params_per_rank(m, tp, pp, ep)
     block = params.layer_params_per_rank(m, tp, ep)
-    first = np.maximum(root_group_params_per_rank(m, tp, pp, ep), block)
+    root = root_group_params_per_rank(m, tp, pp, ep)
     d = shard_degree(zero, dp_shard, cp, 1)
     on = (np.asarray(path) == FSDP) & (d > 1)
-    copy_in = BF16 * (first + block + first / d)
+    copy_in = BF16 * (root + block + root / d
+                      + np.where(block > root, block + block / d, 0.0))
     return np.where(on, 4.0 * s / d + copy_in, 0.0)
 
 
