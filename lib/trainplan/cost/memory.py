@@ -221,8 +221,9 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
     in other sizes (`memory_runtime.fragmentation_bytes`), so there both count (`allocator`:
     `memory_runtime.ALLOCATORS`). Context parallel's compiled blocks each
     keep the gathered K, V (`ring.ring_kept_bytes`), and the ring holds its buffers
-    during a block's backward (`ring.ring_peak_bytes`), the larger of them and the head's
-    logits counting. `scale` (and `full_scale`
+    during a block's backward (`ring.ring_peak_bytes`): the last stage's peak is the
+    larger of the head's logits and the ring's buffers (with the rebuilt block, under
+    EXPANDABLE). `scale` (and `full_scale`
     for the rebuilt block) are the measured kept / analytic bytes of a block,
     `logits_scale` the eager head's measured peak / analytic logits bytes
     (`trainplan.calibrate.pieces`; 1 when uncalibrated); a compiled loss is

@@ -225,19 +225,22 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
       `zero_grad(set_to_none=True)` freed the gradients;
     - all-gather copy-in stream: `foreach_all_gather` casts each fp32 shard to
       bf16 and allocates the whole bf16 all-gather output there; an output is
-      freed when the next gather is issued. Forward starts with the root
+      freed once the next gather has been issued. Forward starts with the root
       group's gather (casts R / d, output R), and the first block's (output B)
       is issued while the root's output is still live. Where B <= R, the
       block's casts fit in the root's freed casts and each later gather in a
       freed output: 2 bytes x (R + B + R / d). Where a block outweighs the
-      root, the second block's output and the first block's casts fit in
-      nothing freed before them: 2 bytes x (R + 2 B + R / d + B / d).
+      root, the first block's casts fit in nothing freed before them, nor,
+      where the stage holds two blocks or more, does the second block's
+      output: 2 bytes x (R + B + R / d + B / d), plus 2 B.
       A check, not a fit: rank 0's copy-in pool in
       proxy-h100x4-20261126c-measurements.jsonl (`memory_pools`) is this to
       0.01 GiB on all five FSDP layouts there (1.3B and 13B width, d = 2, 4,
-      B <= R); at the 70B width (B = 1.6 R) it is 4.81 GiB against 4.82
-      measured under ZeRO-3 on 4 GPUs and 2.73 against 2.73 under TP 2 x FSDP 2
-      (validate-h200x4-20261129/, both allocator modes alike).
+      B <= R). At the 70B width (B = 1.6 R) rank 0's pool measured 4.82 GiB
+      under ZeRO-3 on 4 GPUs (4.81 priced), 2.73 under TP 2 x FSDP 2 (2.72) and
+      3.13 on a pipeline stage of one block, CP 2 x PP 2 (3.12), in
+      validate-h200x4-20261129/ (expandable segments) and within 0.01 GiB of
+      these in proxy-h200x4-20261128b-measurements.jsonl (caching allocator).
 
     S = the stage's parameters on this rank, B = one block's, R = the root
     group's (`root_group_params_per_rank`), d = the shard degree. Source:
@@ -251,8 +254,9 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
     root = root_group_params_per_rank(m, tp, pp, ep)
     d = shard_degree(zero, dp_shard, cp, 1)
     on = (np.asarray(path) == FSDP) & (d > 1)
+    second = np.where(m.n_layers / np.asarray(pp) >= 2, block, 0.0)  # a stage's second block
     copy_in = BF16 * (root + block + root / d
-                      + np.where(block > root, block + block / d, 0.0))
+                      + np.where(block > root, second + block / d, 0.0))
     return np.where(on, 4.0 * s / d + copy_in, 0.0)
 
 
