@@ -62,3 +62,18 @@ def test_format_and_figure():
 
     fig = weak_scaling_figure(out)
     assert len(fig.axes[0].lines) >= 3
+
+
+def test_hsdp_is_its_own_series_not_the_zero3_point():
+    """HSDP 2 x 2 (ZeRO-3 within groups of 2, replicated twice) is not FSDP2 ZeRO-3 over
+    all four GPUs: it starts its own series, named as such."""
+    hsdp = row("p-hsdp2x2-mb8", 4, 3, 50000.0)
+    hsdp["layout"]["dp_shard"] = 2
+    out = scaling.weak_scaling(ROWS + [hsdp])
+    z3 = [s for s in out["series"] if s["zero"] == 3]
+    assert sorted((s["hsdp_shard"] or 0) for s in z3) == [0, 2]
+    split = next(s for s in z3 if s["hsdp_shard"] == 2)
+    plain = next(s for s in z3 if s["hsdp_shard"] is None)
+    assert [p["config"] for p in split["points"]] == ["1gpu-mb8-c", "p-hsdp2x2-mb8"]
+    assert plain["points"][-1]["config"] == "fsdp-z3-mb8-c"
+    assert split["name"].startswith("HSDP 2 x 2") and "HSDP" not in plain["name"]

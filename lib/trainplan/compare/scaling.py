@@ -7,8 +7,9 @@ efficiency at n GPUs is
     E(n) = (tokens/s/GPU at n) / (tokens/s/GPU at 1)
 
 (target: at least 0.95 at 4 GPUs). A series is one data-parallel
-layout (ZeRO stage, micro-batch, accumulation, recompute, compile, model,
-kind of host, implementation; tp = pp = 1) over GPU counts (a host: its GPU
+layout (ZeRO stage, the shard group where HSDP replicates it, micro-batch,
+accumulation, recompute, compile, model, kind of host, implementation; tp = pp = 1) over
+GPU counts (a host: its GPU
 count and card, `compare.host`; points from different hosts are never put in
 one series). Its 1-GPU point is the 1-GPU measurement of the same layout;
 where none was run with the same ZeRO stage, the plain one (zero 0, no
@@ -38,8 +39,17 @@ def _data_parallel(row: dict) -> bool:
     return lay["tp"] == 1 and lay["pp"] == 1 and lay.get("cp", 1) == 1 and lay["dp"] == row["gpus"]
 
 
-def _name(lay: dict) -> str:
+def _hsdp_shard(row: dict) -> int | None:
+    """The shard group's size where HSDP replicates it (1 < dp_shard < dp), else None."""
+    lay = row["layout"]
+    shard = lay.get("dp_shard") or lay["dp"]
+    return shard if lay["zero"] > 0 and 1 < shard < lay["dp"] else None
+
+
+def _name(lay: dict, hsdp: int | None = None) -> str:
     kind = "DDP" if lay["zero"] == 0 else f"FSDP2 ZeRO-{lay['zero']}"
+    if hsdp:
+        kind = f"HSDP {hsdp} x {lay['dp'] // hsdp} (ZeRO-{lay['zero']} in groups of {hsdp})"
     extra = f", {lay['recompute']} recompute" if lay["recompute"] != "none" else ""
     return (f"{kind}, mb {lay['micro_batch']}" + (f" x {lay['grad_accum']}"
             if lay["grad_accum"] > 1 else "") + extra + (", compiled" if lay["compile"] else ""))
@@ -66,28 +76,29 @@ def weak_scaling(rows: list[dict], target: float = TARGET) -> dict:
         if not _data_parallel(row) or not row.get("measured_tokens_per_s_per_gpu"):
             continue
         zero = row["layout"]["zero"]
-        bucket = ones[_family(row)] if row["gpus"] == 1 else multi[(_family(row), zero)]
+        bucket = ones[_family(row)] if row["gpus"] == 1 \
+            else multi[(_family(row), zero, _hsdp_shard(row))]
         slot = zero if row["gpus"] == 1 else row["gpus"]
         if slot not in bucket or row["launches"] > bucket[slot]["launches"]:
             bucket[slot] = row
     series = []
-    for (family, zero), by_gpus in multi.items():
+    for (family, zero, hsdp), by_gpus in multi.items():
         base = ones[family].get(zero) or ones[family].get(0)
         if base is None:
             continue
         points = [_point(base, base)] + [_point(by_gpus[n], base) for n in sorted(by_gpus)]
         last = points[-1]
         series.append({
-            "name": _name({**by_gpus[max(by_gpus)]["layout"], "zero": zero}),
+            "name": _name({**by_gpus[max(by_gpus)]["layout"], "zero": zero}, hsdp),
             "model": family[0], "card": base["card"], "host": family[1], "impl": family[2],
-            "zero": zero,
+            "zero": zero, "hsdp_shard": hsdp,
             "baseline": base["config"],
             "baseline_note": None if base["layout"]["zero"] == zero else
             "1-GPU point run without sharding (zero 0): nothing to shard on one rank",
             "points": points, "gpus_max": last["gpus"], "efficiency_at_max": last["efficiency"],
             "meets_target": last["efficiency"] >= target,
         })
-    series.sort(key=lambda s: (s["model"], s["host"], s["zero"], s["name"]))
+    series.sort(key=lambda s: (s["model"], s["host"], s["zero"], s["hsdp_shard"] or 0, s["name"]))
     return {"definition": "tokens/s/GPU at n GPUs over tokens/s/GPU at 1 GPU, same per-GPU "
                           "micro-batch (weak scaling)", "target": target, "series": series}
 
