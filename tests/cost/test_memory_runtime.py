@@ -101,6 +101,17 @@ def test_pipeline_buffers_scale_with_grad_accum_and_vanish_without_pp():
         2 * rt.pp_buffer_bytes(M, grad_accum=8, pp=2, **kw) == 16 * 4 * 4096 * 2048
 
 
+def test_interleaved_first_rank_keeps_three_sets_of_buffers_with_two_virtual_stages():
+    """Rank 0 of PP 4 x 2 virtual runs stage 0 (gradient receives) and stage 4 (activation
+    and gradient receives): three sets of m fp32 boundaries, 1.5 GiB at m = 16, mb 2,
+    s 2048 on the 1.3B model, against 0.5 for one."""
+    kw = dict(path=rt.AUTOCAST, seq_len=2048, micro_batch=2, tp=1, cp=1, sequence_parallel=False,
+              grad_accum=16, pp=4)
+    one = float(rt.pp_buffer_bytes(M, **kw))
+    assert float(rt.pp_buffer_bytes(M, pp_virtual=2, **kw)) == 3 * one == 3 * 2**29
+    assert float(rt.pp_buffer_bytes(M, pp_virtual=4, **kw)) == 7 * one
+
+
 def test_vectorised_over_layouts():
     lay = layouts(**{**LAY, "tp": np.array([1, 2, 4])}, dp_shard=np.array([1, 1, 1]),
                   zero=np.array([0, 0, 0]), micro_batch=8, grad_accum=1)

@@ -263,7 +263,8 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
                                        tp=tp, cp=cp)
     buffers = extras * rt.pp_buffer_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
                                           grad_accum=grad_accum, tp=tp, cp=cp, pp=pp,
-                                          sequence_parallel=sequence_parallel)
+                                          sequence_parallel=sequence_parallel,
+                                          pp_virtual=L.pp_virtual)
     # context parallel: the ring's buffers during a block's backward, when every block's
     # activations are held and the head's logits are already freed (`ring.ring_peak_bytes`)
     ring_peak = ring.ring_peak_bytes(m, **ring_kw)
