@@ -167,3 +167,67 @@ def test_copy_in_pool_at_the_70b_width_is_the_pool_measured():
     assert copy_in[1, 1] == pytest.approx(4.8242, rel=0.01)
     assert copy_in[2, 1] == pytest.approx(2.7344, rel=0.01)
     assert copy_in[1, 2] == pytest.approx(3.1250, rel=0.01)
+
+
+def test_stream_pools_zero_off_fsdp_and_shrink_with_shard_degree():
+    kw = dict(tp=1, pp=1, ep=1, cp=1)
+    for path in (rt.AUTOCAST, rt.DDP):
+        assert rt.stream_pool_bytes(M, path=path, zero=2, dp_shard=4, **kw) == 0
+    assert rt.stream_pool_bytes(M, path=rt.FSDP, zero=0, dp_shard=4, **kw) == 0  # d = 1
+    pools = rt.stream_pool_bytes(M, path=rt.FSDP, zero=3, dp_shard=np.array([2, 4, 8, 16]), **kw)
+    assert np.all(np.diff(pools) < 0) and np.all(pools > 0)
+    # wider tensor parallelism shards every stream's share
+    tps = rt.stream_pool_bytes(M, path=rt.FSDP, zero=3, dp_shard=2, tp=np.array([1, 2, 4]),
+                               pp=1, ep=1, cp=1)
+    assert np.all(np.diff(tps) < 0)
+
+
+G8 = load_model("data/models/llama3-8b.yaml")
+
+
+def root_reduce(m, *, tp=1, zero=2, dp_shard=4, path=rt.FSDP, micro_batch=2, seq_len=4096,
+                compiled_loss=True):
+    head = rt.head_block_bytes(m, seq_len=seq_len, micro_batch=micro_batch, cp=1,
+                               compiled_loss=compiled_loss)
+    return float(rt.root_reduce_bytes(m, path=path, tp=tp, pp=1, ep=1, zero=zero,
+                                      dp_shard=dp_shard, cp=1, head_block=head))
+
+
+def test_root_reduce_input_is_fp32_root_group_where_no_head_block_holds_it():
+    # llama3-8b, 128k vocabulary: 4 x (2 V h + h) bytes = 3.91 GiB; the head's bf16 logits
+    # of 8,192 tokens are 1.96 GiB, too small to hold it (the 4 x H200 snapshot: 4,010 MiB)
+    root = 2 * 128256 * 4096 + 4096
+    assert root_reduce(G8) == 4.0 * root
+    assert root_reduce(G8) / 2**20 == pytest.approx(4010, abs=5)
+    assert root_reduce(G8, zero=3, dp_shard=2) == 4.0 * root  # unsharded: any stage, any d
+
+
+def test_root_reduce_input_reuses_a_head_block_that_holds_it():
+    # TP 2 halves the root (vocab-parallel) while the loss keeps whole logits: 4 R = L
+    assert root_reduce(G8, tp=2, dp_shard=2) == 0.0
+    # the 1.3B proxy at micro-batch 8: logits (1.95 GiB) outweigh 4 R (0.49 GiB)
+    assert root_reduce(M, micro_batch=8, seq_len=2048) == 0.0
+    # ... but not at 4,096 tokens (0.24 GiB of logits)
+    assert root_reduce(M, micro_batch=1, seq_len=4096) == 4.0 * (2 * 32000 * 2048 + 2048)
+    # the eager loss frees fp32 logits, twice the block
+    assert root_reduce(M, micro_batch=2, seq_len=4096, compiled_loss=False) == 0.0
+
+
+def test_root_reduce_zero_off_fsdp_and_with_a_shard_group_of_one():
+    for path in (rt.AUTOCAST, rt.DDP):
+        assert root_reduce(G8, path=path) == 0.0
+    assert root_reduce(G8, dp_shard=1) == 0.0
+    assert root_reduce(G8, zero=0) == 0.0
+
+
+def test_breakdown_other_carries_the_root_reduce_segment():
+    lay = layouts(**{**LAY, "dp": 4, "dp_shard": 4, "zero": 2, "micro_batch": 2,
+                     "grad_accum": 1})
+    b = memory.breakdown(G8, lay, seq_len=4096, compiled_loss=True, allocator=rt.CACHING)
+    sharding = dict(tp=1, pp=1, ep=1, zero=2, dp_shard=4, cp=1)
+    known = memory.buffer_bytes(G8, dp=4, **sharding) \
+        + rt.stream_pool_bytes(G8, path=rt.FSDP, **sharding) \
+        + rt.fragmentation_bytes(b["activations"])
+    assert b["other"].item() - known.item() == pytest.approx(root_reduce(G8))
+    parts = sum(b[k] for k in ("params", "grads", "optimizer", "activations", "other"))
+    assert b["total"].item() == pytest.approx(parts.item())
