@@ -6,16 +6,14 @@ efficiency at n GPUs is
 
     E(n) = (tokens/s/GPU at n) / (tokens/s/GPU at 1)
 
-(target: at least 0.95 at 4 GPUs). A series is one data-parallel
-layout (ZeRO stage, the shard group where HSDP replicates it, micro-batch,
-accumulation, recompute, compile, model, kind of host, implementation; tp = pp = 1) over
-GPU counts (a host: its GPU
-count and card, `compare.host`; points from different hosts are never put in
-one series). Its 1-GPU point is the 1-GPU measurement of the same layout;
-where none was run with the same ZeRO stage, the plain one (zero 0, no
-sharding to do on one rank) stands in, and the series says so. The interval
-of E is the ratio of the two rates' 95% intervals taken end against end
-(low / high, high / low): conservative, as the two runs are independent.
+(target: at least 0.95 at 4 GPUs). A series is one data-parallel layout (ZeRO stage,
+the shard group where HSDP replicates it, micro-batch, accumulation, recompute, compile,
+model, kind of host, implementation; tp = pp = 1) over GPU counts (a host: its GPU count
+and card, `compare.host`; points from different hosts are never put in one series). Its
+1-GPU point is the 1-GPU measurement of the same layout; where none was run with the same
+ZeRO stage, the plain one (zero 0, no sharding to do on one rank) stands in, and the series
+says so. The interval of E is the ratio of the two rates' 95% intervals taken end against
+end (low / high, high / low): conservative, as the two runs are independent.
 
 Input: the rows of `trainplan.compare.accuracy.compare` (one per measured config).
 """
