@@ -169,6 +169,21 @@ def test_copy_in_pool_at_the_70b_width_is_the_pool_measured():
     assert copy_in[1, 2] == pytest.approx(3.1250, rel=0.01)
 
 
+
+def test_copy_in_pool_where_the_roots_freed_casts_hold_the_first_block():
+    """llama3-8b's 128k vocabulary at d = 2: the first block's casts and output (B (1 + 1/d)
+    <= R / d) fit where the root's casts were, so the pool is R + R / d: 1.47 GiB under
+    TP 2 x FSDP 2 and 2.94 under ZeRO-3, where rank 0's pools in
+    data/measurements/validate-h200x4-20261129/ measured 1.48 and 2.95 GiB."""
+    m = load_model("data/models/llama3-8b.yaml:4-layers")
+    for tp, measured in ((2, 1.4844), (1, 2.9492)):
+        kw = dict(path=rt.FSDP, tp=tp, pp=1, ep=1, zero=3, cp=1, dp_shard=2)
+        s = params.stage_params_per_rank(m, tp, 1, 1)
+        root = rt.root_group_params_per_rank(m, tp, 1, 1)
+        copy_in = float(rt.stream_pool_bytes(m, **kw)) - 4 * s / 2
+        assert copy_in == pytest.approx(2 * (root + root / 2))
+        assert copy_in / 2**30 == pytest.approx(measured, rel=0.02)
+
 def test_stream_pools_zero_off_fsdp_and_shrink_with_shard_degree():
     kw = dict(tp=1, pp=1, ep=1, cp=1)
     for path in (rt.AUTOCAST, rt.DDP):

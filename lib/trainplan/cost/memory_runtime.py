@@ -230,23 +230,26 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
       so the pool holds 4 S / d through the next forward, after
       `zero_grad(set_to_none=True)` freed the gradients;
     - all-gather copy-in stream: `foreach_all_gather` casts each fp32 shard to
-      bf16 and allocates the whole bf16 all-gather output there; an output is
-      freed once the next gather has been issued. Forward starts with the root
-      group's gather (casts R / d, output R), and the first block's (output B)
-      is issued while the root's output is still live. Where B <= R, the
-      block's casts fit in the root's freed casts and each later gather in a
-      freed output: 2 bytes x (R + B + R / d). Where a block outweighs the
-      root, the first block's casts fit in nothing freed before them, nor,
-      where the stage holds two blocks or more, does the second block's
-      output: 2 bytes x (R + B + R / d + B / d), plus 2 B.
-      A check, not a fit: rank 0's copy-in pool in
-      proxy-h100x4-20261126c-measurements.jsonl (`memory_pools`) is this to
-      0.01 GiB on all five FSDP layouts there (1.3B and 13B width, d = 2, 4,
-      B <= R). At the 70B width (B = 1.6 R) rank 0's pool measured 4.82 GiB
-      under ZeRO-3 on 4 GPUs (4.81 priced), 2.73 under TP 2 x FSDP 2 (2.72) and
-      3.13 on a pipeline stage of one block, CP 2 x PP 2 (3.12), in
-      validate-h200x4-20261129/ (expandable segments) and within 0.01 GiB of
-      these in proxy-h200x4-20261128b-measurements.jsonl (caching allocator).
+      bf16 (X / d for a group of X parameters), allocates the whole bf16
+      all-gather output there (X) and frees the casts; an output is freed
+      once the next gather has been issued. Forward starts with the root
+      group's gather (casts R / d, then output R); the allocator's best fit
+      then places each block's casts and output in what is free, else past
+      the end. Where B (1 + 1 / d) <= R / d, the first block's casts and
+      output fit where the root's casts were and the pool is 2 bytes x
+      (R + R / d). Else, where B <= R, the first block's output goes past the
+      end and every later gather fits: 2 bytes x (R + R / d + B). Where a
+      block outweighs the root, its casts go there too (+ B / d), and the
+      second block's output, where the stage holds one and B > R + R / d,
+      fits in nothing freed before it (+ B).
+      A check, not a fit: rank 0's copy-in pool (`memory_pools`) is this within
+      0.03 GiB on every FSDP2 config of validate-h200x4-20261129/ (1.3B, 8B,
+      13B and 70B widths, d = 2, 4; 70B: 4.82 GiB measured under ZeRO-3, 2.73
+      under TP 2 x FSDP 2, 3.13 on a one-block pipeline stage; 8B at d = 2:
+      1.48 and 2.95, where the root's freed casts hold the first block) and
+      of proxy-h100x4-20261126c-measurements.jsonl; the caching allocator's
+      pools in proxy-h200x4-20261128b-measurements.jsonl are the same within
+      0.01 GiB.
 
     S = the stage's parameters on this rank, B = one block's, R = the root
     group's (`root_group_params_per_rank`), d = the shard degree. Source:
@@ -260,9 +263,11 @@ def stream_pool_bytes(m: ModelSpec, *, path, tp, pp, ep, zero, dp_shard, cp):
     root = root_group_params_per_rank(m, tp, pp, ep)
     d = shard_degree(zero, dp_shard, cp, 1)
     on = (np.asarray(path) == FSDP) & (d > 1)
-    second = np.where(m.n_layers / np.asarray(pp) >= 2, block, 0.0)  # a stage's second block
-    copy_in = BF16 * (root + block + root / d
-                      + np.where(block > root, second + block / d, 0.0))
+    in_casts = block * (1.0 + 1.0 / d) <= root / d  # the first block where the root's casts were
+    outweighs = block > root
+    second = outweighs & (block > root * (1.0 + 1.0 / d)) & (m.n_layers / np.asarray(pp) >= 2)
+    copy_in = BF16 * (root + root / d + np.where(in_casts, 0.0, block)
+                      + np.where(outweighs, block / d, 0.0) + np.where(second, block, 0.0))
     return np.where(on, 4.0 * s / d + copy_in, 0.0)
 
 
