@@ -246,3 +246,23 @@ def test_breakdown_other_carries_the_root_reduce_segment():
     assert b["other"].item() - known.item() == pytest.approx(root_reduce(G8))
     parts = sum(b[k] for k in ("params", "grads", "optimizer", "activations", "other"))
     assert b["total"].item() == pytest.approx(parts.item())
+
+
+def test_replicate_logits_keep_a_second_whole_copy_under_tensor_parallel(monkeypatch):
+    """Shard(-1) -> Replicate gathers into one whole buffer and concatenates into another:
+    2 bytes x tokens x V more at the head under TP (1.96 GiB for llama3-8b at mb 2, s 4096),
+    none without it; the harness path's last stage carries exactly that much more."""
+    g8 = load_model("data/models/llama3-8b.yaml:4-layers")
+    kw = dict(seq_len=4096, micro_batch=2, cp=1)
+    copy = float(rt.replicate_gather_bytes(g8, tp=2, **kw))
+    assert rt.replicate_gather_bytes(g8, tp=1, **kw) == 0
+    assert rt.replicate_gather_bytes(g8, tp=4, **kw) == copy
+    assert copy / 2**30 == pytest.approx(1.957, abs=1e-3)
+    L = layouts(**{**LAY, "tp": 2}, micro_batch=2, grad_accum=1)
+
+    def acts():
+        return np.asarray(memory.activation_bytes(g8, L, seq_len=4096, path=rt.AUTOCAST)).item()
+
+    with_copy = acts()
+    monkeypatch.setattr(rt, "replicate_gather_bytes", lambda *a, **k: 0.0)
+    assert with_copy - acts() == pytest.approx(copy)

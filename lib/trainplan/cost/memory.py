@@ -260,7 +260,9 @@ def activation_bytes(m: ModelSpec, L: Layouts, *, seq_len, scale=1.0, full_scale
                              compiled_loss=compiled_loss, logits_scale=logits_scale,
                              fused_loss=fused_loss) \
         + extras * rt.head_input_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
-                                       tp=tp, cp=cp)
+                                       tp=tp, cp=cp) \
+        + extras * rt.replicate_gather_bytes(m, seq_len=seq_len, micro_batch=micro_batch, tp=tp,
+                                             cp=cp)
     buffers = extras * rt.pp_buffer_bytes(m, path=path, seq_len=seq_len, micro_batch=micro_batch,
                                           grad_accum=grad_accum, tp=tp, cp=cp, pp=pp,
                                           sequence_parallel=sequence_parallel,

@@ -187,6 +187,20 @@ def head_input_bytes(m: ModelSpec, *, path, seq_len, micro_batch, tp, cp):
     return tokens * m.hidden * (stream_bytes(path) + BF16) + cache
 
 
+def replicate_gather_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
+    """The second whole copy of the logits while tensor parallel hands the loss Replicate
+    logits (`head_input_bytes`), bytes: DTensor's Shard(-1) -> Replicate all-gathers the
+    vocabulary shards along dim 0 into one buffer and concatenates its chunks along the
+    vocabulary into another (torch.distributed._functional_collectives.all_gather_tensor),
+    both whole, 2 bytes x b s / cp x V, until the first is freed. 0 without tensor parallel.
+    Derived from that code; on 4 x H200 (validate-h200x4-20261129/) 8 of the 9 TP configs'
+    peaks ran 0.89-1.18 x this over the planner's before it was priced (re-predicted after
+    the measurements).
+    """
+    tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
+    return np.where(np.asarray(tp) > 1, BF16 * tokens * m.vocab, 0.0)
+
+
 def pp_buffer_bytes(m: ModelSpec, *, path, seq_len, micro_batch, grad_accum, tp, cp, pp,
                     sequence_parallel, pp_virtual=1):
     """Receive buffers the first (or last) pipeline rank allocates once per micro-batch and
