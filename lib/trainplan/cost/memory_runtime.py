@@ -193,9 +193,8 @@ def replicate_gather_bytes(m: ModelSpec, *, seq_len, micro_batch, tp, cp):
     vocabulary shards along dim 0 into one buffer and concatenates its chunks along the
     vocabulary into another (torch.distributed._functional_collectives.all_gather_tensor),
     both whole, 2 bytes x b s / cp x V, until the first is freed. 0 without tensor parallel.
-    Derived from that code; on 4 x H200 (validate-h200x4-20261129/) 8 of the 9 TP configs'
-    peaks ran 0.89-1.18 x this over the planner's before it was priced (re-predicted after
-    the measurements).
+    Derived from that code. A check: in validate-h200x4-20261129/ (4 x H200) 8 of the 9 TP
+    configs' measured peaks exceed the peak priced without this term by 0.89-1.18 x it.
     """
     tokens = np.asarray(micro_batch) * seq_len / np.asarray(cp)
     return np.where(np.asarray(tp) > 1, BF16 * tokens * m.vocab, 0.0)
