@@ -7,7 +7,8 @@ The run is train.py's own (`train.run`); as bench/profile.py does, this entry
 only swaps, for the run, module attributes the loop looks up at call time:
 `parallelize.build_mesh` (keep the mesh, to name process groups),
 `step.train_step` (count the last `--count-steps` steps under a CommDebugMode)
-and `step.clip_grad_norm` (mark clipping and optimizer collectives "step").
+and `step.reduce_partial_grads` (mark what follows the backward "step": Partial gradients
+made whole, clipping, the optimizer).
 `--backend` other than inductor swaps `parallelize.apply_compile` for the same
 per-block `compile(fullgraph=True)` with that Dynamo backend (no C++ compiler).
 
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
     limits = _Records("torch._dynamo.convert_frame")
     kept: dict = {"dims": {}, "times": [], "dynamo": None, "counter": None}
     real = {"build_mesh": par_mod.build_mesh, "apply_compile": par_mod.apply_compile,
-            "train_step": step_mod.train_step, "clip_grad_norm": step_mod.clip_grad_norm}
+            "train_step": step_mod.train_step, "reduce": step_mod.reduce_partial_grads}
 
     def build_mesh(*a, **kw):
         mesh = real["build_mesh"](*a, **kw)
@@ -194,10 +195,10 @@ def main(argv=None) -> int:
         for part in [model] if whole else model.layers.values():
             part.compile(fullgraph=True, backend=mine.backend)
 
-    def clip_grad_norm(*a, **kw):
+    def reduce_partial_grads(*a, **kw):
         if kept["counter"]:
-            kept["counter"].phase = "step"  # and stays so through optimizer.step()
-        return real["clip_grad_norm"](*a, **kw)
+            kept["counter"].phase = "step"  # and stays so through clipping and the optimizer
+        return real["reduce"](*a, **kw)
 
     def train_step(*a, **kw):
         if len(kept["times"]) < targs.steps - count:
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
             return real["train_step"](*a, **kw)
 
     par_mod.build_mesh, step_mod.train_step = build_mesh, train_step
-    step_mod.clip_grad_norm = clip_grad_norm
+    step_mod.reduce_partial_grads = reduce_partial_grads
     if mine.backend != "inductor":
         par_mod.apply_compile = apply_compile
     try:
@@ -223,7 +224,7 @@ def main(argv=None) -> int:
         return 2
     finally:
         par_mod.build_mesh, par_mod.apply_compile = real["build_mesh"], real["apply_compile"]
-        step_mod.train_step, step_mod.clip_grad_norm = real["train_step"], real["clip_grad_norm"]
+        step_mod.train_step, step_mod.reduce_partial_grads = real["train_step"], real["reduce"]
         if dist.is_initialized():
             dist.destroy_process_group()
     if int(os.environ.get("RANK", 0)) == 0:
