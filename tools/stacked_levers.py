@@ -7,11 +7,14 @@ after turning either back, or on under DDP, where asked:
                          autocast make it fp32), as DDP, TP or PP alone do;
   --compile-scope block  compile each block apart, as the layouts with wrappers do;
   --ddp                  also apply the levers asked for (bf16, model) under DDP alone (zero
-                         0, tp = pp = cp = 1), whose hooks are per parameter, not per block.
+                         0, tp = pp = cp = 1), whose hooks are per parameter, not per block;
+  --module trainplan.train
+                         run the training path (its flags) instead of the harness: both build
+                         their layouts through the same `parallelize`.
 The defaults (bf16, model) are the harness's own. Everything else (layout, micro-batch,
 --loss fused, allocator settings through the environment) is the harness's flags. Run:
 torchrun --standalone --nproc-per-node N tools/stacked_levers.py \
-    [--stream fp32|bf16] [--compile-scope block|model] [--ddp] HARNESS_FLAGS
+    [--stream fp32|bf16] [--compile-scope block|model] [--ddp] [--module M] FLAGS
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ if __name__ == "__main__":
     p.add_argument("--stream", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--compile-scope", choices=("block", "model"), default="model")
     p.add_argument("--ddp", action="store_true")
+    p.add_argument("--module", default="trainplan.bench.harness.train",
+                   choices=("trainplan.bench.harness.train", "trainplan.train"))
     levers, rest = p.parse_known_args()
     _levers(levers.stream, levers.compile_scope, levers.ddp)
-    sys.argv = ["trainplan.bench.harness.train", *rest]
-    runpy.run_module("trainplan.bench.harness.train", run_name="__main__", alter_sys=True)
+    sys.argv = [levers.module, *rest]
+    runpy.run_module(levers.module, run_name="__main__", alter_sys=True)

@@ -284,6 +284,29 @@ def test_same_tag_measured_again_after_a_changed_prediction_is_a_new_series(tmp_
     assert len(out["rows"]) == 1 and out["rows"][0]["launches"] == 6
 
 
+def test_a_new_harness_revision_starts_a_series_that_supersedes_at_the_same_prediction(
+        tmp_path):
+    """The planner unchanged (its prediction recorded again, as a rerun's), the harness
+    changed what it measures: the new revision's launches are a series of their own, which
+    replaces the old one in the headline; at the same revision they pool."""
+    pred, meas = tp2_records()
+    old = [{**copy.deepcopy(m), "tag": "tp2-mb8-c"} for m in meas]
+    same = {**copy.deepcopy(pred), "run_id": "callB", "recorded_at": "2026-11-27T09:00:00+00:00"}
+    new_meas = [{**copy.deepcopy(m), "run_id": "callB", "harness_revision": 2,
+                 "recorded_at": f"2026-11-27T09:0{i + 1}:00+00:00"} for i, m in enumerate(old)]
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *old, same, *new_meas])],
+                          repredictions=False)
+    first, second = out["rows"]
+    assert first["launches"] == 3 and second["launches"] == 3
+    assert "superseded_by" in first and out["configs"] == 1 and out["refused"] == []
+    assert "superseded_by" not in second and out["superseded"] == 1
+    for m in new_meas:  # the same revision as the old launches: one series
+        m["harness_revision"] = 1
+    out = compare.compare([_write(tmp_path / "r.jsonl", [pred, *old, same, *new_meas])],
+                          repredictions=False)
+    assert len(out["rows"]) == 1 and out["rows"][0]["launches"] == 6
+
+
 def _on_host(meas: list[dict], gpu_count: int, scale: float, day: str) -> list[dict]:
     """The launches run again on a host of `gpu_count` GPUs on `day`, each step `scale` times
     as long."""

@@ -30,6 +30,7 @@ def prediction(**predicted):
     ("tokens_per_step", 0, "1 to 1e+12 tokens"),
     ("mfu", -0.1, "0 to 10"),
     ("gpus", 0, "1 to 1e+12 GPUs"),
+    ("harness_revision", 0, "1 to 1e+12"),
 ])
 def test_a_figure_out_of_range_is_refused_and_not_written(tmp_path, field, value, said):
     path = tmp_path / "r.jsonl"
@@ -44,6 +45,13 @@ def test_a_figure_out_of_range_is_refused_and_not_written(tmp_path, field, value
     text = str(err.value)
     assert f"field '{field}' = {value!r} is out of range" in text and said in text
     assert str(path) in text and "\n" not in text and path.read_bytes() == before
+
+
+def test_a_harness_revision_that_is_no_count_is_refused():
+    bad = {**measurement(), "harness_revision": "2"}
+    with pytest.raises(RecordError, match="harness_revision"):
+        records.validate(bad)
+    assert records.validate({**measurement(), "harness_revision": 2})["harness_revision"] == 2
 
 
 @pytest.mark.parametrize("where, value, said", [

@@ -198,19 +198,27 @@ def group_measurements(measurements: list[dict]) -> list[list[dict]]:
     return sorted(out, key=lambda g: stamp(g[0]))
 
 
+def harness_revision(m: dict) -> int:
+    """The harness revision a measurement was taken under (`bench.harness.step`; 1 where the
+    record predates the field)."""
+    return m.get("harness_revision", 1)
+
+
 def split_at_fresh_predictions(launches: list[dict], predictions: list[dict]) -> list[list[dict]]:
     """One group's launches cut into series where a fresh prediction came between them.
 
     A launch starts a new series when a prediction of its config was recorded between the
     previous launch and this one, and it differs from the prediction the series so far is
-    compared with: the planner changed and predicted again before measuring again.
+    compared with (the planner changed and predicted again before measuring again), or when
+    it ran under another harness revision (the harness changed what it measures).
     An unchanged prediction recorded again (a rerun) keeps the launches pooled."""
     out = [[launches[0]]]
     for prev, m in pairwise(launches):
         fresh = [p for p in predictions
                  if same_config(p, m) and stamp(prev) < stamp(p) < stamp(m)]
         current, _ = pick_prediction(out[-1], predictions)
-        if fresh and _differs(max(fresh, key=stamp), current):
+        if harness_revision(m) != harness_revision(prev) or \
+                (fresh and _differs(max(fresh, key=stamp), current)):
             out.append([m])
         else:
             out[-1].append(m)

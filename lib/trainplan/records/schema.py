@@ -187,6 +187,9 @@ def validate(record) -> dict:
             raise RecordError("field 'step_times_s' is empty; a measurement keeps at least one "
                               "step time")
         _check_numbers("step_times_s", record["step_times_s"], bounds=SECONDS)
+        if "harness_revision" in record:  # absent in records before it: revision 1
+            _check_type("harness_revision", record["harness_revision"], _INT)
+            _check_in("harness_revision", record["harness_revision"], (1, MAX_COUNT, ""))
         low, high = record["tokens_per_s_per_gpu_ci"]
         if not low <= record["tokens_per_s_per_gpu"] <= high:
             raise RecordError(f"field 'tokens_per_s_per_gpu_ci' = {[low, high]} does not contain "

@@ -17,6 +17,11 @@ from trainplan.bench.harness import context
 from trainplan.bench.harness.feed import Batch
 from trainplan.bench.harness.parallelize import Parallelized
 
+# Bumped when the harness changes what it measures for some layout at the same prediction;
+# each measurement record carries it, and `compare` starts a new series of a config at a new
+# revision. 2: Partial gradients made whole once a step (`reduce_partial_grads`).
+HARNESS_REVISION = 2
+
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token loss over (B, S) positions; logits upcast to fp32 for a stable softmax."""

@@ -355,6 +355,7 @@ def write_record(path: str, summary: dict, run_id: str | None) -> None:
                                           "cpu_affinity", "setup_s", "warmup_step_times_s",
                                           "trained_share", "trained_tokens_per_s_per_gpu", "gc")
                   if summary.get(k) is not None})
+    extra["harness_revision"] = step_mod.HARNESS_REVISION
     record = records.measurement_record(
         model=summary["model"], impl=summary["impl"], layout=summary["layout"],
         gpus=summary["gpus"] or summary["ranks"], card=summary["card"],
