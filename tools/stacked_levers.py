@@ -23,7 +23,11 @@ import argparse
 import runpy
 import sys
 
-from trainplan.bench.harness import parallelize
+from trainplan.proctree import survive_closed_output
+
+survive_closed_output()  # before torch, as `python -m trainplan.train` does
+
+from trainplan.bench.harness import parallelize  # noqa: E402
 
 
 def _levers(stream: str, scope: str, ddp: bool):

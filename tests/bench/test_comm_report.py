@@ -77,9 +77,10 @@ def test_tp_layout_shows_tp_collectives_only(reports):
     assert calls["reduce_scatter tp fwd"] == 2 * LAYERS + 1
     assert calls["all_gather tp bwd"] == calls["reduce_scatter tp bwd"] == 2 * LAYERS + 1
     # after the backward: the norms' Partial gradients made whole in one all-reduce
-    # (step.reduce_partial_grads), then one per sharded group's norm (Shard(0), Shard(1));
-    # none in the optimizer, which would otherwise reduce each norm's gradient per op
-    assert calls["all_reduce tp step"] == 3
+    # (step.reduce_partial_grads), then one for the squared norm of the TP-sharded
+    # gradients (clip_grad_norm, on local shards); none in the optimizer, which would
+    # otherwise reduce each norm's gradient per op
+    assert calls["all_reduce tp step"] == 2
     assert not {k for k in calls if k.endswith(" step")} - {"all_reduce tp step"}, calls
 
 

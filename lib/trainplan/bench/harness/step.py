@@ -19,8 +19,9 @@ from trainplan.bench.harness.parallelize import Parallelized
 
 # Bumped when the harness changes what it measures for some layout at the same prediction;
 # each measurement record carries it, and `compare` starts a new series of a config at a new
-# revision. 2: Partial gradients made whole once a step (`reduce_partial_grads`).
-HARNESS_REVISION = 2
+# revision. 2: Partial gradients made whole once a step (`reduce_partial_grads`); 3: the
+# clipping norm on local shards (`clip_grad_norm`).
+HARNESS_REVISION = 3
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -106,8 +107,8 @@ def reduce_partial_grads(params) -> int:
     Under tensor parallel with sequence parallel the replicated weights (the norms) get
     Partial(sum) gradients: each rank holds its sequence shard's share. Left Partial, the
     clipping norm and every optimizer op on them would reduce them again, one small
-    all-reduce per weight per op: about 150 a step for the 1.3B proxy on TP 2, 25 ms of
-    collectives and their host dispatch in a 0.19 s step
+    all-reduce per weight per op: about 150 a step for the 1.3B proxy on TP 2, each with its
+    host dispatch, enough to make steps wait on the host
     (data/measurements/tp-noise-h200x2-20261129/). FSDP2 reduces such gradients itself.
     """
     from torch.distributed.tensor import DTensor, Replicate
@@ -142,34 +143,56 @@ def reduce_partial_grads(params) -> int:
 def clip_grad_norm(par: Parallelized, max_norm: float) -> torch.Tensor:
     """Global gradient 2-norm over every rank's parameters; clip to `max_norm` if it is > 0.
 
-    Gradients are grouped by how they are laid out (plain, or DTensor of one
-    mesh and placement), each group's norm is computed where it lives and
-    made whole once (`full_tensor`), and pipeline stages add their squares.
-    The norm is also a check: a layout that scaled gradients wrongly would
-    still match the single process's loss under Adam, not its gradient norm.
+    Computed on each rank's local shards, with no DTensor dispatch per gradient (host time
+    that host-bound steps pay): the squared norm of the gradients sharded over the same mesh
+    dimensions is summed over those dimensions' groups (each element lives on one rank of
+    them; replicated elements count once), and pipeline stages add theirs. The gradients
+    must be whole (`reduce_partial_grads` first). The norm is also a check: a layout that
+    scaled gradients wrongly would still match the single process's loss under Adam, not
+    its gradient norm.
     """
     from torch.distributed.tensor import DTensor
 
-    groups: dict = {}
-    for p in par.parameters():
-        if p.grad is not None:
+    groups: dict = {}  # (mesh, its sharded dims), or None for plain tensors -> local grads
+    with torch.no_grad():
+        for p in par.parameters():
             g = p.grad
-            key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
-            groups.setdefault(key, []).append(p)
-    squares = []
-    for params in groups.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        squares.append(norm.float() ** 2)
-    squared = torch.stack(squares).sum()
-    if par.pp_group is not None:
-        dist.all_reduce(squared, group=par.pp_group)
-    norm = squared.sqrt()
-    if max_norm > 0:
-        for params in groups.values():
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+            if g is None:
+                continue
+            if not isinstance(g, DTensor):
+                groups.setdefault(None, []).append(g)
+                continue
+            if any(pl.is_partial() for pl in g.placements):
+                raise ValueError("clip_grad_norm needs whole gradients: a Partial one is left "
+                                 "(reduce_partial_grads runs first)")
+            # sharded dims: Shard and FSDP2's _StridedShard (whose is_shard() is False)
+            dims = tuple(i for i, pl in enumerate(g.placements) if not pl.is_replicate())
+            groups.setdefault((g.device_mesh, dims), []).append(g.to_local())
+        squared = torch.zeros((), dtype=torch.float32, device=_device_of(groups))
+        for key, grads in groups.items():
+            square = torch.nn.utils.get_total_norm(grads, foreach=True).float() ** 2
+            for dim in key[1] if key else ():
+                dist.all_reduce(square, group=key[0].get_group(dim))
+            squared += square
+        if par.pp_group is not None:
+            dist.all_reduce(squared, group=par.pp_group)
+        norm = squared.sqrt()
+        if max_norm > 0:
+            coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # as clip_grads_with_norm_
+            by_kind: dict = {}
+            for grads in groups.values():
+                for g in grads:
+                    by_kind.setdefault((g.device, g.dtype), []).append(g)
+            for (device, _), grads in by_kind.items():
+                torch._foreach_mul_(grads, coef.to(device))
     return norm
+
+
+def _device_of(groups: dict) -> torch.device:
+    """The device of the first gradient in `groups` (CPU where there is none)."""
+    for grads in groups.values():
+        return grads[0].device
+    return torch.device("cpu")
 
 
 def reduce_loss(total: torch.Tensor) -> tuple[float, float]:
