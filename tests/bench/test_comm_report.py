@@ -42,11 +42,12 @@ def test_kinds_and_sizes():
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict[str, dict]:
-    """Both launches at once (each is mostly start-up): TP 2, and FSDP2 zero 3 compiled."""
+    """The launches at once (each is mostly start-up): TP 2, FSDP2 zero 3 compiled, PP 2."""
     model = tmp_path_factory.mktemp("comm") / "tiny.yaml"
     model.write_text(TINY)
     layouts = {"tp": ["--tp", "2"],
-               "fsdp": ["--dp", "2", "--zero", "3", "--compile", "--backend", "eager"]}
+               "fsdp": ["--dp", "2", "--zero", "3", "--compile", "--backend", "eager"],
+               "pp": ["--pp", "2", "--grad-accum", "2"]}
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(LIB), os.environ.get("PYTHONPATH", "")]))
     procs = {}
@@ -97,3 +98,14 @@ def test_fsdp_layout_gathers_and_reduces_the_model(reports):
         assert per[key]["calls"] == LAYERS + 1, key
         assert per[key]["bytes"] == 4 * n, key
     assert got["dynamo"]["graph_breaks"] == 0 and got["dynamo"]["block_graph_variants"] >= 1
+
+
+@pytest.mark.slow
+def test_pipeline_layout_is_counted(reports):
+    """A pipeline stage's modules begin their forward outside the counted step (the module
+    tracker raised there); its stage-to-stage sends are point-to-point, which CommDebugMode
+    does not count, so the step's one all-reduce over the stages (the gradient norm) is all."""
+    got = reports["pp"]
+    assert got["mesh_dims"] == ["pp"] and got["counted_steps"] >= 1
+    assert {k: v["calls"] for k, v in got["collectives_per_step"].items()} == \
+        {"all_reduce pp step": 1.0}

@@ -96,6 +96,21 @@ def collective_size(kind: str, op_name: str, args) -> tuple[int, str]:
     return size, str(ts[0].dtype).replace("torch.", "")
 
 
+def _tolerate_open_modules(tracker) -> None:
+    """CommDebugMode's module tracker pops a parent at each module's forward end, and raises
+    where a module began before the count did (a pipeline schedule's stage runs its forward
+    inside a counted step, its root outside): such an end only resets the tracker's state."""
+    real = tracker._fw_set_module_hook
+
+    def set_module(mod, inputs, output):
+        if tracker.is_bw or len(tracker.parent_list) > 1:
+            return real(mod, inputs, output)
+        tracker.activation_checkpointing = False
+        return None
+
+    tracker._fw_set_module_hook = set_module
+
+
 class CommCounter(CommDebugMode):
     """CommDebugMode that also keeps, per call, kind, process group, phase, bytes and dtype."""
 
@@ -105,6 +120,7 @@ class CommCounter(CommDebugMode):
         self.calls: dict = defaultdict(lambda: {"calls": 0, "bytes": 0, "dtypes": set()})
         self.shapes: dict = defaultdict(int)  # (key, op, shape of the first tensor): calls
         self.debug_counts: dict = defaultdict(int)  # CommDebugMode's own, over every step
+        _tolerate_open_modules(self.advanced_module_tracker)
 
     def __exit__(self, *args):
         for op, n in self.get_comm_counts().items():  # its __enter__ clears them
