@@ -100,7 +100,9 @@ def _tolerate_open_modules(tracker) -> None:
     """CommDebugMode's module tracker pops a parent at each module's forward end, and raises
     where a module began before the count did (a pipeline schedule's stage runs its forward
     inside a counted step, its root outside): such an end only resets the tracker's state."""
-    real = tracker._fw_set_module_hook
+    real = getattr(tracker, "_fw_set_module_hook", None)
+    if real is None or not hasattr(tracker, "parent_list"):  # another torch's tracker
+        return
 
     def set_module(mod, inputs, output):
         if tracker.is_bw or len(tracker.parent_list) > 1:
