@@ -111,68 +111,82 @@ def reduce_partial_grads(params) -> int:
     host dispatch, enough to make steps wait on the host
     (data/measurements/tp-noise-h200x2-20261129/). FSDP2 reduces such gradients itself.
     """
-    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor import DTensor
 
     groups: dict = {}
     for p in params:
         g = p.grad
         if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
             groups.setdefault((g.device_mesh, tuple(g.placements), g.dtype), []).append(p)
-    for (mesh, placements, _), ps in groups.items():
-        local = [p.grad.to_local() for p in ps]
-        flat = torch.cat([t.reshape(-1) for t in local])
-        for dim, pl in enumerate(placements):
-            if pl.is_partial():
-                group = mesh.get_group(dim)
-                dist.all_reduce(flat, group=group)  # Partial(sum); avg divides after
-                if pl.reduce_op == "avg":
-                    flat /= dist.get_world_size(group)
-                elif pl.reduce_op != "sum":
-                    raise ValueError(f"a Partial({pl.reduce_op}) gradient: only sum and avg "
-                                     "are reduced here")
-        whole = tuple(Replicate() if pl.is_partial() else pl for pl in placements)
-        offset = 0
-        for p, t in zip(ps, local, strict=True):
-            view = flat[offset:offset + t.numel()].view_as(t)
-            p.grad = DTensor.from_local(view, mesh, whole, run_check=False,
-                                        shape=p.grad.shape, stride=p.grad.stride())
-            offset += t.numel()
+    with torch.no_grad():  # no autograd Function per gradient in to_local / from_local
+        for key, ps in groups.items():
+            _reduce_group(key, ps)
     return sum(len(ps) for ps in groups.values())
+
+
+def _reduce_group(key: tuple, ps: list) -> None:
+    """One group of `reduce_partial_grads`: its gradients flattened, all-reduced over each
+    Partial mesh dimension, set back as views of the result with Replicate there."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh, placements, _ = key
+    local = [p.grad.to_local() for p in ps]
+    flat = torch.cat([t.reshape(-1) for t in local])
+    for dim, pl in enumerate(placements):
+        if pl.is_partial():
+            group = mesh.get_group(dim)
+            dist.all_reduce(flat, group=group)  # Partial(sum); avg divides after
+            if pl.reduce_op == "avg":
+                flat /= dist.get_world_size(group)
+            elif pl.reduce_op != "sum":
+                raise ValueError(f"a Partial({pl.reduce_op}) gradient: only sum and avg "
+                                 "are reduced here")
+    whole = tuple(Replicate() if pl.is_partial() else pl for pl in placements)
+    offset = 0
+    for p, t in zip(ps, local, strict=True):
+        view = flat[offset:offset + t.numel()].view_as(t)
+        p.grad = DTensor.from_local(view, mesh, whole, run_check=False,
+                                    shape=p.grad.shape, stride=p.grad.stride())
+        offset += t.numel()
 
 
 def clip_grad_norm(par: Parallelized, max_norm: float) -> torch.Tensor:
     """Global gradient 2-norm over every rank's parameters; clip to `max_norm` if it is > 0.
 
     Computed on each rank's local shards, with no DTensor dispatch per gradient (host time
-    that host-bound steps pay): the squared norm of the gradients sharded over the same mesh
-    dimensions is summed over those dimensions' groups (each element lives on one rank of
-    them; replicated elements count once), and pipeline stages add theirs. The gradients
+    that host-bound steps pay): the squared norm of the gradients sharded over the same
+    process groups (mesh dimensions of more than one rank) is summed over those groups (each
+    element lives on one rank of them; replicated elements count once), and pipeline stages
+    add theirs. The gradients
     must be whole (`reduce_partial_grads` first). The norm is also a check: a layout that
     scaled gradients wrongly would still match the single process's loss under Adam, not
     its gradient norm.
     """
     from torch.distributed.tensor import DTensor
 
-    groups: dict = {}  # (mesh, its sharded dims), or None for plain tensors -> local grads
+    groups: dict = {}  # process groups a gradient is sharded over (() if none) -> local grads
     with torch.no_grad():
         for p in par.parameters():
             g = p.grad
             if g is None:
                 continue
             if not isinstance(g, DTensor):
-                groups.setdefault(None, []).append(g)
+                groups.setdefault((), []).append(g)
                 continue
             if any(pl.is_partial() for pl in g.placements):
                 raise ValueError("clip_grad_norm needs whole gradients: a Partial one is left "
                                  "(reduce_partial_grads runs first)")
-            # sharded dims: Shard and FSDP2's _StridedShard (whose is_shard() is False)
-            dims = tuple(i for i, pl in enumerate(g.placements) if not pl.is_replicate())
-            groups.setdefault((g.device_mesh, dims), []).append(g.to_local())
+            # the process groups it is sharded over: Shard and FSDP2's _StridedShard (whose
+            # is_shard() is False), on mesh dimensions of more than one rank
+            mesh = g.device_mesh
+            over = tuple(mesh.get_group(i) for i, pl in enumerate(g.placements)
+                         if not pl.is_replicate() and mesh.size(i) > 1)
+            groups.setdefault(over, []).append(g.to_local())
         squared = torch.zeros((), dtype=torch.float32, device=_device_of(groups))
-        for key, grads in groups.items():
+        for over, grads in groups.items():  # one all-reduce per process group a key spans
             square = torch.nn.utils.get_total_norm(grads, foreach=True).float() ** 2
-            for dim in key[1] if key else ():
-                dist.all_reduce(square, group=key[0].get_group(dim))
+            for group in over:
+                dist.all_reduce(square, group=group)
             squared += square
         if par.pp_group is not None:
             dist.all_reduce(squared, group=par.pp_group)
