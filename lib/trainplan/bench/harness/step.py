@@ -100,9 +100,9 @@ def train_step(par: Parallelized, optimizer, micro: list[Batch], *, autocast: bo
     return total
 
 
-def reduce_partial_grads(params) -> int:
+def reduce_partial_grads(params) -> None:
     """Make whole every DTensor gradient the backward left Partial, one all-reduce per group
-    (mesh, placements, dtype) through a flat buffer; return how many gradients it reduced.
+    (mesh, placements, dtype) through a flat buffer.
 
     Under tensor parallel with sequence parallel the replicated weights (the norms) get
     Partial(sum) gradients: each rank holds its sequence shard's share. Left Partial, the
@@ -121,7 +121,6 @@ def reduce_partial_grads(params) -> int:
     with torch.no_grad():  # no autograd Function per gradient in to_local / from_local
         for key, ps in groups.items():
             _reduce_group(key, ps)
-    return sum(len(ps) for ps in groups.values())
 
 
 def _reduce_group(key: tuple, ps: list) -> None:
@@ -182,7 +181,8 @@ def clip_grad_norm(par: Parallelized, max_norm: float) -> torch.Tensor:
             over = tuple(mesh.get_group(i) for i, pl in enumerate(g.placements)
                          if not pl.is_replicate() and mesh.size(i) > 1)
             groups.setdefault(over, []).append(g.to_local())
-        squared = torch.zeros((), dtype=torch.float32, device=_device_of(groups))
+        device = next((grads[0].device for grads in groups.values()), torch.device("cpu"))
+        squared = torch.zeros((), dtype=torch.float32, device=device)
         for over, grads in groups.items():  # one all-reduce per process group a key spans
             square = torch.nn.utils.get_total_norm(grads, foreach=True).float() ** 2
             for group in over:
@@ -193,20 +193,8 @@ def clip_grad_norm(par: Parallelized, max_norm: float) -> torch.Tensor:
         norm = squared.sqrt()
         if max_norm > 0:
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # as clip_grads_with_norm_
-            by_kind: dict = {}
-            for grads in groups.values():
-                for g in grads:
-                    by_kind.setdefault((g.device, g.dtype), []).append(g)
-            for (device, _), grads in by_kind.items():
-                torch._foreach_mul_(grads, coef.to(device))
+            torch._foreach_mul_([g for grads in groups.values() for g in grads], coef)
     return norm
-
-
-def _device_of(groups: dict) -> torch.device:
-    """The device of the first gradient in `groups` (CPU where there is none)."""
-    for grads in groups.values():
-        return grads[0].device
-    return torch.device("cpu")
 
 
 def reduce_loss(total: torch.Tensor) -> tuple[float, float]:
