@@ -56,6 +56,20 @@ def test_cpu_run_writes_the_breakdown(tmp_path):
     assert step.train_step.__name__ == "train_step" and train.summarise.__name__ == "summarise"
 
 
+def test_trace_out_writes_the_host_ops_by_thread(tmp_path):
+    """--trace-out: the recorded steps' Chrome trace, gzipped by its name, with the host's
+    operators (thread ids, durations) that the buckets leave out."""
+    import gzip
+
+    _profiled(tmp_path, 256, "--steps", "5", "--synthetic",
+              "--trace-out", str(tmp_path / "trace.json.gz"))
+    events = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    assert any(e["name"] == "aten::mm" for e in ops) and all("tid" in e and "dur" in e for e in ops)
+    assert profile.rank_path("t/trace.json.gz", 2).as_posix() == "t/trace.rank2.json.gz"
+    assert profile.rank_path("prof.json", 1).name == "prof.rank1.json"
+
+
 def test_cpu_trainer_run_writes_the_breakdown(tmp_path):
     """`--impl hf-trainer`: Trainer's step ends drive the schedule; the same file comes out."""
     pytest.importorskip("accelerate")

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node 2 -m trainplan.bench.observe.profile \
         --profile-out prof.json [--impl trainplan|hf-baseline|hf-trainer] [--sdpa cudnn] \
-        [--active 3] [--every-rank] [train.py flags]
+        [--active 3] [--every-rank] [--trace-out trace.json.gz] [train.py flags]
 
 Profile before optimising. The run is train.py's own (its loop,
 data, loss, optimizer and layout: nothing copied), or with `--impl hf-trainer` transformers'
@@ -175,6 +175,9 @@ def parse(argv):
     p.add_argument("--every-rank", action="store_true",
                    help="ranks other than 0 also write their kernel buckets, to PATH's name "
                    "with .rankN before its suffix (pipeline stages differ)")
+    p.add_argument("--trace-out", default=None, metavar="PATH",
+                   help="also the recorded steps' Chrome trace, host ops by thread and "
+                   "kernels (PATH.json or PATH.json.gz; other ranks as for --every-rank)")
     return p.parse_known_args(argv)
 
 
@@ -183,9 +186,11 @@ def _rank() -> int:
 
 
 def rank_path(path: str, rank: int) -> Path:
-    """Where rank `rank` (> 0) writes its buckets: prof.json -> prof.rank1.json."""
+    """Where rank `rank` (> 0) writes its file: prof.json -> prof.rank1.json,
+    trace.json.gz -> trace.rank1.json.gz."""
     out = Path(path)
-    return out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+    base, dot, suffixes = out.name.partition(".")
+    return out.with_name(f"{base}.rank{rank}{dot}{suffixes}")
 
 
 def main(argv=None) -> int:
@@ -228,6 +233,9 @@ def main(argv=None) -> int:
     rank = _rank()
     if code or (rank != 0 and not mine.every_rank):
         return code
+    if mine.trace_out:  # torch gzips where the name ends in .gz
+        prof.export_chrome_trace(str(rank_path(mine.trace_out, rank) if rank
+                                     else mine.trace_out))
     if rank != 0:  # its own kernels only: the step's summary is rank 0's
         with open(rank_path(mine.profile_out, rank), "w") as f:
             json.dump({"rank": rank, "active_steps": active, "provenance": provenance(),
