@@ -46,6 +46,9 @@ def test_cpu_run_writes_the_breakdown(tmp_path):
     assert got["active_steps"] == 2 and got["step_time_s"] > 0
     assert got["busy_s"] == pytest.approx(sum(got["buckets_s_per_step"].values()))
     assert got["model"] and got["gpus"] == 0 and got["seq_len"] == 16 and got["provenance"]
+    host = got["host"]  # the host's operators by thread: the main thread ran the matmuls
+    assert host["steps"] == 2 and host["threads"][0]["self_s_per_step"] > 0
+    assert any(o["name"] == "aten::mm" for t in host["threads"] for o in t["ops"])
     from trainplan.compare import trace_split  # the page's reader accepts what the profiler writes
 
     prof = trace_split.load(tmp_path / "prof.json")

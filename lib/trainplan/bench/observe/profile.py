@@ -19,7 +19,8 @@ to more than the step: `busy_s` is the union's upper bound, not the wall.
 Each file also has the GPU timeline's terms (`timeline`): over the recorded window, the
 span of its kernels, the union of the compute kernels and the rest, the time in which no
 compute kernel runs on that GPU (a pipeline stage's bubble shows there), and the longest
-of those stretches with the kernels either side (`gaps`).
+of those stretches with the kernels either side (`gaps`), and the host's side (`host`,
+`observe.host_ops`): per thread, the operators' self time and kernel launches per step.
 
 `--sdpa` picks the attention backend before anything is compiled (the
 choice is baked into compiled graphs): default, flash, cudnn, efficient.
@@ -39,6 +40,7 @@ import torch
 
 from trainplan.bench.harness import hf_trainer, train
 from trainplan.bench.harness import step as step_mod
+from trainplan.bench.observe import host_ops
 from trainplan.compare.trace_split import is_annotation  # one rule, shared with the JSON reader
 from trainplan.records.provenance import provenance
 from trainplan.records.schema import IMPLS
@@ -166,6 +168,15 @@ def gpu_kernels(prof) -> list[tuple]:
     return out
 
 
+def host_events(prof) -> list[tuple]:
+    """(thread, start_ns, end_ns, name) of each host event the profiler kept (operators,
+    annotations, CUDA runtime and driver calls), for `host_ops.summarise`."""
+    from torch.autograd import DeviceType
+
+    return [(e.start_thread_id(), e.start_ns(), e.start_ns() + e.duration_ns(), e.name())
+            for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CPU]
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m trainplan.bench.observe.profile", add_help=False)
     p.add_argument("--profile-out", required=True)
@@ -241,7 +252,9 @@ def main(argv=None) -> int:
             json.dump({"rank": rank, "active_steps": active, "provenance": provenance(),
                        **summarise(prof.key_averages(), active,
                                    device=torch.cuda.is_available()),
-                       **timeline(gpu_kernels(prof))}, f, indent=1)
+                       **timeline(gpu_kernels(prof)),
+                       "host": host_ops.summarise(host_events(prof), active, unit_s=1e-9)},
+                      f, indent=1)
         return 0
     # the profiler's active steps; the last one also runs the profiler's stop and trace
     # collection (0.4-0.9 s on 4 x H100), so the step is their median, not their mean
@@ -257,7 +270,8 @@ def main(argv=None) -> int:
            "step_times_s_profiled": recorded,
            "step_time_s_unprofiled_median": summary.get("step_time_s"),
            **summarise(prof.key_averages(), active, device=torch.cuda.is_available()),
-           **timeline(gpu_kernels(prof))}
+           **timeline(gpu_kernels(prof)),
+           "host": host_ops.summarise(host_events(prof), active, unit_s=1e-9)}
     with open(mine.profile_out, "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps({k: out.get(k) for k in ("impl", "sdpa", "step_time_s", "busy_s",
