@@ -69,8 +69,35 @@ def test_trace_out_writes_the_host_ops_by_thread(tmp_path):
     events = json.loads(gzip.decompress((tmp_path / "trace.json.gz").read_bytes()))["traceEvents"]
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     assert any(e["name"] == "aten::mm" for e in ops) and all("tid" in e and "dur" in e for e in ops)
+    from trainplan.bench.observe import host_ops  # the trace reads back: its two steps, matmuls
+
+    got = host_ops.summarise(host_ops.from_chrome_trace(tmp_path / "trace.json.gz"))
+    assert got["steps"] == 2 and got["threads"][0]["self_s_per_step"] > 0
+    assert any(o["name"] == "aten::mm" for t in got["threads"] for o in t["ops"])
     assert profile.rank_path("t/trace.json.gz", 2).as_posix() == "t/trace.rank2.json.gz"
     assert profile.rank_path("prof.json", 1).name == "prof.rank1.json"
+    assert profile.rank_path("prof.v2.json", 1).name == "prof.v2.rank1.json"
+    assert profile.rank_path(".prof.json", 3).name == ".prof.rank3.json"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--profile-out", "no/such/dir/p.json"], "no folder no/such/dir to write it into"),
+    (["--profile-out", "p.json", "--trace-out", "t.txt"], "a .json or .json.gz file"),
+    (["--profile-out", "p.json", "--trace-out", "none/t.json.gz"], "no folder none"),
+    (["--profile-out", "."], "a folder, not a file name"),
+    (["--profile-out", "sub"], "a folder, not a file name"),  # an existing folder
+    (["--profile-out", "p.json", "--trace-out", "sub/"], "a folder, not a file name"),
+    (["--profile-out", "x" * 300 + ".json"], "too long"),
+    (["--profile-out", "p.json", "--trace-out", "./p.json"], "the same file as --profile-out"),
+])
+def test_unwritable_outputs_are_refused_before_the_run(flags, says, capsys, tmp_path,
+                                                       monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    assert profile.main([*flags, "--model", "no-such-model"]) == 2  # before the model is read
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and says in err and "\n" not in err
+    assert [p.name for p in tmp_path.iterdir()] == ["sub"]  # nothing written
 
 
 def test_cpu_trainer_run_writes_the_breakdown(tmp_path):

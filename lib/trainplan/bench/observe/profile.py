@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from trainplan import loader
 from trainplan.bench.harness import hf_trainer, train
 from trainplan.bench.harness import step as step_mod
 from trainplan.bench.observe import host_ops
@@ -177,6 +178,21 @@ def host_events(prof) -> list[tuple]:
             for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CPU]
 
 
+def host_summary(prof, active: int) -> dict:
+    """`host_ops.summarise` of the recorded window: per step of its ProfilerStep# ranges,
+    else of the `active` steps the schedule recorded."""
+    events = host_events(prof)
+    return host_ops.summarise(events, None if host_ops.recorded_steps(events) else active,
+                              unit_s=1e-9)
+
+
+def write_trace(prof, path: str | None, rank: int) -> None:
+    """The recorded window's Chrome trace to `path` (rank > 0: `rank_path`), after the
+    profile's own file; torch gzips it where the name ends in .gz."""
+    if path:
+        prof.export_chrome_trace(str(rank_path(path, rank) if rank else path))
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m trainplan.bench.observe.profile", add_help=False)
     p.add_argument("--profile-out", required=True)
@@ -197,17 +213,47 @@ def _rank() -> int:
 
 
 def rank_path(path: str, rank: int) -> Path:
-    """Where rank `rank` (> 0) writes its file: prof.json -> prof.rank1.json,
-    trace.json.gz -> trace.rank1.json.gz."""
+    """Where rank `rank` (> 0) writes its file: .rankN before the suffix, both suffixes of a
+    gzipped trace (prof.json -> prof.rank1.json, trace.json.gz -> trace.rank1.json.gz)."""
     out = Path(path)
-    base, dot, suffixes = out.name.partition(".")
-    return out.with_name(f"{base}.rank{rank}{dot}{suffixes}")
+    if out.name.endswith(".json.gz"):
+        return out.with_name(f"{out.name[:-len('.json.gz')]}.rank{rank}.json.gz")
+    return out.with_name(f"{out.stem}.rank{rank}{out.suffix}")
+
+
+def unwritable(flag: str, path: str | None) -> str | None:
+    """Why `path` (given with `flag`) cannot be written when the run ends, or None: a file
+    name (not a folder) of the OS's name length in a folder this user can write in; a
+    trace's name ends in .json or .json.gz. Checked before the run starts."""
+    if path is None:
+        return None
+    p, name = Path(path), loader.shown(path)
+    if path.endswith(("/", ".")) or p.name in ("", ".", ".."):
+        return f"{flag} {name}: a folder, not a file name; name the file"
+    if flag == "--trace-out" and not path.endswith((".json", ".json.gz")):
+        return f"{flag} {name}: name a .json or .json.gz file (Chrome trace)"
+    above, why = loader.nearest_existing(p.parent)
+    if why or above is None or above != p.parent.absolute():
+        return (f"{flag} {name}: no folder {loader.shown(p.parent)} to write it into "
+                f"({why or 'make it first'})")
+    too_long = loader.long_name(p, above, extra=len(".rank999"))
+    if too_long:
+        return f"{flag} {name}: {too_long}"
+    return f"{flag} {name}: a folder, not a file name; name the file" if p.is_dir() else None
 
 
 def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     mine, rest = parse(list(sys.argv[1:] if argv is None else argv))
+    why = unwritable("--profile-out", mine.profile_out) or unwritable("--trace-out",
+                                                                      mine.trace_out)
+    if not why and mine.trace_out and Path(mine.trace_out).absolute() == \
+            Path(mine.profile_out).absolute():
+        why = f"--trace-out {loader.shown(mine.trace_out)}: the same file as --profile-out"
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     trainer = mine.impl == hf_trainer.IMPL  # its own module: no --impl flag
     impl = [] if trainer else ["--impl", mine.impl]
     targs = train.parse_args([*rest, *impl])
@@ -244,17 +290,14 @@ def main(argv=None) -> int:
     rank = _rank()
     if code or (rank != 0 and not mine.every_rank):
         return code
-    if mine.trace_out:  # torch gzips where the name ends in .gz
-        prof.export_chrome_trace(str(rank_path(mine.trace_out, rank) if rank
-                                     else mine.trace_out))
     if rank != 0:  # its own kernels only: the step's summary is rank 0's
         with open(rank_path(mine.profile_out, rank), "w") as f:
             json.dump({"rank": rank, "active_steps": active, "provenance": provenance(),
                        **summarise(prof.key_averages(), active,
                                    device=torch.cuda.is_available()),
                        **timeline(gpu_kernels(prof)),
-                       "host": host_ops.summarise(host_events(prof), active, unit_s=1e-9)},
-                      f, indent=1)
+                       "host": host_summary(prof, active)}, f, indent=1)
+        write_trace(prof, mine.trace_out, rank)
         return 0
     # the profiler's active steps; the last one also runs the profiler's stop and trace
     # collection (0.4-0.9 s on 4 x H100), so the step is their median, not their mean
@@ -271,9 +314,10 @@ def main(argv=None) -> int:
            "step_time_s_unprofiled_median": summary.get("step_time_s"),
            **summarise(prof.key_averages(), active, device=torch.cuda.is_available()),
            **timeline(gpu_kernels(prof)),
-           "host": host_ops.summarise(host_events(prof), active, unit_s=1e-9)}
+           "host": host_summary(prof, active)}
     with open(mine.profile_out, "w") as f:
         json.dump(out, f, indent=1)
+    write_trace(prof, mine.trace_out, rank)
     print(json.dumps({k: out.get(k) for k in ("impl", "sdpa", "step_time_s", "busy_s",
                                               "compute_idle_share",
                                               "buckets_s_per_step")}), file=sys.stderr)
